@@ -1,0 +1,41 @@
+# The two commands a user needs:  make demo  (the main job)  and  make test  (the whole test suite).
+# Each does all the setup it needs, idempotently; a second run only rebuilds what changed.
+#
+#   REMAT_VENV     virtual environment (default ~/.cache/remat/venv, created by scripts/setup.sh)
+#   BUILD_DIR      CMake build directory (default build)
+#   CMAKE_ARGS     extra CMake arguments, e.g. -DREMAT_SANITIZE=ON
+
+REMAT_VENV ?= $(HOME)/.cache/remat/venv
+BUILD_DIR ?= build
+CMAKE_ARGS ?=
+export REMAT_VENV
+
+PYTHON := $(REMAT_VENV)/bin/python
+
+.PHONY: all setup configure build test demo sanitize clean
+
+all: build
+
+setup:
+	@scripts/setup.sh
+
+configure: setup
+	@scripts/configure.sh "$(BUILD_DIR)" $(CMAKE_ARGS)
+
+build: configure
+	@cmake --build "$(BUILD_DIR)"
+
+test: build
+	@scripts/run_tests.sh "$(BUILD_DIR)"
+
+demo: build
+	@scripts/demo.sh "$(BUILD_DIR)"
+
+# The core under AddressSanitizer + UndefinedBehaviorSanitizer, in its own build directory.
+sanitize: setup
+	@scripts/configure.sh build-sanitize -DREMAT_SANITIZE=ON -DREMAT_BUILD_BENCHMARKS=OFF
+	@cmake --build build-sanitize
+	@ctest --test-dir build-sanitize --output-on-failure
+
+clean:
+	rm -rf "$(BUILD_DIR)" build-sanitize

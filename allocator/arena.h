@@ -1,0 +1,131 @@
+// Arena: an address-aware allocator over segments from a MemoryProvider (DESIGN.md, "allocator/").
+//
+// Blocks tile each segment in address order; free blocks sit in a best-fit index (size, then address).
+// Allocate rounds the request up to the alignment, picks the smallest free block that fits, and splits it,
+// placing the new block at the low or the high end of that free block (Coop's cheap-tensor partitioning).
+// Free coalesces with free neighbours, so two free blocks are never adjacent.
+//
+// Every allocated block carries an opaque 64-bit owner id that the caller sets and may change; the arena never
+// interprets it. The runtime stores its storage id there, which lets a window search name the storages to evict.
+//
+// When a request cannot be placed, Allocate calls the pressure handler (without holding the arena's lock, so the
+// handler may Free), and retries while the handler reports progress. If the handler frees nothing (or there is
+// none), Allocate fails with ResourceExhausted naming the request, the free bytes and the largest hole.
+//
+// Thread safety: every public method may be called from any thread (autograd runs backward on its own thread).
+// The callbacks passed to FindWindow run under the arena's lock and must not call back into the arena.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include "absl/functional/function_ref.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "allocator/memory_provider.h"
+
+namespace remat {
+
+using OwnerId = std::uint64_t;
+inline constexpr OwnerId kNoOwner = 0;
+
+// Which end of the chosen free block a new block takes.
+enum class Placement { kLow, kHigh };
+
+struct ArenaOptions {
+  // Bytes reserved from the provider up front, in one segment. 0 reserves nothing until the first allocation.
+  std::size_t capacity = 0;
+  // Every block's address and size are multiples of this (512 like CUDA's allocator, 64 for CPU tensors).
+  std::size_t alignment = 512;
+  // When true, a request that does not fit reserves another segment (at least the request) instead of failing,
+  // up to `growth_limit` bytes reserved in total. The remat budget is a hard limit, so the runtime leaves it off.
+  bool grow = false;
+  std::size_t growth_limit = 0;
+};
+
+struct ArenaStats {
+  std::size_t allocated_bytes = 0;       // bytes in allocated blocks (aligned sizes)
+  std::size_t reserved_bytes = 0;        // bytes in all segments
+  std::size_t peak_allocated_bytes = 0;  // since creation or ResetPeak()
+  std::size_t free_blocks = 0;
+  std::size_t free_bytes = 0;
+  std::size_t largest_free_block = 0;
+  std::uint64_t allocations = 0;
+  std::uint64_t frees = 0;
+  std::uint64_t pressure_allocations = 0;  // allocations that needed the pressure handler
+  std::uint64_t search_ns = 0;             // time spent in best-fit lookups and window searches
+};
+
+// One block as seen from outside, for reports, tests and window searches.
+struct BlockInfo {
+  std::uintptr_t address = 0;
+  std::size_t size = 0;
+  OwnerId owner = kNoOwner;
+  bool free = true;
+};
+
+// A contiguous run of blocks that, once its allocated blocks are evicted, holds the request.
+struct Window {
+  std::uintptr_t address = 0;
+  std::size_t size = 0;            // sum of the run's block sizes
+  double cost = 0;                 // sum of the allocated blocks' costs
+  std::vector<OwnerId> owners;     // owners of the allocated blocks in the run, in address order
+};
+
+class Arena;
+
+class PressureHandler {
+ public:
+  virtual ~PressureHandler() = default;
+  // `bytes` (aligned) could not be placed. Free memory (Arena::Free) and return true if anything was freed;
+  // false gives up and fails the allocation.
+  virtual bool MakeRoom(Arena& arena, std::size_t bytes) = 0;
+};
+
+class Arena {
+ public:
+  static absl::StatusOr<std::unique_ptr<Arena>> Create(std::unique_ptr<MemoryProvider> provider,
+                                                      ArenaOptions options);
+  ~Arena();
+  Arena(const Arena&) = delete;
+  Arena& operator=(const Arena&) = delete;
+
+  // Places `bytes` (rounded up to the alignment; 0 counts as one alignment unit) for `owner`. Calls the pressure
+  // handler when nothing fits.
+  absl::StatusOr<std::uintptr_t> Allocate(std::size_t bytes, OwnerId owner, Placement placement = Placement::kLow);
+  // Same, but never calls the pressure handler.
+  absl::StatusOr<std::uintptr_t> TryAllocate(std::size_t bytes, OwnerId owner,
+                                             Placement placement = Placement::kLow);
+  // `address` must be the start of an allocated block; anything else is InvalidArgument.
+  absl::Status Free(std::uintptr_t address);
+  absl::Status SetOwner(std::uintptr_t address, OwnerId owner);
+  absl::StatusOr<BlockInfo> Block(std::uintptr_t address) const;
+
+  // Cost of one allocated block for a window search: a value, or nullopt for a barrier (locked, constant, not
+  // evictable) that no window may contain.
+  using BlockCost = absl::FunctionRef<std::optional<double>(const BlockInfo&)>;
+  // The contiguous run of free and non-barrier blocks, inside one segment, with total size >= `bytes` (aligned)
+  // and the smallest summed cost; ties go to the lower address. One two-pointer pass, O(blocks).
+  std::optional<Window> FindWindow(std::size_t bytes, BlockCost cost) const;
+  // Free bytes immediately below and above the block at `address` (the DTE heuristic's size term).
+  std::size_t AdjacentFreeBytes(std::uintptr_t address) const;
+
+  void SetPressureHandler(PressureHandler* handler);
+  ArenaStats Stats() const;
+  void ResetPeak();
+  // Visits every block of every segment in address order.
+  void ForEachBlock(const std::function<void(const BlockInfo&)>& visit) const;
+  std::size_t alignment() const;
+  const MemoryProvider& provider() const;
+
+ private:
+  struct State;
+  explicit Arena(std::unique_ptr<State> state);
+  std::unique_ptr<State> state_;
+};
+
+}  // namespace remat

@@ -1,0 +1,40 @@
+// MemoryProvider: where an arena's segments come from.
+//
+// Contract: Reserve returns a segment of at least `bytes` whose base is aligned to `alignment` (a power of two),
+// or an error that names the provider and the size; Release gives back exactly a segment Reserve returned.
+// Providers never look inside segments: all placement logic lives in the arena.
+//
+// Three providers exist:
+//   virtual  addresses only, no memory behind them (trace replay); segments come from a private address range
+//   host     aligned host memory (the CPU path)
+//   cuda     cudaMalloc'd device segments (allocator/cuda/, compiled with nvcc)
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string_view>
+
+#include "absl/status/statusor.h"
+
+namespace remat {
+
+struct Segment {
+  std::uintptr_t base = 0;
+  std::size_t size = 0;
+};
+
+class MemoryProvider {
+ public:
+  virtual ~MemoryProvider() = default;
+  virtual absl::StatusOr<Segment> Reserve(std::size_t bytes, std::size_t alignment) = 0;
+  virtual void Release(const Segment& segment) = 0;
+  // True when addresses point to real memory the caller may read and write.
+  virtual bool BacksMemory() const = 0;
+  virtual std::string_view Name() const = 0;
+};
+
+std::unique_ptr<MemoryProvider> MakeVirtualProvider();
+std::unique_ptr<MemoryProvider> MakeHostProvider();
+
+}  // namespace remat

@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# Idempotent machine setup for remat: Debian packages, then the Python virtual
+# environment (outside the repository), then nothing else. Each step checks
+# first and skips what is already there, so a second run costs a few seconds.
+#
+#   REMAT_VENV   where the virtual environment lives (default ~/.cache/remat/venv)
+set -euo pipefail
+
+REMAT_VENV="${REMAT_VENV:-$HOME/.cache/remat/venv}"
+APT_PACKAGES=(libgtest-dev libgmock-dev libbenchmark-dev libabsl-dev ninja-build ccache cmake g++)
+PY_REQUIREMENTS=(torch==2.14.1 torchvision==0.29.1 numpy pytest matplotlib)
+
+log() { printf '[setup] %s\n' "$*" >&2; }
+
+as_root() {
+  if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi
+}
+
+install_debian_packages() {
+  local missing=()
+  for p in "${APT_PACKAGES[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
+  done
+  if [ ${#missing[@]} -eq 0 ]; then
+    log "Debian packages present"
+    return
+  fi
+  log "installing Debian packages: ${missing[*]}"
+  as_root apt-get update -qq
+  as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
+}
+
+install_virtualenv() {
+  # The stamp records what was installed; if the list changes, pip runs again.
+  local stamp="$REMAT_VENV/.remat-requirements"
+  local wanted="${PY_REQUIREMENTS[*]}"
+  if [ -x "$REMAT_VENV/bin/python" ] && [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$wanted" ]; then
+    log "virtual environment present: $REMAT_VENV"
+    return
+  fi
+  log "creating virtual environment $REMAT_VENV (torch is large: a few minutes)"
+  mkdir -p "$(dirname "$REMAT_VENV")"
+  [ -x "$REMAT_VENV/bin/python" ] || python3 -m venv "$REMAT_VENV"
+  "$REMAT_VENV/bin/python" -m pip install -q --upgrade pip
+  "$REMAT_VENV/bin/python" -m pip install -q "${PY_REQUIREMENTS[@]}"
+  echo "$wanted" > "$stamp"
+}
+
+install_debian_packages
+install_virtualenv
+log "done"
