@@ -10,5 +10,4 @@ fi
 torch_prefix=$("$REMAT_VENV/bin/python" -c 'import torch; print(torch.utils.cmake_prefix_path)')
 cmake -S . -B "$build_dir" -G Ninja \
   -DCMAKE_PREFIX_PATH="$torch_prefix" \
-  -DPython3_EXECUTABLE="$REMAT_VENV/bin/python" \
   "$@"
