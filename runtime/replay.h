@@ -1,0 +1,101 @@
+// Replay: runs a parsed Trace through the real engine (runtime/) with a simulated executor, under a memory budget
+// and an eviction policy, and reports what happened (the `remat-sim` tool is a front end to this).
+//
+// Contract:
+//   - The simulated executor advances a logical clock by each op's TIME (replays included) and places outputs:
+//     counter mode counts bytes against the budget; arena mode places every storage in an Arena over the virtual
+//     provider (capacity = budget, owner id = storage id), so fragmentation counts.
+//   - The budget is `budget_bytes` when non-zero, otherwise int(budget_ratio x baseline memory).
+//   - Baseline = one unconstrained replay (storages freed for good as soon as nothing can need them): its summed
+//     op time is `baseline_compute_ns`, its peak bytes in use (constants included) `baseline_memory_bytes`.
+//     A Replayer computes it once and reuses it for every Run; Replay() is the one-shot convenience.
+//   - Overhead = simulated clock at the end / baseline compute. Status kThrash when the replayed time exceeds
+//     (overhead_limit - 1) x baseline compute (overhead_limit <= 0 disables the check); kOom when an op cannot get
+//     memory (message says how much was requested, locked, constant, and the largest window); kError for a trace
+//     the engine rejects (message says why). Overhead, peak and counters are still filled in up to the failure.
+//   - `simrd_compat` (default true) reproduces the DTR prototype simulator's choices exactly (README "What simrd
+//     does exactly"): a released storage is evicted but kept for neighbourhood costs even when nothing can need
+//     it any more. With false, such storages are freed for good (the engine's own behaviour).
+//   - Runs are independent and deterministic (random policy: seeded by `seed`). A Replayer is not thread-safe;
+//     use one per thread (the Trace may be shared).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+
+#include "absl/status/statusor.h"
+#include "runtime/trace.h"
+
+namespace remat {
+
+enum class AccountingMode { kCounter, kArena };
+enum class ReplayStatus { kPass, kOom, kThrash, kError };
+
+std::string_view ToString(ReplayStatus status);   // "pass", "oom", "thrash", "error"
+std::string_view ToString(AccountingMode mode);   // "counter", "arena"
+absl::StatusOr<AccountingMode> ParseAccountingMode(std::string_view text);
+
+struct ReplayOptions {
+  std::string policy = "dtr-eq";       // a registered policy name (policies/registry.h: PolicyNames())
+  double budget_ratio = 1.0;           // of baseline memory; used when budget_bytes == 0
+  std::int64_t budget_bytes = 0;       // absolute budget; wins over budget_ratio when non-zero
+  AccountingMode mode = AccountingMode::kCounter;
+  double overhead_limit = 2.0;         // thrash limit; <= 0 disables it
+  bool sample_sqrt = false;            // score only sqrt(n) random candidates per eviction
+  bool ignore_small = false;           // skip candidates smaller than 1% of the mean candidate size
+  std::uint64_t seed = 0;              // random policy and sampling
+  bool simrd_compat = true;            // see the contract above
+  bool cheap_tensor_partitioning = true;  // arena mode: costly ops' outputs low, others high
+  std::int64_t arena_alignment = 512;  // arena mode only
+};
+
+struct ReplayResult {
+  ReplayStatus status = ReplayStatus::kPass;
+  std::string message;                 // empty on pass; the reason otherwise
+  std::string policy;
+  AccountingMode mode = AccountingMode::kCounter;
+  double overhead = 0;                 // clock / baseline compute
+  std::int64_t budget_bytes = 0;
+  std::int64_t peak_bytes = 0;         // peak bytes in use (counter) or allocated in the arena (arena)
+  std::int64_t baseline_compute_ns = 0;
+  std::int64_t baseline_memory_bytes = 0;
+  std::int64_t total_compute_ns = 0;   // the clock at the end: op time including replays
+  std::int64_t replayed_cost_ns = 0;   // op time spent in rematerializations only
+  std::int64_t evictions = 0;
+  std::int64_t rematerializations = 0; // ops replayed
+  std::int64_t heuristic_evaluations = 0;
+  std::int64_t search_time_ns = 0;     // wall time spent choosing victims (policy + window search)
+  double fragmentation_rate = 0;       // arena mode: mean free bytes / budget at allocations that evicted
+  std::int64_t wall_time_ns = 0;       // wall time of this run (baseline excluded)
+};
+
+struct Baseline {
+  std::int64_t compute_ns = 0;
+  std::int64_t memory_bytes = 0;       // peak, constants included
+};
+
+// Prepares a trace once (name resolution, op graph) and replays it under many options cheaply.
+class Replayer {
+ public:
+  // Fails (InvalidArgument, naming the trace line) when the trace cannot be replayed even unconstrained,
+  // e.g. an ARGS name that was released and never rebound.
+  static absl::StatusOr<std::unique_ptr<Replayer>> Create(const Trace& trace);
+  ~Replayer();
+  Replayer(const Replayer&) = delete;
+  Replayer& operator=(const Replayer&) = delete;
+
+  const Baseline& baseline() const;
+  ReplayResult Run(const ReplayOptions& options);
+
+ private:
+  struct Impl;
+  explicit Replayer(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+// One-shot: prepares the trace, computes the baseline and runs once. A trace the engine rejects gives kError.
+ReplayResult Replay(const Trace& trace, const ReplayOptions& options);
+
+}  // namespace remat

@@ -1,0 +1,427 @@
+// Trace parsing: a small hand-written parser for the flat JSON objects of the DTR log format (string keys; values
+// are strings, numbers or arrays of those). It is a few times faster than a general JSON library would be and
+// needs none.
+#include "runtime/trace.h"
+
+#include <algorithm>
+#include <cctype>
+#include <charconv>
+#include <fstream>
+#include <sstream>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
+
+namespace remat {
+namespace {
+
+// One JSON scalar or array of scalars. Scalars are kept as text (numbers unquoted).
+struct Value {
+  bool is_array = false;
+  absl::string_view text;
+  std::vector<absl::string_view> items;
+};
+
+struct Field {
+  absl::string_view key;
+  Value value;
+};
+
+class LineParser {
+ public:
+  explicit LineParser(absl::string_view s) : s_(s) {}
+
+  // Parses `{ "k": v, ... }`; returns an error reason or empty.
+  std::string Parse(std::vector<Field>& fields) {
+    fields.clear();
+    SkipWs();
+    if (!Eat('{')) return "expected '{'";
+    SkipWs();
+    if (Eat('}')) return Trailing();
+    while (true) {
+      SkipWs();
+      Field f;
+      if (!String(f.key)) return "expected a string key";
+      SkipWs();
+      if (!Eat(':')) return "expected ':'";
+      SkipWs();
+      if (Eat('[')) {
+        f.value.is_array = true;
+        SkipWs();
+        if (!Eat(']')) {
+          while (true) {
+            SkipWs();
+            absl::string_view item;
+            if (!Scalar(item)) return "expected a string or number in array";
+            f.value.items.push_back(item);
+            SkipWs();
+            if (Eat(']')) break;
+            if (!Eat(',')) return "expected ',' or ']'";
+          }
+        }
+      } else if (!Scalar(f.value.text)) {
+        return "expected a value";
+      }
+      fields.push_back(std::move(f));
+      SkipWs();
+      if (Eat('}')) return Trailing();
+      if (!Eat(',')) return "expected ',' or '}'";
+    }
+  }
+
+ private:
+  std::string Trailing() {
+    SkipWs();
+    return i_ == s_.size() ? std::string() : std::string("trailing characters after '}'");
+  }
+  void SkipWs() {
+    while (i_ < s_.size() && (s_[i_] == ' ' || s_[i_] == '\t' || s_[i_] == '\r' || s_[i_] == '\n')) ++i_;
+  }
+  bool Eat(char c) {
+    if (i_ < s_.size() && s_[i_] == c) {
+      ++i_;
+      return true;
+    }
+    return false;
+  }
+  // Strings are returned raw (escapes are not decoded; the format's names and numbers never contain any).
+  bool String(absl::string_view& out) {
+    if (!Eat('"')) return false;
+    std::size_t start = i_;
+    while (i_ < s_.size() && s_[i_] != '"') {
+      if (s_[i_] == '\\') ++i_;
+      ++i_;
+    }
+    if (i_ >= s_.size()) return false;
+    out = s_.substr(start, i_ - start);
+    ++i_;
+    return true;
+  }
+  bool Scalar(absl::string_view& out) {
+    if (i_ < s_.size() && s_[i_] == '"') return String(out);
+    std::size_t start = i_;
+    while (i_ < s_.size() && (std::isalnum(static_cast<unsigned char>(s_[i_])) || s_[i_] == '-' ||
+                              s_[i_] == '+' || s_[i_] == '.')) {
+      ++i_;
+    }
+    out = s_.substr(start, i_ - start);
+    return !out.empty();
+  }
+
+  absl::string_view s_;
+  std::size_t i_ = 0;
+};
+
+const Value* Find(const std::vector<Field>& fields, absl::string_view key) {
+  for (const Field& f : fields) {
+    if (f.key == key) return &f.value;
+  }
+  return nullptr;
+}
+
+bool ToInt(absl::string_view text, std::int64_t& out) {
+  if (text.empty()) return false;
+  const char* end = text.data() + text.size();
+  auto [ptr, ec] = std::from_chars(text.data(), end, out);
+  if (ec == std::errc() && ptr == end) return true;
+  // Some recorders write floats ("123.0"); accept integral values.
+  double d = 0;
+  auto [p2, ec2] = std::from_chars(text.data(), end, d);
+  if (ec2 != std::errc() || p2 != end || d != static_cast<double>(static_cast<std::int64_t>(d))) return false;
+  out = static_cast<std::int64_t>(d);
+  return true;
+}
+
+class Builder {
+ public:
+  Builder(std::string path) { trace_.path = std::move(path); }
+
+  absl::Status Error(int line, absl::string_view reason) {
+    return absl::InvalidArgumentError(absl::StrCat(trace_.path, ":", line, ": ", reason));
+  }
+
+  TraceName Intern(absl::string_view name) {
+    auto [it, inserted] = ids_.try_emplace(name, static_cast<TraceName>(trace_.names.size()));
+    if (inserted) {
+      trace_.names.emplace_back(name);
+      defined_.push_back(false);
+    }
+    return it->second;
+  }
+
+  // Returns the id of a name that must already be defined, or -1.
+  TraceName Lookup(absl::string_view name) const {
+    auto it = ids_.find(name);
+    if (it == ids_.end() || !defined_[it->second]) return -1;
+    return it->second;
+  }
+
+  absl::Status Line(int line, absl::string_view text) {
+    std::vector<Field>& fields = fields_;
+    std::string reason = LineParser(text).Parse(fields);
+    if (!reason.empty()) return Error(line, absl::StrCat("malformed JSON line: ", reason));
+    const Value* instr = Find(fields, "INSTRUCTION");
+    if (instr == nullptr || instr->is_array) return Error(line, "missing INSTRUCTION");
+    absl::string_view kind = instr->text;
+
+    // Pending MEMORY/ALIAS lines for the previous CONSTANT or CALL.
+    if (pending_ != Pending::kNone) {
+      return ContinuePending(line, kind, fields);
+    }
+    if (!started_) {
+      if (kind == "ANNOTATE") {
+        const Value* a = Find(fields, "ANNOTATION");
+        if (a != nullptr && !a->is_array && a->text == "START") {
+          started_ = true;
+          Reset();
+          return absl::OkStatus();
+        }
+      }
+    }
+    return Instruction(line, kind, fields);
+  }
+
+  absl::StatusOr<Trace> Finish(int last_line) {
+    if (pending_ != Pending::kNone) {
+      return Error(last_line, pending_ == Pending::kConstantMemory
+                                  ? "CONSTANT without its MEMORY line (end of file)"
+                                  : "CALL result without its MEMORY/ALIAS lines (end of file)");
+    }
+    return std::move(trace_);
+  }
+
+ private:
+  enum class Pending { kNone, kConstantMemory, kCallMemory, kCallAlias };
+
+  // Before START the trace may hold instructions we must not replay; START discards them.
+  void Reset() {
+    trace_.ops.clear();
+    trace_.call_count = 0;
+    trace_.total_time_ns = 0;
+    // Names defined before START are not available after it (the replay starts from an empty state).
+    std::fill(defined_.begin(), defined_.end(), false);
+  }
+
+  absl::Status NeedName(int line, const std::vector<Field>& fields, absl::string_view key, absl::string_view& out) {
+    const Value* v = Find(fields, key);
+    if (v == nullptr || v->is_array) return Error(line, absl::StrCat("missing ", key));
+    out = v->text;
+    return absl::OkStatus();
+  }
+
+  absl::Status NeedInt(int line, const std::vector<Field>& fields, absl::string_view key, std::int64_t& out) {
+    const Value* v = Find(fields, key);
+    if (v == nullptr || v->is_array) return Error(line, absl::StrCat("missing ", key));
+    if (!ToInt(v->text, out)) return Error(line, absl::StrCat(key, " is not an integer: '", v->text, "'"));
+    return absl::OkStatus();
+  }
+
+  absl::Status Defined(int line, absl::string_view name, absl::string_view what, TraceName& out) {
+    out = Lookup(name);
+    if (out < 0) return Error(line, absl::StrCat("unknown name '", name, "' in ", what));
+    return absl::OkStatus();
+  }
+
+  absl::Status Instruction(int line, absl::string_view kind, const std::vector<Field>& fields) {
+    TraceOp op;
+    op.line = line;
+    if (kind == "ANNOTATE") {
+      absl::string_view a;
+      if (absl::Status s = NeedName(line, fields, "ANNOTATION", a); !s.ok()) return s;
+      op.kind = TraceOpKind::kAnnotate;
+      op.op_name = std::string(a);
+      trace_.ops.push_back(std::move(op));
+      return absl::OkStatus();
+    }
+    if (kind == "CONSTANT") {
+      absl::string_view name;
+      if (absl::Status s = NeedName(line, fields, "NAME", name); !s.ok()) return s;
+      op.kind = TraceOpKind::kConstant;
+      op.name = Intern(name);
+      trace_.ops.push_back(std::move(op));
+      pending_ = Pending::kConstantMemory;
+      pending_line_ = line;
+      return absl::OkStatus();
+    }
+    if (kind == "CALL" || kind == "MUTATE") {
+      absl::string_view name;
+      if (absl::Status s = NeedName(line, fields, "NAME", name); !s.ok()) return s;
+      op.op_name = std::string(name);
+      if (absl::Status s = NeedInt(line, fields, "TIME", op.time_ns); !s.ok()) return s;
+      if (op.time_ns < 0) return Error(line, "negative TIME");
+      const Value* args = Find(fields, "ARGS");
+      if (args == nullptr || !args->is_array) return Error(line, "missing ARGS array");
+      for (absl::string_view a : args->items) {
+        TraceName id;
+        if (absl::Status s = Defined(line, a, "ARGS", id); !s.ok()) return s;
+        op.args.push_back(id);
+      }
+      trace_.call_count++;
+      trace_.total_time_ns += op.time_ns;
+      if (kind == "MUTATE") {
+        op.kind = TraceOpKind::kMutate;
+        const Value* m = Find(fields, "MUTATE");
+        if (m == nullptr || !m->is_array) return Error(line, "missing MUTATE array");
+        for (absl::string_view t : m->items) {
+          std::int64_t k;
+          if (!ToInt(t, k) || k < 0 || k >= static_cast<std::int64_t>(op.args.size())) {
+            return Error(line, absl::StrCat("MUTATE index '", t, "' out of range"));
+          }
+          op.mutated.push_back(static_cast<std::int32_t>(k));
+        }
+        trace_.ops.push_back(std::move(op));
+        return absl::OkStatus();
+      }
+      op.kind = TraceOpKind::kCall;
+      const Value* res = Find(fields, "RESULT");
+      if (res == nullptr || !res->is_array) return Error(line, "missing RESULT array");
+      for (absl::string_view r : res->items) {
+        TraceResult tr;
+        tr.name = Intern(r);
+        op.results.push_back(tr);
+      }
+      trace_.ops.push_back(std::move(op));
+      if (!trace_.ops.back().results.empty()) {
+        pending_ = Pending::kCallMemory;
+        pending_index_ = 0;
+        pending_line_ = line;
+      }
+      return absl::OkStatus();
+    }
+    if (kind == "COPY" || kind == "COPY_FROM") {
+      absl::string_view dst, src;
+      if (absl::Status s = NeedName(line, fields, "DST", dst); !s.ok()) return s;
+      if (absl::Status s = NeedName(line, fields, "SRC", src); !s.ok()) return s;
+      TraceName src_id;
+      if (absl::Status s = Defined(line, src, "SRC", src_id); !s.ok()) return s;
+      op.kind = kind == "COPY" ? TraceOpKind::kCopy : TraceOpKind::kCopyFrom;
+      op.args.push_back(src_id);
+      TraceResult tr;
+      tr.name = Intern(dst);
+      defined_[tr.name] = true;
+      op.results.push_back(tr);
+      trace_.ops.push_back(std::move(op));
+      return absl::OkStatus();
+    }
+    if (kind == "RELEASE") {
+      absl::string_view name;
+      if (absl::Status s = NeedName(line, fields, "NAME", name); !s.ok()) return s;
+      op.kind = TraceOpKind::kRelease;
+      op.args.push_back(Intern(name));
+      trace_.ops.push_back(std::move(op));
+      return absl::OkStatus();
+    }
+    if (kind == "MEMORY" || kind == "ALIAS") {
+      return Error(line, absl::StrCat(kind, " line without a preceding CONSTANT or CALL result"));
+    }
+    return Error(line, absl::StrCat("unknown INSTRUCTION '", kind, "'"));
+  }
+
+  absl::Status ContinuePending(int line, absl::string_view kind, const std::vector<Field>& fields) {
+    TraceOp& op = trace_.ops.back();
+    absl::string_view name;
+    if (pending_ == Pending::kConstantMemory) {
+      if (kind != "MEMORY") {
+        return Error(line, absl::StrCat("CONSTANT '", trace_.names[op.name], "' (line ", pending_line_,
+                                        ") without its MEMORY line"));
+      }
+      if (absl::Status s = NeedName(line, fields, "NAME", name); !s.ok()) return s;
+      if (name != trace_.names[op.name]) {
+        return Error(line, absl::StrCat("MEMORY for '", name, "' but the CONSTANT was '", trace_.names[op.name],
+                                        "'"));
+      }
+      if (absl::Status s = NeedInt(line, fields, "MEMORY", op.bytes); !s.ok()) return s;
+      if (op.bytes < 0) return Error(line, "negative MEMORY");
+      defined_[op.name] = true;
+      pending_ = Pending::kNone;
+      return absl::OkStatus();
+    }
+    TraceResult& r = op.results[pending_index_];
+    const std::string& expect = trace_.names[r.name];
+    if (pending_ == Pending::kCallMemory) {
+      if (kind != "MEMORY") {
+        return Error(line, absl::StrCat("CALL result '", expect, "' (line ", pending_line_,
+                                        ") without its MEMORY line"));
+      }
+      if (absl::Status s = NeedName(line, fields, "NAME", name); !s.ok()) return s;
+      if (name != expect) {
+        return Error(line, absl::StrCat("MEMORY for '", name, "' but the next CALL result is '", expect, "'"));
+      }
+      if (absl::Status s = NeedInt(line, fields, "MEMORY", r.bytes); !s.ok()) return s;
+      if (r.bytes < 0) return Error(line, "negative MEMORY");
+      pending_ = Pending::kCallAlias;
+      return absl::OkStatus();
+    }
+    // kCallAlias
+    if (kind != "ALIAS") {
+      return Error(line, absl::StrCat("CALL result '", expect, "' (line ", pending_line_,
+                                      ") without its ALIAS line"));
+    }
+    if (absl::Status s = NeedName(line, fields, "NAME", name); !s.ok()) return s;
+    if (name != expect) {
+      return Error(line, absl::StrCat("ALIAS for '", name, "' but the next CALL result is '", expect, "'"));
+    }
+    std::int64_t alias;
+    if (absl::Status s = NeedInt(line, fields, "ALIAS", alias); !s.ok()) return s;
+    if (alias < -1 || alias >= static_cast<std::int64_t>(op.args.size())) {
+      return Error(line, absl::StrCat("ALIAS ", alias, " out of range (the op has ", op.args.size(), " args)"));
+    }
+    r.alias = static_cast<std::int32_t>(alias);
+    defined_[r.name] = true;
+    if (++pending_index_ < op.results.size()) {
+      pending_ = Pending::kCallMemory;
+    } else {
+      pending_ = Pending::kNone;
+    }
+    return absl::OkStatus();
+  }
+
+  Trace trace_;
+  absl::flat_hash_map<std::string, TraceName> ids_;
+  std::vector<bool> defined_;
+  std::vector<Field> fields_;
+  bool started_ = false;
+  Pending pending_ = Pending::kNone;
+  std::size_t pending_index_ = 0;
+  int pending_line_ = 0;
+};
+
+}  // namespace
+
+absl::StatusOr<Trace> ParseTrace(std::string_view std_text, std::string path) {
+  absl::string_view text(std_text.data(), std_text.size());
+  Builder builder(std::move(path));
+  int line = 0;
+  std::size_t pos = 0;
+  while (pos < text.size()) {
+    std::size_t end = text.find('\n', pos);
+    if (end == absl::string_view::npos) end = text.size();
+    absl::string_view l = text.substr(pos, end - pos);
+    ++line;
+    pos = end + 1;
+    bool blank = true;
+    for (char c : l) {
+      if (c != ' ' && c != '\t' && c != '\r') {
+        blank = false;
+        break;
+      }
+    }
+    if (blank) continue;
+    if (absl::Status s = builder.Line(line, l); !s.ok()) return s;
+  }
+  return builder.Finish(line);
+}
+
+absl::StatusOr<Trace> ReadTrace(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::NotFoundError(absl::StrCat(path, ": cannot open the trace file"));
+  std::ostringstream buffer;
+  buffer << in.rdbuf();
+  if (in.bad()) return absl::DataLossError(absl::StrCat(path, ": read error"));
+  std::string text = std::move(buffer).str();
+  return ParseTrace(std::string_view(text), path);
+}
+
+}  // namespace remat

@@ -1,0 +1,68 @@
+#include "runtime/trace.h"
+
+#include <cstdlib>
+#include <string>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace remat {
+namespace {
+
+using ::testing::HasSubstr;
+
+TEST(TraceTest, ParsesCallsConstantsAndViews) {
+  const char* text =
+      R"({"ANNOTATION":"START","INSTRUCTION":"ANNOTATE"}
+{"INSTRUCTION":"CONSTANT","NAME":"a"}
+{"INSTRUCTION":"MEMORY","MEMORY":"100","NAME":"a"}
+{"ARGS":["a"],"INSTRUCTION":"CALL","NAME":"t","RESULT":["b","c"],"TIME":"7"}
+{"INSTRUCTION":"MEMORY","MEMORY":"100","NAME":"b"}
+{"ALIAS":"0","INSTRUCTION":"ALIAS","NAME":"b"}
+{"INSTRUCTION":"MEMORY","MEMORY":"40","NAME":"c"}
+{"ALIAS":"-1","INSTRUCTION":"ALIAS","NAME":"c"}
+{"ARGS":["c","a"],"INSTRUCTION":"MUTATE","MUTATE":[0],"NAME":"add_","TIME":"5"}
+{"DST":"d","INSTRUCTION":"COPY","SRC":"c"}
+{"INSTRUCTION":"RELEASE","NAME":"zzz"}
+)";
+  absl::StatusOr<Trace> t = ParseTrace(text, "x.log");
+  ASSERT_TRUE(t.ok()) << t.status();
+  ASSERT_EQ(t->ops.size(), 5u);
+  EXPECT_EQ(t->ops[0].kind, TraceOpKind::kConstant);
+  EXPECT_EQ(t->ops[0].bytes, 100);
+  EXPECT_EQ(t->ops[1].kind, TraceOpKind::kCall);
+  ASSERT_EQ(t->ops[1].results.size(), 2u);
+  EXPECT_EQ(t->ops[1].results[0].alias, 0);
+  EXPECT_EQ(t->ops[1].results[1].bytes, 40);
+  EXPECT_EQ(t->ops[1].results[1].alias, -1);
+  EXPECT_EQ(t->ops[1].line, 4);
+  EXPECT_EQ(t->ops[2].kind, TraceOpKind::kMutate);
+  EXPECT_EQ(t->ops[2].mutated, std::vector<int>{0});
+  EXPECT_EQ(t->ops[3].kind, TraceOpKind::kCopy);
+  EXPECT_EQ(t->ops[4].kind, TraceOpKind::kRelease);
+  EXPECT_EQ(t->call_count, 2);
+  EXPECT_EQ(t->total_time_ns, 12);
+}
+
+TEST(TraceTest, ErrorsNameFileLineAndReason) {
+  auto err = [](const char* text) { return std::string(ParseTrace(text, "bad.log").status().message()); };
+  EXPECT_THAT(err("{\"INSTRUCTION\":\"CONSTANT\",\"NAME\":\"a\"}\n{\"INSTRUCTION\":\"RELEASE\",\"NAME\":\"a\"}\n"),
+              HasSubstr("bad.log:2: CONSTANT 'a' (line 1) without its MEMORY"));
+  EXPECT_THAT(err("{\"INSTRUCTION\":\"CONSTANT\",\"NAME\":\"a\"}\n"), HasSubstr("bad.log:1: CONSTANT"));
+  EXPECT_THAT(err("\n{\"INSTRUCTION\":\"CALL\",\"NAME\":\"f\",\"ARGS\":[\"q\"],\"RESULT\":[],\"TIME\":\"1\"}\n"),
+              HasSubstr("bad.log:2: unknown name 'q' in ARGS"));
+  EXPECT_THAT(err("{\"INSTRUCTION\":\"CALL\",\"NAME\":\n"), HasSubstr("bad.log:1: malformed JSON line"));
+  EXPECT_THAT(err("{\"INSTRUCTION\":\"FOO\"}\n"), HasSubstr("unknown INSTRUCTION 'FOO'"));
+  EXPECT_THAT(std::string(ReadTrace("/nonexistent/t.log").status().message()), HasSubstr("/nonexistent/t.log"));
+}
+
+TEST(TraceTest, ReadsTheSharedTraces) {
+  const char* env = std::getenv("REMAT_SHARED_DIR");
+  std::string dir = std::string(env != nullptr ? env : "/work/main/../shared") + "/traces/dtr/";
+  absl::StatusOr<Trace> t = ReadTrace(dir + "resnet32-56-9000000000.0-2020-10-1-13-3-30-default.log");
+  ASSERT_TRUE(t.ok()) << t.status() << " (is REMAT_SHARED_DIR set to the shared directory?)";
+  EXPECT_EQ(t->call_count, 286);
+}
+
+}  // namespace
+}  // namespace remat
