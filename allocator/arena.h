@@ -42,7 +42,8 @@ struct ArenaOptions {
   // Every block's address and size are multiples of this (512 like CUDA's allocator, 64 for CPU tensors).
   std::size_t alignment = 512;
   // When true, a request that does not fit reserves another segment (at least the request) instead of failing,
-  // up to `growth_limit` bytes reserved in total. The remat budget is a hard limit, so the runtime leaves it off.
+  // up to `growth_limit` bytes reserved in total (0: no limit). New segments are at least 2 MiB and at least
+  // `capacity`. The remat budget is a hard limit, so the runtime leaves it off.
   bool grow = false;
   std::size_t growth_limit = 0;
 };
@@ -56,7 +57,7 @@ struct ArenaStats {
   std::size_t largest_free_block = 0;
   std::uint64_t allocations = 0;
   std::uint64_t frees = 0;
-  std::uint64_t pressure_allocations = 0;  // allocations that needed the pressure handler
+  std::uint64_t pressure_allocations = 0;  // Allocate calls that called the pressure handler (even if they failed)
   std::uint64_t search_ns = 0;             // time spent in best-fit lookups and window searches
 };
 
@@ -103,15 +104,21 @@ class Arena {
   // `address` must be the start of an allocated block; anything else is InvalidArgument.
   absl::Status Free(std::uintptr_t address);
   absl::Status SetOwner(std::uintptr_t address, OwnerId owner);
+  // The block that starts at `address`, allocated (one hash probe) or free (a walk of its segment); NotFound
+  // for any other address.
   absl::StatusOr<BlockInfo> Block(std::uintptr_t address) const;
 
   // Cost of one allocated block for a window search: a value, or nullopt for a barrier (locked, constant, not
   // evictable) that no window may contain.
   using BlockCost = absl::FunctionRef<std::optional<double>(const BlockInfo&)>;
   // The contiguous run of free and non-barrier blocks, inside one segment, with total size >= `bytes` (aligned)
-  // and the smallest summed cost; ties go to the lower address. One two-pointer pass, O(blocks).
+  // and the smallest summed cost (free blocks cost 0). Ties go to the run that ends at the lowest address, and
+  // the run is as short as possible (it starts at the highest block that still leaves it >= `bytes`). Costs
+  // must be >= 0 for the search to be exact: negative costs count as 0 and NaN as a barrier. nullopt when no run
+  // holds the request. One two-pointer pass, O(blocks); `cost` is called once per allocated block at most.
   std::optional<Window> FindWindow(std::size_t bytes, BlockCost cost) const;
-  // Free bytes immediately below and above the block at `address` (the DTE heuristic's size term).
+  // Free bytes immediately below and above the allocated block at `address` (the DTE heuristic's size term);
+  // 0 when `address` is not the start of an allocated block.
   std::size_t AdjacentFreeBytes(std::uintptr_t address) const;
 
   void SetPressureHandler(PressureHandler* handler);

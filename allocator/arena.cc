@@ -1,0 +1,521 @@
+// Arena implementation (contract in arena.h).
+//
+// Data structures, all guarded by one mutex (the critical sections are a few hundred nanoseconds at most, so a
+// plain lock beats anything cleverer at the thread counts PyTorch uses: the caller's thread plus autograd's):
+//
+//   Node         one node per block, allocated or free, from a pooled free list (no malloc on the hot path once
+//                the pool has grown to the working set). `prev`/`next` link the blocks of one segment in address
+//                order; a segment's first block has prev == nullptr, its last next == nullptr, so coalescing never
+//                crosses a segment boundary.
+//   free_index   absl::btree_set of (size, address, Node*): best fit is lower_bound((bytes, 0)); the largest free
+//                block is the last element.
+//   live         absl::flat_hash_map from address to allocated Node*: Free/SetOwner/Block are one probe.
+//   segments     sorted by base; each knows its first block (for FindWindow and ForEachBlock).
+//
+// Invariants (checked by tests/allocator/arena_random_test.cc after every operation):
+//   - the blocks of a segment tile it exactly, in address order, each a multiple of the alignment;
+//   - no two free blocks are adjacent (Free coalesces with both neighbours);
+//   - every free block is in free_index, every allocated block in live, and nothing else;
+//   - allocated_bytes + free bytes == reserved_bytes.
+//
+// Allocate places with lower_bound on the index, splits the chosen block (the new block at its low or high end),
+// and re-keys the remainder. Free merges the block into a free lower neighbour and absorbs a free upper one; the
+// lower block always survives a merge, so a segment's first block only changes when a kLow placement splits it.
+//
+// FindWindow is the two-pointer pass of Coop: for each right end r, advance the left end l while the window
+// without l still holds the request. With non-negative costs the cheapest window ending at r is exactly [l, r]
+// (dropping blocks from the left never raises the cost), and l only moves right, so the pass is O(blocks).
+// Costs are read once per block into a scratch vector so the left end can subtract them again; the running sum
+// is a long double, and the reported cost is re-summed exactly over the chosen window.
+#include "allocator/arena.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <limits>
+#include <string>
+#include <utility>
+
+#include "absl/container/btree_set.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+
+namespace remat {
+namespace {
+
+struct SegmentRec;
+
+struct Node {
+  std::uintptr_t address = 0;
+  std::size_t size = 0;
+  OwnerId owner = kNoOwner;
+  Node* prev = nullptr;  // address order within the segment
+  Node* next = nullptr;  // also links the pool's free list
+  SegmentRec* segment = nullptr;
+  bool free = true;
+};
+
+struct SegmentRec {
+  Segment segment;       // as the provider returned it
+  std::size_t usable = 0;  // segment.size rounded down to the alignment: what the blocks tile
+  Node* first = nullptr;
+};
+
+struct FreeKey {
+  std::size_t size;
+  std::uintptr_t address;
+  Node* block;
+};
+
+struct FreeKeyLess {
+  bool operator()(const FreeKey& a, const FreeKey& b) const {
+    return a.size != b.size ? a.size < b.size : a.address < b.address;
+  }
+};
+
+FreeKey KeyOf(const Node* b) { return FreeKey{b->size, b->address, const_cast<Node*>(b)}; }
+
+BlockInfo InfoOf(const Node* b) { return BlockInfo{b->address, b->size, b->owner, b->free}; }
+
+// Blocks come from fixed-size chunks and return to an intrusive free list, so steady-state Allocate/Free never
+// call malloc for block nodes.
+class NodePool {
+ public:
+  Node* New() {
+    if (free_ == nullptr) Grow();
+    Node* b = free_;
+    free_ = b->next;
+    *b = Node{};
+    return b;
+  }
+  void Delete(Node* b) {
+    b->next = free_;
+    free_ = b;
+  }
+
+ private:
+  static constexpr std::size_t kChunk = 1024;
+  void Grow() {
+    chunks_.push_back(std::make_unique<Node[]>(kChunk));
+    Node* chunk = chunks_.back().get();
+    for (std::size_t i = 0; i < kChunk; ++i) {
+      chunk[i].next = (i + 1 < kChunk) ? &chunk[i + 1] : free_;
+    }
+    free_ = chunk;
+  }
+  std::vector<std::unique_ptr<Node[]>> chunks_;
+  Node* free_ = nullptr;
+};
+
+class ScopedTimer {
+ public:
+  explicit ScopedTimer(std::uint64_t* sink) : sink_(sink), start_(std::chrono::steady_clock::now()) {}
+  ~ScopedTimer() {
+    *sink_ += static_cast<std::uint64_t>(
+        std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start_).count());
+  }
+
+ private:
+  std::uint64_t* sink_;
+  std::chrono::steady_clock::time_point start_;
+};
+
+constexpr std::size_t kMinGrowth = std::size_t{2} << 20;  // smallest segment a growing arena reserves
+
+}  // namespace
+
+struct Arena::State {
+  std::unique_ptr<MemoryProvider> provider;
+  ArenaOptions options;
+
+  mutable absl::Mutex mu;
+  PressureHandler* handler ABSL_GUARDED_BY(mu) = nullptr;
+  std::vector<std::unique_ptr<SegmentRec>> segments ABSL_GUARDED_BY(mu);  // sorted by base
+  absl::btree_set<FreeKey, FreeKeyLess> free_index ABSL_GUARDED_BY(mu);
+  absl::flat_hash_map<std::uintptr_t, Node*> live ABSL_GUARDED_BY(mu);
+  NodePool pool ABSL_GUARDED_BY(mu);
+  mutable std::vector<double> scratch ABSL_GUARDED_BY(mu);  // FindWindow's per-block costs
+
+  std::size_t allocated ABSL_GUARDED_BY(mu) = 0;
+  std::size_t reserved ABSL_GUARDED_BY(mu) = 0;
+  std::size_t peak ABSL_GUARDED_BY(mu) = 0;
+  std::uint64_t allocations ABSL_GUARDED_BY(mu) = 0;
+  std::uint64_t frees ABSL_GUARDED_BY(mu) = 0;
+  std::uint64_t pressure_allocations ABSL_GUARDED_BY(mu) = 0;
+  mutable std::uint64_t search_ns ABSL_GUARDED_BY(mu) = 0;
+
+  ~State() {
+    for (auto& s : segments) provider->Release(s->segment);
+  }
+
+  // Rounds up to the alignment; 0 becomes one unit. Fails on overflow.
+  absl::StatusOr<std::size_t> Align(std::size_t bytes) const {
+    const std::size_t a = options.alignment;
+    if (bytes == 0) return a;
+    if (bytes > std::numeric_limits<std::size_t>::max() - (a - 1)) {
+      return absl::ResourceExhaustedError(absl::StrCat("remat arena: request of ", bytes, " bytes is too large"));
+    }
+    return (bytes + a - 1) & ~(a - 1);
+  }
+
+  // Adds a segment of at least `bytes` (aligned) as one free block.
+  absl::Status AddSegment(std::size_t bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    absl::StatusOr<Segment> seg = provider->Reserve(bytes, options.alignment);
+    if (!seg.ok()) return seg.status();
+    const std::size_t usable = seg->size & ~(options.alignment - 1);
+    if (seg->base % options.alignment != 0 || usable < bytes) {
+      provider->Release(*seg);
+      return absl::InternalError(absl::StrCat("remat arena: provider ", std::string(provider->Name()), " returned segment at ",
+                                              seg->base, " of ", seg->size, " bytes for a request of ", bytes,
+                                              " bytes aligned to ", options.alignment));
+    }
+    auto rec = std::make_unique<SegmentRec>();
+    rec->segment = *seg;
+    rec->usable = usable;
+    Node* b = pool.New();
+    b->address = seg->base;
+    b->size = usable;
+    b->segment = rec.get();
+    b->free = true;
+    rec->first = b;
+    free_index.insert(KeyOf(b));
+    reserved += usable;
+    auto pos = std::lower_bound(segments.begin(), segments.end(), seg->base,
+                                [](const std::unique_ptr<SegmentRec>& s, std::uintptr_t base) {
+                                  return s->segment.base < base;
+                                });
+    segments.insert(pos, std::move(rec));
+    return absl::OkStatus();
+  }
+
+  // Best fit and split; nullptr when no free block holds `aligned`.
+  Node* Place(std::size_t aligned, OwnerId owner, Placement placement) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    decltype(free_index)::iterator it;
+    {
+      ScopedTimer timer(&search_ns);
+      it = free_index.lower_bound(FreeKey{aligned, 0, nullptr});
+    }
+    if (it == free_index.end()) return nullptr;
+    Node* f = it->block;
+    free_index.erase(it);
+    Node* b;
+    if (f->size == aligned) {
+      b = f;
+    } else {
+      b = pool.New();
+      b->segment = f->segment;
+      b->size = aligned;
+      f->size -= aligned;
+      if (placement == Placement::kLow) {
+        b->address = f->address;
+        f->address += aligned;
+        b->prev = f->prev;
+        b->next = f;
+        if (f->prev != nullptr) {
+          f->prev->next = b;
+        } else {
+          f->segment->first = b;
+        }
+        f->prev = b;
+      } else {
+        b->address = f->address + f->size;
+        b->next = f->next;
+        b->prev = f;
+        if (f->next != nullptr) f->next->prev = b;
+        f->next = b;
+      }
+      free_index.insert(KeyOf(f));
+    }
+    b->free = false;
+    b->owner = owner;
+    live.emplace(b->address, b);
+    allocated += aligned;
+    peak = std::max(peak, allocated);
+    ++allocations;
+    return b;
+  }
+
+  // Place, growing first when the options allow it.
+  Node* PlaceOrGrow(std::size_t aligned, OwnerId owner, Placement placement) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    if (Node* b = Place(aligned, owner, placement)) return b;
+    if (!options.grow) return nullptr;
+    std::size_t want = std::max({aligned, options.capacity, kMinGrowth});
+    want = (want + options.alignment - 1) & ~(options.alignment - 1);
+    if (options.growth_limit != 0) {
+      if (reserved >= options.growth_limit || options.growth_limit - reserved < aligned) return nullptr;
+      want = std::max(aligned, std::min(want, (options.growth_limit - reserved) & ~(options.alignment - 1)));
+    }
+    if (!AddSegment(want).ok()) return nullptr;
+    return Place(aligned, owner, placement);
+  }
+
+  std::size_t LargestFree() const ABSL_SHARED_LOCKS_REQUIRED(mu) {
+    return free_index.empty() ? 0 : std::prev(free_index.end())->size;
+  }
+
+  absl::Status Exhausted(std::size_t bytes, std::size_t aligned, std::string_view why) const
+      ABSL_SHARED_LOCKS_REQUIRED(mu) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "remat arena: cannot place ", bytes, " bytes (", aligned, " aligned): ", reserved - allocated,
+        " bytes free in ", free_index.size(), " free blocks, largest free block ", LargestFree(), " bytes; ",
+        allocated, " of ", reserved, " reserved bytes allocated; ", std::string(why)));
+  }
+
+  Node* FindLive(std::uintptr_t address) const ABSL_SHARED_LOCKS_REQUIRED(mu) {
+    auto it = live.find(address);
+    return it == live.end() ? nullptr : it->second;
+  }
+
+  const SegmentRec* SegmentOf(std::uintptr_t address) const ABSL_SHARED_LOCKS_REQUIRED(mu) {
+    auto pos = std::upper_bound(segments.begin(), segments.end(), address,
+                                [](std::uintptr_t a, const std::unique_ptr<SegmentRec>& s) {
+                                  return a < s->segment.base;
+                                });
+    if (pos == segments.begin()) return nullptr;
+    const SegmentRec* s = std::prev(pos)->get();
+    return address < s->segment.base + s->usable ? s : nullptr;
+  }
+};
+
+absl::StatusOr<std::unique_ptr<Arena>> Arena::Create(std::unique_ptr<MemoryProvider> provider,
+                                                     ArenaOptions options) {
+  if (provider == nullptr) return absl::InvalidArgumentError("remat arena: no memory provider");
+  if (options.alignment == 0 || (options.alignment & (options.alignment - 1)) != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("remat arena: alignment must be a power of two, got ", options.alignment));
+  }
+  auto state = std::make_unique<State>();
+  state->provider = std::move(provider);
+  state->options = options;
+  if (options.capacity > 0) {
+    absl::MutexLock lock(&state->mu);
+    absl::StatusOr<std::size_t> aligned = state->Align(options.capacity);
+    if (!aligned.ok()) return aligned.status();
+    absl::Status s = state->AddSegment(*aligned);
+    if (!s.ok()) return s;
+  }
+  return std::unique_ptr<Arena>(new Arena(std::move(state)));
+}
+
+Arena::Arena(std::unique_ptr<State> state) : state_(std::move(state)) {}
+Arena::~Arena() = default;
+
+absl::StatusOr<std::uintptr_t> Arena::TryAllocate(std::size_t bytes, OwnerId owner, Placement placement) {
+  State& s = *state_;
+  absl::StatusOr<std::size_t> aligned = s.Align(bytes);
+  if (!aligned.ok()) return aligned.status();
+  absl::MutexLock lock(&s.mu);
+  if (Node* b = s.PlaceOrGrow(*aligned, owner, placement)) return b->address;
+  return s.Exhausted(bytes, *aligned, "no free block is large enough");
+}
+
+absl::StatusOr<std::uintptr_t> Arena::Allocate(std::size_t bytes, OwnerId owner, Placement placement) {
+  State& s = *state_;
+  absl::StatusOr<std::size_t> aligned = s.Align(bytes);
+  if (!aligned.ok()) return aligned.status();
+  bool counted = false;
+  int rounds = 0;
+  for (;;) {
+    PressureHandler* handler;
+    std::uint64_t frees_before;
+    {
+      absl::MutexLock lock(&s.mu);
+      if (Node* b = s.PlaceOrGrow(*aligned, owner, placement)) return b->address;
+      handler = s.handler;
+      if (handler == nullptr) return s.Exhausted(bytes, *aligned, "no pressure handler is set");
+      if (!counted) {
+        ++s.pressure_allocations;
+        counted = true;
+      }
+      frees_before = s.frees;
+    }
+    // Without the lock: the handler evicts through Free.
+    const bool progress = handler->MakeRoom(*this, *aligned);
+    ++rounds;
+    absl::MutexLock lock(&s.mu);
+    if (!progress || s.frees == frees_before) {
+      if (Node* b = s.PlaceOrGrow(*aligned, owner, placement)) return b->address;  // freed by another thread
+      return s.Exhausted(bytes, *aligned,
+                         absl::StrCat("the pressure handler freed nothing after ", rounds, " round(s)"));
+    }
+  }
+}
+
+absl::Status Arena::Free(std::uintptr_t address) {
+  State& s = *state_;
+  absl::MutexLock lock(&s.mu);
+  auto it = s.live.find(address);
+  if (it == s.live.end()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("remat arena: Free(", address, "): not the start of an allocated block"));
+  }
+  Node* b = it->second;
+  s.live.erase(it);
+  s.allocated -= b->size;
+  ++s.frees;
+  b->free = true;
+  b->owner = kNoOwner;
+  Node* lower = b->prev;
+  if (lower != nullptr && lower->free) {
+    s.free_index.erase(KeyOf(lower));
+    lower->size += b->size;
+    lower->next = b->next;
+    if (b->next != nullptr) b->next->prev = lower;
+    s.pool.Delete(b);
+    b = lower;
+  }
+  Node* upper = b->next;
+  if (upper != nullptr && upper->free) {
+    s.free_index.erase(KeyOf(upper));
+    b->size += upper->size;
+    b->next = upper->next;
+    if (upper->next != nullptr) upper->next->prev = b;
+    s.pool.Delete(upper);
+  }
+  s.free_index.insert(KeyOf(b));
+  return absl::OkStatus();
+}
+
+absl::Status Arena::SetOwner(std::uintptr_t address, OwnerId owner) {
+  State& s = *state_;
+  absl::MutexLock lock(&s.mu);
+  Node* b = s.FindLive(address);
+  if (b == nullptr) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("remat arena: SetOwner(", address, "): not the start of an allocated block"));
+  }
+  b->owner = owner;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<BlockInfo> Arena::Block(std::uintptr_t address) const {
+  const State& s = *state_;
+  absl::ReaderMutexLock lock(&s.mu);
+  if (const auto* b = s.FindLive(address)) return InfoOf(b);
+  // A free block: walk its segment (free blocks are not indexed by address).
+  if (const SegmentRec* seg = s.SegmentOf(address)) {
+    for (const auto* b = seg->first; b != nullptr && b->address <= address; b = b->next) {
+      if (b->address == address) return InfoOf(b);
+    }
+  }
+  return absl::NotFoundError(absl::StrCat("remat arena: no block starts at ", address));
+}
+
+std::optional<Window> Arena::FindWindow(std::size_t bytes, BlockCost cost) const {
+  const State& s = *state_;
+  absl::StatusOr<std::size_t> aligned_or = s.Align(bytes);
+  if (!aligned_or.ok()) return std::nullopt;
+  const std::size_t aligned = *aligned_or;
+  absl::MutexLock lock(&s.mu);  // exclusive: the scratch buffer and search_ns are written
+  ScopedTimer timer(&s.search_ns);
+
+  std::vector<double>& costs = s.scratch;  // costs[i] for the i-th block visited, across segments
+  costs.clear();
+  const Node* best_l = nullptr;
+  const Node* best_r = nullptr;
+  std::size_t best_li = 0;
+  long double best_cost = 0;
+  for (const auto& seg : s.segments) {
+    if (seg->usable < aligned) continue;
+    const Node* l = seg->first;
+    std::size_t li = costs.size();  // index of l in `costs`
+    std::size_t sum_size = 0;
+    long double sum_cost = 0;
+    for (const Node* r = seg->first; r != nullptr; r = r->next) {
+      double c = 0;
+      if (!r->free) {
+        const std::optional<double> v = cost(InfoOf(r));
+        if (!v.has_value() || std::isnan(*v)) {  // a barrier: the next window starts after it
+          costs.push_back(0);
+          l = r->next;
+          li = costs.size();
+          sum_size = 0;
+          sum_cost = 0;
+          continue;
+        }
+        c = std::max(*v, 0.0);
+      }
+      costs.push_back(c);
+      sum_size += r->size;
+      sum_cost += c;
+      while (sum_size - l->size >= aligned) {
+        sum_size -= l->size;
+        sum_cost -= costs[li];
+        l = l->next;
+        ++li;
+      }
+      if (sum_size >= aligned && (best_r == nullptr || sum_cost < best_cost)) {
+        best_l = l;
+        best_r = r;
+        best_li = li;
+        best_cost = sum_cost;
+        if (best_cost <= 0) break;  // nothing is cheaper, and every later window ends higher
+      }
+    }
+    if (best_r != nullptr && best_cost <= 0) break;
+  }
+  if (best_r == nullptr) return std::nullopt;
+  Window w;
+  w.address = best_l->address;
+  std::size_t i = best_li;
+  for (const Node* b = best_l;; b = b->next, ++i) {
+    w.size += b->size;
+    w.cost += costs[i];
+    if (!b->free) w.owners.push_back(b->owner);
+    if (b == best_r) break;
+  }
+  return w;
+}
+
+std::size_t Arena::AdjacentFreeBytes(std::uintptr_t address) const {
+  const State& s = *state_;
+  absl::ReaderMutexLock lock(&s.mu);
+  const Node* b = s.FindLive(address);
+  if (b == nullptr) return 0;
+  std::size_t bytes = 0;
+  if (b->prev != nullptr && b->prev->free) bytes += b->prev->size;
+  if (b->next != nullptr && b->next->free) bytes += b->next->size;
+  return bytes;
+}
+
+void Arena::SetPressureHandler(PressureHandler* handler) {
+  absl::MutexLock lock(&state_->mu);
+  state_->handler = handler;
+}
+
+ArenaStats Arena::Stats() const {
+  const State& s = *state_;
+  absl::ReaderMutexLock lock(&s.mu);
+  ArenaStats st;
+  st.allocated_bytes = s.allocated;
+  st.reserved_bytes = s.reserved;
+  st.peak_allocated_bytes = s.peak;
+  st.free_blocks = s.free_index.size();
+  st.free_bytes = s.reserved - s.allocated;
+  st.largest_free_block = s.LargestFree();
+  st.allocations = s.allocations;
+  st.frees = s.frees;
+  st.pressure_allocations = s.pressure_allocations;
+  st.search_ns = s.search_ns;
+  return st;
+}
+
+void Arena::ResetPeak() {
+  absl::MutexLock lock(&state_->mu);
+  state_->peak = state_->allocated;
+}
+
+void Arena::ForEachBlock(const std::function<void(const BlockInfo&)>& visit) const {
+  const State& s = *state_;
+  absl::ReaderMutexLock lock(&s.mu);
+  for (const auto& seg : s.segments) {
+    for (const Node* b = seg->first; b != nullptr; b = b->next) visit(InfoOf(b));
+  }
+}
+
+std::size_t Arena::alignment() const { return state_->options.alignment; }
+
+const MemoryProvider& Arena::provider() const { return *state_->provider; }
+
+}  // namespace remat
