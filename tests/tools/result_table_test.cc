@@ -1,0 +1,136 @@
+#include "tools/result_table.h"
+
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace remat::sim {
+namespace {
+
+using ::testing::HasSubstr;
+using ::testing::Not;
+
+SimRow CounterRow() {
+  SimRow row;
+  row.trace = "resnet32-56-9000000000.0-2020-10-1-13-3-30-default.log";
+  row.policy = "dtr-eq";
+  row.mode = "counter";
+  row.ratio = 0.5;
+  row.budget_bytes = 5030563868;
+  row.result = "pass";
+  row.overhead = 1.0123456789;
+  row.peak_bytes = 5030000000;
+  row.replayed_cost_ns = 3600000;
+  row.evictions = 120;
+  row.rematerializations = 80;
+  row.heuristic_evaluations = 5000;
+  row.search_time_ns = 250000;
+  row.fragmentation_rate = 0.25;  // not written in counter mode
+  row.wall_time_ns = 1500000;
+  row.baseline_compute_ns = 291900000;
+  row.baseline_memory_bytes = 10061127736;
+  row.total_compute_ns = 295500000;
+  return row;
+}
+
+SimRow ArenaOomRow() {
+  SimRow row = CounterRow();
+  row.trace = "unet-6-8000000000.0-2020-10-1-10-57-18-default.log";
+  row.policy = "coop";
+  row.mode = "arena";
+  row.ratio = 0.1;
+  row.result = "oom";
+  row.fragmentation_rate = 0.125;
+  row.message = "requested 1,024 bytes; \"locked\"\nline two";
+  return row;
+}
+
+TEST(ResultTableTest, TraceFileNameDropsTheDirectory) {
+  EXPECT_EQ(TraceFileName("/a/b/x-1.log"), "x-1.log");
+  EXPECT_EQ(TraceFileName("x-1.log"), "x-1.log");
+}
+
+TEST(ResultTableTest, CsvHeaderAndRows) {
+  std::ostringstream out;
+  WriteCsv({CounterRow(), ArenaOomRow()}, out);
+  const std::string csv = out.str();
+  std::vector<std::string> lines = absl::StrSplit(csv, '\n');
+  ASSERT_GE(lines.size(), 4u);
+  EXPECT_EQ(lines[0], absl::StrJoin(CsvColumns(), ","));
+  EXPECT_EQ(lines[1],
+            "resnet32-56-9000000000.0-2020-10-1-13-3-30-default.log,dtr-eq,counter,0.5,5030563868,pass,1.01235,"
+            "5030000000,3600000,120,80,5000,250000,,1500000,291900000,10061127736,295500000,");
+  // The arena row: fragmentation written, the message quoted with its quotes doubled and its newline kept.
+  EXPECT_EQ(lines[2],
+            "unet-6-8000000000.0-2020-10-1-10-57-18-default.log,coop,arena,0.1,5030563868,oom,1.01235,5030000000,"
+            "3600000,120,80,5000,250000,0.125,1500000,291900000,10061127736,295500000,"
+            "\"requested 1,024 bytes; \"\"locked\"\"");
+  EXPECT_EQ(lines[3], "line two\"");
+  EXPECT_EQ(csv.back(), '\n');
+}
+
+TEST(ResultTableTest, CsvHasOneColumnPerField) {
+  EXPECT_EQ(CsvColumns().size(), 19u);
+  std::ostringstream out;
+  WriteCsv({CounterRow()}, out);
+  std::vector<std::string> lines = absl::StrSplit(out.str(), '\n');
+  EXPECT_EQ(std::vector<std::string>(absl::StrSplit(lines[1], ',')).size(), CsvColumns().size());
+}
+
+TEST(ResultTableTest, Json) {
+  std::ostringstream out;
+  WriteJson({CounterRow(), ArenaOomRow()}, out);
+  const std::string json = out.str();
+  EXPECT_EQ(json.front(), '[');
+  EXPECT_THAT(json, HasSubstr("\"trace\": \"resnet32-56-9000000000.0-2020-10-1-13-3-30-default.log\""));
+  EXPECT_THAT(json, HasSubstr("\"ratio\": 0.5, \"budget_bytes\": 5030563868, \"result\": \"pass\", "
+                              "\"overhead\": 1.01235"));
+  EXPECT_THAT(json, HasSubstr("\"fragmentation_rate\": null"));
+  EXPECT_THAT(json, HasSubstr("\"fragmentation_rate\": 0.125"));
+  EXPECT_THAT(json, HasSubstr("\"message\": \"requested 1,024 bytes; \\\"locked\\\"\\nline two\""));
+  EXPECT_EQ(json.substr(json.size() - 4), "}\n]\n");
+}
+
+TEST(ResultTableTest, JsonEscapesControlCharacters) {
+  SimRow row = CounterRow();
+  row.message = std::string("a\x01" "b\\");
+  std::ostringstream out;
+  WriteJson({row}, out);
+  EXPECT_THAT(out.str(), HasSubstr("\"message\": \"a\\u0001b\\\\\""));
+}
+
+TEST(ResultTableTest, EmptyJsonIsAnEmptyArray) {
+  std::ostringstream out;
+  WriteJson({}, out);
+  EXPECT_EQ(out.str(), "[]\n");
+}
+
+TEST(ResultTableTest, TableIsAligned) {
+  const std::string table = FormatTable({CounterRow(), ArenaOomRow()});
+  std::vector<std::string> lines = absl::StrSplit(table, '\n', absl::SkipEmpty());
+  ASSERT_EQ(lines.size(), 3u);
+  // Every line has the same width (the last column is right-aligned), so every column lines up.
+  EXPECT_EQ(lines[0].size(), lines[1].size());
+  EXPECT_EQ(lines[0].size(), lines[2].size());
+  // Right-aligned numbers end where their header ends.
+  const std::size_t overhead_end = lines[0].find("overhead") + std::string("overhead").size();
+  EXPECT_EQ(lines[1].substr(overhead_end - 6, 6), "1.0123");
+  // Readable units, no directory, no ".log".
+  EXPECT_THAT(lines[1], HasSubstr("resnet32-56-9000000000.0-2020-10-1-13-3-30-default "));
+  EXPECT_THAT(table, Not(HasSubstr(".log")));
+  EXPECT_THAT(lines[1], HasSubstr("4.68 GiB"));
+  EXPECT_THAT(lines[1], HasSubstr(" 3.6 "));  // replayed ms
+  // Fragmentation: "-" in counter mode, a value in arena mode.
+  const std::size_t frag_end = lines[0].find("frag") + 4;
+  EXPECT_EQ(lines[1].substr(frag_end - 1, 1), "-");
+  EXPECT_EQ(lines[2].substr(frag_end - 6, 6), "0.1250");
+  EXPECT_THAT(lines[2], HasSubstr(" oom "));
+}
+
+}  // namespace
+}  // namespace remat::sim

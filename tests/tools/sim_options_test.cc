@@ -1,0 +1,173 @@
+#include "tools/sim_options.h"
+
+#include <string>
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace remat::sim {
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+
+Vocabulary TestVocabulary() {
+  return Vocabulary{{"dtr", "dtr-eq", "lru", "coop"}, {"counter", "arena"}, "dtr-eq", "counter"};
+}
+
+absl::StatusOr<SimOptions> Parse(std::vector<std::string> args) { return ParseSimOptions(args, TestVocabulary()); }
+
+// The error message for `args`, which must fail with InvalidArgument.
+std::string Error(std::vector<std::string> args) {
+  absl::StatusOr<SimOptions> options = Parse(args);
+  EXPECT_FALSE(options.ok()) << "accepted: " << testing::PrintToString(args);
+  if (options.ok()) return "";
+  EXPECT_EQ(options.status().code(), absl::StatusCode::kInvalidArgument);
+  return std::string(options.status().message());
+}
+
+TEST(SimOptionsTest, DefaultsForOneTrace) {
+  absl::StatusOr<SimOptions> options = Parse({"a.log"});
+  ASSERT_TRUE(options.ok()) << options.status();
+  EXPECT_THAT(options->traces, ElementsAre("a.log"));
+  ASSERT_EQ(options->ratios.size(), 9u);
+  EXPECT_DOUBLE_EQ(options->ratios.front(), 0.9);
+  EXPECT_DOUBLE_EQ(options->ratios.back(), 0.1);
+  EXPECT_TRUE(options->budgets.empty());
+  EXPECT_THAT(options->policies, ElementsAre("dtr-eq"));
+  EXPECT_EQ(options->mode, "counter");
+  EXPECT_DOUBLE_EQ(options->overhead_limit, 2.0);
+  EXPECT_EQ(options->out_format, OutFormat::kNone);
+  EXPECT_TRUE(options->plot.empty());
+  EXPECT_EQ(options->jobs, 0);
+  EXPECT_TRUE(options->simrd_compat);
+  EXPECT_TRUE(options->cheap_tensor_partitioning);
+  EXPECT_FALSE(options->sample_sqrt);
+}
+
+TEST(SimOptionsTest, EveryFlag) {
+  absl::StatusOr<SimOptions> options =
+      Parse({"a.log", "--ratios", "0.9,0.7,0.5", "b.log", "--policies=dtr-eq,coop", "--mode", "arena",
+             "--overhead-limit", "3.5", "--out", "r.json", "--plot", "o.png", "--jobs", "3", "--seed", "7",
+             "--sample-sqrt", "--ignore-small", "--no-simrd-compat", "--no-partition"});
+  ASSERT_TRUE(options.ok()) << options.status();
+  EXPECT_THAT(options->traces, ElementsAre("a.log", "b.log"));
+  EXPECT_THAT(options->ratios, ElementsAre(0.9, 0.7, 0.5));
+  EXPECT_THAT(options->policies, ElementsAre("dtr-eq", "coop"));
+  EXPECT_EQ(options->mode, "arena");
+  EXPECT_DOUBLE_EQ(options->overhead_limit, 3.5);
+  EXPECT_EQ(options->out, "r.json");
+  EXPECT_EQ(options->out_format, OutFormat::kJson);
+  EXPECT_EQ(options->plot, "o.png");
+  EXPECT_EQ(options->jobs, 3);
+  EXPECT_EQ(options->seed, 7u);
+  EXPECT_TRUE(options->sample_sqrt);
+  EXPECT_TRUE(options->ignore_small);
+  EXPECT_FALSE(options->simrd_compat);
+  EXPECT_FALSE(options->cheap_tensor_partitioning);
+}
+
+TEST(SimOptionsTest, RatioIsParsedExactlyAsWritten) {
+  // The budget is int(ratio x peak), as in simrd: the ratio must be the same double Python makes of "0.7".
+  absl::StatusOr<SimOptions> options = Parse({"a.log", "--ratios=0.7,1,1e-1"});
+  ASSERT_TRUE(options.ok()) << options.status();
+  EXPECT_THAT(options->ratios, ElementsAre(0.7, 1.0, 0.1));
+}
+
+TEST(SimOptionsTest, BudgetsWithUnits) {
+  absl::StatusOr<SimOptions> options = Parse({"a.log", "--budgets", "4GiB,512MiB,1000"});
+  ASSERT_TRUE(options.ok()) << options.status();
+  EXPECT_THAT(options->budgets, ElementsAre(4ull << 30, 512ull << 20, 1000ull));
+  EXPECT_TRUE(options->ratios.empty());
+}
+
+TEST(SimOptionsTest, CsvOutput) {
+  absl::StatusOr<SimOptions> options = Parse({"a.log", "--out", "dir/results.csv"});
+  ASSERT_TRUE(options.ok()) << options.status();
+  EXPECT_EQ(options->out_format, OutFormat::kCsv);
+}
+
+TEST(SimOptionsTest, HelpNeedsNoTrace) {
+  absl::StatusOr<SimOptions> options = Parse({"--help"});
+  ASSERT_TRUE(options.ok()) << options.status();
+  EXPECT_TRUE(options->help);
+  options = Parse({"-h"});
+  ASSERT_TRUE(options.ok());
+  EXPECT_TRUE(options->help);
+}
+
+TEST(SimOptionsTest, DoubleDashEndsFlags) {
+  absl::StatusOr<SimOptions> options = Parse({"--ratios", "0.5", "--", "--odd-name.log"});
+  ASSERT_TRUE(options.ok()) << options.status();
+  EXPECT_THAT(options->traces, ElementsAre("--odd-name.log"));
+}
+
+TEST(SimOptionsTest, UnknownPolicyNamesItAndTheKnownOnes) {
+  const std::string message = Error({"a.log", "--policies", "dtr-eq,dtr_eq"});
+  EXPECT_THAT(message, HasSubstr("unknown policy 'dtr_eq'"));
+  EXPECT_THAT(message, HasSubstr("dtr, dtr-eq, lru, coop"));
+}
+
+TEST(SimOptionsTest, UnknownMode) {
+  EXPECT_THAT(Error({"a.log", "--mode", "arenas"}), HasSubstr("unknown mode 'arenas' (known: counter, arena)"));
+}
+
+TEST(SimOptionsTest, MalformedRatios) {
+  EXPECT_THAT(Error({"a.log", "--ratios", "0.9,0.x"}), HasSubstr("'0.x' is not a number"));
+  EXPECT_THAT(Error({"a.log", "--ratios", "nan"}), HasSubstr("'nan' is not a number"));
+  EXPECT_THAT(Error({"a.log", "--ratios", "inf"}), HasSubstr("'inf' is not a number"));
+  EXPECT_THAT(Error({"a.log", "--ratios", "0x1p-1"}), HasSubstr("not a number"));
+  EXPECT_THAT(Error({"a.log", "--ratios", "1.5"}), HasSubstr("out of range"));
+  EXPECT_THAT(Error({"a.log", "--ratios", "0"}), HasSubstr("out of range"));
+  EXPECT_THAT(Error({"a.log", "--ratios", "-0.5"}), HasSubstr("out of range"));
+  EXPECT_THAT(Error({"a.log", "--ratios", "0.9,,0.5"}), HasSubstr("empty element"));
+  EXPECT_THAT(Error({"a.log", "--ratios", "0.5,"}), HasSubstr("empty element"));
+  EXPECT_THAT(Error({"a.log", "--ratios="}), HasSubstr("empty value"));
+  EXPECT_THAT(Error({"a.log", "--ratios", "0.5,0.50"}), HasSubstr("repeats a ratio"));
+}
+
+TEST(SimOptionsTest, MalformedBudgets) {
+  const std::string message = Error({"a.log", "--budgets", "4XB"});
+  EXPECT_THAT(message, HasSubstr("--budgets"));
+  EXPECT_THAT(message, HasSubstr("4XB"));
+  EXPECT_THAT(Error({"a.log", "--budgets", "0"}), HasSubstr("zero bytes"));
+  EXPECT_THAT(Error({"a.log", "--budgets", "1GiB,1024MiB"}), HasSubstr("repeats a budget"));
+}
+
+TEST(SimOptionsTest, RatiosAndBudgetsExcludeEachOther) {
+  EXPECT_THAT(Error({"a.log", "--ratios", "0.5", "--budgets", "1GiB"}), HasSubstr("exclude each other"));
+}
+
+TEST(SimOptionsTest, UnknownFlagsAndMissingValues) {
+  EXPECT_THAT(Error({"a.log", "--ratio", "0.5"}), HasSubstr("unknown option '--ratio'"));
+  EXPECT_THAT(Error({"a.log", "-r"}), HasSubstr("unknown option '-r'"));
+  EXPECT_THAT(Error({"a.log", "--ratios"}), HasSubstr("--ratios: missing value"));
+  EXPECT_THAT(Error({"a.log", "--sample-sqrt=yes"}), HasSubstr("--sample-sqrt: takes no value"));
+}
+
+TEST(SimOptionsTest, OtherValues) {
+  EXPECT_THAT(Error({"a.log", "--out", "results.txt"}), HasSubstr("must end in .csv or .json"));
+  EXPECT_THAT(Error({"a.log", "--out", ".csv"}), HasSubstr("must end in .csv or .json"));
+  EXPECT_THAT(Error({"a.log", "--plot", "overhead.jpg"}), HasSubstr("must end in .png"));
+  EXPECT_THAT(Error({"a.log", "--jobs", "-1"}), HasSubstr("--jobs"));
+  EXPECT_THAT(Error({"a.log", "--jobs", "two"}), HasSubstr("'two' is not an integer"));
+  EXPECT_THAT(Error({"a.log", "--overhead-limit", "inf"}), HasSubstr("not a finite number"));
+  EXPECT_THAT(Error({"a.log", "--seed", "-3"}), HasSubstr("--seed"));
+}
+
+TEST(SimOptionsTest, NoTrace) { EXPECT_THAT(Error({"--ratios", "0.5"}), HasSubstr("no trace file given")); }
+
+TEST(SimOptionsTest, UsageListsPoliciesModesAndFlags) {
+  const std::string usage = UsageText("remat-sim", TestVocabulary());
+  EXPECT_THAT(usage, HasSubstr("usage: remat-sim TRACE..."));
+  EXPECT_THAT(usage, HasSubstr("dtr, dtr-eq, lru, coop"));
+  EXPECT_THAT(usage, HasSubstr("counter, arena"));
+  for (const char* flag : {"--ratios", "--budgets", "--policies", "--mode", "--overhead-limit", "--out", "--plot",
+                           "--jobs", "--seed", "--help"}) {
+    EXPECT_THAT(usage, HasSubstr(flag));
+  }
+}
+
+}  // namespace
+}  // namespace remat::sim

@@ -1,0 +1,28 @@
+// PlotLauncher: runs tools/plot_overhead.py on a results CSV to draw the overhead-vs-ratio figure.
+//
+// Contract:
+//   - The interpreter is $REMAT_PYTHON when set (used as given, even if it turns out not to work: the user asked
+//     for it), else ~/.cache/remat/venv/bin/python when that file is executable, else `python3` from PATH.
+//   - The script is $REMAT_PLOT_SCRIPT when set, else the plot_overhead.py of the source tree remat-sim was
+//     built from.
+//   - RunPlot spawns `PYTHON SCRIPT --csv CSV --out PNG` without a shell (no quoting issues), lets the script's
+//     stderr through, and returns OK only when it exits 0. The script exits 3 with a message naming the
+//     interpreter when matplotlib cannot be imported; RunPlot turns that into FailedPrecondition saying how to
+//     fix it, any other failure into Internal naming the command and its exit status.
+#pragma once
+
+#include <string>
+
+#include "absl/status/status.h"
+
+namespace remat::sim {
+
+// `remat_python` and `home` are the environment values (nullptr when unset); `is_executable` tests a path.
+std::string FindPython(const char* remat_python, const char* home, bool (*is_executable)(const std::string&));
+std::string FindPython();  // from the real environment
+std::string PlotScriptPath();
+
+absl::Status RunPlot(const std::string& python, const std::string& script, const std::string& csv_path,
+                     const std::string& png_path);
+
+}  // namespace remat::sim

@@ -1,0 +1,289 @@
+// Hand-written argv parsing: the flag set is small, and hand parsing gives messages that name the exact argument
+// and the accepted forms (absl::flags would also accept forms we want to reject, such as single-dash flags).
+#include "tools/sim_options.h"
+
+#include <algorithm>
+#include <cmath>
+#include <functional>
+#include <map>
+
+#include "absl/status/status.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/match.h"
+#include "absl/strings/string_view.h"
+#include "runtime/byte_size.h"
+
+namespace remat::sim {
+namespace {
+
+absl::Status Bad(absl::string_view flag, absl::string_view message) {
+  return absl::InvalidArgumentError(absl::StrCat(flag, ": ", message));
+}
+
+// Splits a comma-separated list; rejects an empty list, empty elements and duplicates.
+absl::StatusOr<std::vector<std::string>> SplitList(absl::string_view flag, absl::string_view value) {
+  if (value.empty()) return Bad(flag, "expects a comma-separated list, got an empty value");
+  std::vector<std::string> items = absl::StrSplit(value, ',');
+  for (std::size_t i = 0; i < items.size(); ++i) {
+    if (items[i].empty()) {
+      return Bad(flag, absl::StrCat("empty element in '", value, "' (position ", i + 1, ")"));
+    }
+    if (std::find(items.begin(), items.begin() + i, items[i]) != items.begin() + i) {
+      return Bad(flag, absl::StrCat("'", items[i], "' is listed twice"));
+    }
+  }
+  return items;
+}
+
+absl::StatusOr<double> ParseRatio(absl::string_view text) {
+  double value = 0;
+  // SimpleAtod accepts "nan", "inf" and hex floats; the checks below reject the non-finite ones, and the
+  // character check keeps the accepted form to plain decimals.
+  const bool plain = !text.empty() && std::all_of(text.begin(), text.end(), [](char c) {
+    return (c >= '0' && c <= '9') || c == '.' || c == 'e' || c == 'E' || c == '-' || c == '+';
+  });
+  if (!plain || !absl::SimpleAtod(text, &value) || !std::isfinite(value)) {
+    return Bad("--ratios", absl::StrCat("'", text, "' is not a number (expected a decimal such as 0.5)"));
+  }
+  if (value <= 0 || value > 1) {
+    return Bad("--ratios", absl::StrCat("'", text, "' is out of range: a ratio must be in (0, 1]"));
+  }
+  return value;
+}
+
+absl::StatusOr<double> ParseFiniteDouble(absl::string_view flag, absl::string_view text) {
+  double value = 0;
+  if (!absl::SimpleAtod(text, &value) || !std::isfinite(value)) {
+    return Bad(flag, absl::StrCat("'", text, "' is not a finite number"));
+  }
+  return value;
+}
+
+std::string Quoted(const std::vector<std::string>& names) {
+  return absl::StrJoin(names, ", ");
+}
+
+bool Contains(const std::vector<std::string>& names, absl::string_view name) {
+  return std::find(names.begin(), names.end(), name) != names.end();
+}
+
+}  // namespace
+
+std::vector<double> DefaultRatios() {
+  std::vector<double> ratios;
+  for (int tenth = 9; tenth >= 1; --tenth) ratios.push_back(tenth / 10.0);
+  return ratios;
+}
+
+absl::StatusOr<SimOptions> ParseSimOptions(const std::vector<std::string>& args, const Vocabulary& vocabulary) {
+  SimOptions options;
+  options.mode = vocabulary.default_mode;
+  bool have_ratios = false;
+  bool have_budgets = false;
+  bool have_policies = false;
+
+  // Flags that take a value, and what to do with it.
+  using Handler = std::function<absl::Status(absl::string_view)>;
+  const std::map<std::string, Handler, std::less<>> valued = {
+      {"--ratios",
+       [&](absl::string_view value) -> absl::Status {
+         absl::StatusOr<std::vector<std::string>> items = SplitList("--ratios", value);
+         if (!items.ok()) return items.status();
+         options.ratios.clear();
+         for (const std::string& item : *items) {
+           absl::StatusOr<double> ratio = ParseRatio(item);
+           if (!ratio.ok()) return ratio.status();
+           if (std::find(options.ratios.begin(), options.ratios.end(), *ratio) != options.ratios.end()) {
+             return Bad("--ratios", absl::StrCat("'", item, "' repeats a ratio already listed"));
+           }
+           options.ratios.push_back(*ratio);
+         }
+         have_ratios = true;
+         return absl::OkStatus();
+       }},
+      {"--budgets",
+       [&](absl::string_view value) -> absl::Status {
+         absl::StatusOr<std::vector<std::string>> items = SplitList("--budgets", value);
+         if (!items.ok()) return items.status();
+         options.budgets.clear();
+         for (const std::string& item : *items) {
+           absl::StatusOr<std::uint64_t> bytes = ParseByteSize(item);
+           if (!bytes.ok()) return Bad("--budgets", bytes.status().message());
+           if (*bytes == 0) return Bad("--budgets", absl::StrCat("'", item, "' is zero bytes"));
+           if (std::find(options.budgets.begin(), options.budgets.end(), *bytes) != options.budgets.end()) {
+             return Bad("--budgets", absl::StrCat("'", item, "' repeats a budget already listed"));
+           }
+           options.budgets.push_back(*bytes);
+         }
+         have_budgets = true;
+         return absl::OkStatus();
+       }},
+      {"--policies",
+       [&](absl::string_view value) -> absl::Status {
+         absl::StatusOr<std::vector<std::string>> items = SplitList("--policies", value);
+         if (!items.ok()) return items.status();
+         for (const std::string& item : *items) {
+           if (!Contains(vocabulary.policies, item)) {
+             return Bad("--policies",
+                        absl::StrCat("unknown policy '", item, "' (known: ", Quoted(vocabulary.policies), ")"));
+           }
+         }
+         options.policies = *std::move(items);
+         have_policies = true;
+         return absl::OkStatus();
+       }},
+      {"--mode",
+       [&](absl::string_view value) -> absl::Status {
+         if (!Contains(vocabulary.modes, value)) {
+           return Bad("--mode", absl::StrCat("unknown mode '", value, "' (known: ", Quoted(vocabulary.modes), ")"));
+         }
+         options.mode = std::string(value);
+         return absl::OkStatus();
+       }},
+      {"--overhead-limit",
+       [&](absl::string_view value) -> absl::Status {
+         absl::StatusOr<double> limit = ParseFiniteDouble("--overhead-limit", value);
+         if (!limit.ok()) return limit.status();
+         options.overhead_limit = *limit;
+         return absl::OkStatus();
+       }},
+      {"--out",
+       [&](absl::string_view value) -> absl::Status {
+         if (absl::EndsWith(value, ".csv") && value.size() > 4) {
+           options.out_format = OutFormat::kCsv;
+         } else if (absl::EndsWith(value, ".json") && value.size() > 5) {
+           options.out_format = OutFormat::kJson;
+         } else {
+           return Bad("--out", absl::StrCat("'", value, "' must end in .csv or .json"));
+         }
+         options.out = std::string(value);
+         return absl::OkStatus();
+       }},
+      {"--plot",
+       [&](absl::string_view value) -> absl::Status {
+         if (!absl::EndsWith(value, ".png") || value.size() <= 4) {
+           return Bad("--plot", absl::StrCat("'", value, "' must end in .png"));
+         }
+         options.plot = std::string(value);
+         return absl::OkStatus();
+       }},
+      {"--jobs",
+       [&](absl::string_view value) -> absl::Status {
+         int jobs = 0;
+         if (!absl::SimpleAtoi(value, &jobs) || jobs < 0 || jobs > 1024) {
+           return Bad("--jobs", absl::StrCat("'", value, "' is not an integer in [0, 1024] (0: one per core)"));
+         }
+         options.jobs = jobs;
+         return absl::OkStatus();
+       }},
+      {"--seed",
+       [&](absl::string_view value) -> absl::Status {
+         if (!absl::SimpleAtoi(value, &options.seed) || absl::StartsWith(value, "-")) {
+           return Bad("--seed", absl::StrCat("'", value, "' is not a non-negative integer"));
+         }
+         return absl::OkStatus();
+       }},
+  };
+  const std::map<std::string, bool*, std::less<>> switches = {
+      {"--help", &options.help},
+      {"--sample-sqrt", &options.sample_sqrt},
+      {"--ignore-small", &options.ignore_small},
+  };
+  const std::map<std::string, bool*, std::less<>> negations = {
+      {"--no-simrd-compat", &options.simrd_compat},
+      {"--no-partition", &options.cheap_tensor_partitioning},
+  };
+
+  bool flags_ended = false;
+  for (std::size_t i = 0; i < args.size(); ++i) {
+    const std::string& arg = args[i];
+    if (flags_ended || !absl::StartsWith(arg, "-") || arg == "-") {
+      options.traces.push_back(arg);
+      continue;
+    }
+    if (arg == "--") {
+      flags_ended = true;
+      continue;
+    }
+    if (arg == "-h") {
+      options.help = true;
+      continue;
+    }
+    if (!absl::StartsWith(arg, "--")) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("unknown option '", arg, "' (options are spelled with two dashes, e.g. --ratios)"));
+    }
+    const std::size_t eq = arg.find('=');
+    const absl::string_view name = absl::string_view(arg).substr(0, eq);
+    if (auto it = valued.find(name); it != valued.end()) {
+      absl::string_view value;
+      if (eq != std::string::npos) {
+        value = absl::string_view(arg).substr(eq + 1);
+      } else if (i + 1 < args.size()) {
+        value = args[++i];
+      } else {
+        return Bad(name, "missing value");
+      }
+      if (absl::Status status = it->second(value); !status.ok()) return status;
+      continue;
+    }
+    auto on = switches.find(name);
+    auto off = negations.find(name);
+    if (on != switches.end() || off != negations.end()) {
+      if (eq != std::string::npos) return Bad(name, "takes no value");
+      if (on != switches.end()) *on->second = true;
+      if (off != negations.end()) *off->second = false;
+      continue;
+    }
+    return absl::InvalidArgumentError(absl::StrCat("unknown option '", name, "' (see --help)"));
+  }
+
+  if (options.help) return options;
+  if (have_ratios && have_budgets) {
+    return absl::InvalidArgumentError("--ratios and --budgets exclude each other; give one of them");
+  }
+  if (options.traces.empty()) return absl::InvalidArgumentError("no trace file given");
+  if (!have_ratios && !have_budgets) options.ratios = DefaultRatios();
+  if (!have_policies) options.policies = {vocabulary.default_policy};
+  return options;
+}
+
+std::string UsageText(std::string_view program_name, const Vocabulary& vocabulary) {
+  const absl::string_view program(program_name.data(), program_name.size());
+  return absl::StrCat(
+      "usage: ", program, " TRACE... [options]\n",
+      "\n"
+      "Replays operator traces (the DTR prototype's JSON-lines format) through the remat engine under memory\n"
+      "budgets and eviction policies, and reports one row per (trace, policy, ratio or budget).\n"
+      "\n"
+      "options:\n"
+      "  --ratios R,...          budgets as fractions of the unconstrained peak (constants included), each in\n"
+      "                          (0, 1]; default 0.9,0.8,...,0.1\n"
+      "  --budgets SIZE,...      absolute budgets with units, e.g. 4GiB,512MiB,1000000 (excludes --ratios)\n"
+      "  --policies P,...        eviction policies (default ", vocabulary.default_policy, "); known: ",
+      Quoted(vocabulary.policies), "\n",
+      "  --mode M                byte accounting: ", Quoted(vocabulary.modes), " (default ",
+      vocabulary.default_mode, ")\n",
+      "  --overhead-limit X      a run whose compute exceeds X times the baseline is 'thrash' (default 2.0;\n"
+      "                          <= 0 disables the check)\n"
+      "  --out FILE              write the rows as CSV (FILE.csv) or JSON (FILE.json)\n"
+      "  --plot FILE.png         plot overhead against memory ratio, one panel per trace, one line per policy\n"
+      "                          (runs tools/plot_overhead.py with $REMAT_PYTHON, else\n"
+      "                          ~/.cache/remat/venv/bin/python, else python3; needs matplotlib)\n"
+      "  --jobs N                parallel simulations (default: one per core)\n"
+      "  --seed N                seed for the random policy and for sampling (default 0)\n"
+      "  --sample-sqrt           score only sqrt(n) random candidates per eviction (DTR prototype option)\n"
+      "  --ignore-small          skip candidates smaller than 1% of the mean candidate size\n"
+      "  --no-simrd-compat       free released storages for good instead of keeping them evicted (simrd does)\n"
+      "  --no-partition          arena mode: no cheap-tensor partitioning (all blocks placed low)\n"
+      "  --help                  this text\n"
+      "\n"
+      "A table goes to stdout; a progress bar goes to stderr when it is a terminal.\n"
+      "Exit status: 0 when every simulation ran (whatever its result: pass, oom or thrash), 2 for a command-line\n"
+      "error, 1 for an unreadable or malformed trace or a failed output.\n");
+}
+
+}  // namespace remat::sim

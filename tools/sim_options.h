@@ -1,0 +1,75 @@
+// SimOptions: the command line of `remat-sim`, parsed strictly.
+//
+//   remat-sim TRACE... [--ratios R,... | --budgets SIZE,...] [--policies P,...] [--mode counter|arena]
+//             [--overhead-limit X] [--out FILE.csv|FILE.json] [--plot FILE.png] [--jobs N] [--seed N]
+//             [--sample-sqrt] [--ignore-small] [--no-simrd-compat] [--no-partition] [--help]
+//
+// Contract:
+//   - Every flag takes its value either as the next argument or after '=' (`--ratios 0.5` or `--ratios=0.5`).
+//     Anything starting with "--" that is not a flag below is an error; everything else is a trace path.
+//     A lone "--" ends the flags: the arguments after it are trace paths even if they start with '-'.
+//   - Lists are comma-separated, with no empty elements and no duplicates. A ratio is a finite decimal in
+//     (0, 1] (relative to the unconstrained peak, constants included); a budget is a byte size with an optional
+//     unit as accepted by runtime/byte_size.h (e.g. `4GiB`, `512MB`, `1000000`) and must be > 0.
+//   - --ratios and --budgets exclude each other. With neither, the ratios are 0.9, 0.8, ..., 0.1.
+//   - Policy and mode names are checked against the vocabulary the caller passes in (the engine's registry), so
+//     this parser never goes stale; the default policy is the vocabulary's `default_policy`.
+//   - --out must end in .csv or .json, --plot in .png. --jobs is a positive integer (0 or absent: one per core).
+//   - --overhead-limit is a finite number; <= 0 disables the thrash check.
+//   - At least one trace is required unless --help is given. Existence of the trace files is not checked here
+//     (see the tool's main), so parsing stays a pure function.
+//   - Every error is InvalidArgument whose message names the offending argument and what is accepted; the tool
+//     prints it with the usage line and exits with status 2.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace remat::sim {
+
+// Names the engine accepts; supplied by the caller (policies/registry.h, runtime/replay.h).
+struct Vocabulary {
+  std::vector<std::string> policies;
+  std::vector<std::string> modes;
+  std::string default_policy;
+  std::string default_mode;
+};
+
+enum class OutFormat { kNone, kCsv, kJson };
+
+struct SimOptions {
+  bool help = false;
+  std::vector<std::string> traces;
+  std::vector<double> ratios;           // empty when budgets are given
+  std::vector<std::uint64_t> budgets;   // bytes; empty when ratios are given
+  std::vector<std::string> policies;
+  std::string mode;
+  double overhead_limit = 2.0;
+  std::string out;                      // empty: no file
+  OutFormat out_format = OutFormat::kNone;
+  std::string plot;                     // empty: no plot
+  int jobs = 0;                         // 0: one per core
+  std::uint64_t seed = 0;
+  bool sample_sqrt = false;
+  bool ignore_small = false;
+  bool simrd_compat = true;
+  bool cheap_tensor_partitioning = true;
+};
+
+// The ratios used when neither --ratios nor --budgets is given: 0.9 down to 0.1 in steps of 0.1.
+std::vector<double> DefaultRatios();
+
+// `args` excludes the program name.
+absl::StatusOr<SimOptions> ParseSimOptions(const std::vector<std::string>& args, const Vocabulary& vocabulary);
+
+// The --help text (usage, every flag, the accepted policy and mode names).
+std::string UsageText(std::string_view program, const Vocabulary& vocabulary);
+
+// Exit status for a command-line error.
+inline constexpr int kUsageExitCode = 2;
+
+}  // namespace remat::sim
