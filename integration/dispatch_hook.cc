@@ -1,0 +1,457 @@
+// Dispatch hook: see dispatch_hook.h for the contract.
+//
+// Hot path (pass-through): a thread_local depth read and one relaxed atomic load, then redispatch below our key.
+// Recording path: traits come from a thread_local cache keyed by the schema's address (one global lookup per
+// operator per thread); capture makes one TensorImpl per tensor argument (shallow_copy_and_detach, no dispatcher
+// call) and, for random ops, one copy of the generator.
+#include "integration/dispatch_hook.h"
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <ATen/core/LegacyTypeDispatch.h>
+#include <ATen/core/List.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
+#include <c10/util/Exception.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <memory>
+#include <mutex>
+#include <utility>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "integration/storage_eviction.h"
+
+namespace remat::integration {
+namespace {
+
+std::atomic<bool> g_installed{false};
+c10::DispatchKey g_key = kHookKeyCandidates[0];  // written once, before g_installed is set
+std::atomic<OpObserver*> g_observer{nullptr};
+thread_local int t_depth = 0;
+
+// Random ops that have no Generator argument in any overload: they draw from the device's default generator.
+constexpr const char* kGeneratorlessRandomOps[] = {
+    "aten::native_dropout",        "aten::dropout",         "aten::dropout_",
+    "aten::feature_dropout",       "aten::feature_dropout_", "aten::alpha_dropout",
+    "aten::alpha_dropout_",        "aten::feature_alpha_dropout", "aten::feature_alpha_dropout_",
+};
+
+// ---- Traits ----
+
+bool IsGeneratorType(const c10::TypePtr& type) {
+  if (type->kind() == c10::TypeKind::GeneratorType) return true;
+  if (auto optional = type->cast<c10::OptionalType>()) {
+    return optional->getElementType()->kind() == c10::TypeKind::GeneratorType;
+  }
+  return false;
+}
+
+// Alias sets an argument or return belongs to, including those of list elements (`Tensor(a)[]`).
+std::vector<c10::Symbol> AliasSets(const c10::Argument& argument, bool* writes) {
+  std::vector<c10::Symbol> sets;
+  *writes = false;
+  const c10::AliasInfo* info = argument.alias_info();
+  if (info == nullptr) return sets;
+  auto add = [&](const c10::AliasInfo& a) {
+    *writes = *writes || a.isWrite();
+    for (const c10::Symbol& s : a.beforeSets()) {
+      if (s != c10::AliasInfo::wildcardSet()) sets.push_back(s);
+    }
+  };
+  add(*info);
+  for (const c10::AliasInfo& contained : info->containedTypes()) add(contained);
+  return sets;
+}
+
+// Base names ("aten::rand") of operators with a Generator argument in at least one overload, so that the
+// overloads without one (aten::rand(size)) count as random too. Computed once.
+const absl::flat_hash_set<std::string>& OpsWithAGeneratorOverload() {
+  static const auto* names = [] {
+    auto* set = new absl::flat_hash_set<std::string>();
+    auto& dispatcher = c10::Dispatcher::singleton();
+    for (const c10::OperatorName& name : dispatcher.getAllOpNames()) {
+      std::optional<c10::OperatorHandle> handle = dispatcher.findOp(name);
+      if (!handle || !handle->hasSchema()) continue;
+      for (const c10::Argument& argument : handle->schema().arguments()) {
+        if (IsGeneratorType(argument.type())) {
+          set->insert(name.name);
+          break;
+        }
+      }
+    }
+    for (const char* name : kGeneratorlessRandomOps) set->insert(name);
+    return set;
+  }();
+  return *names;
+}
+
+std::unique_ptr<OpTraits> ComputeTraits(const c10::FunctionSchema& schema) {
+  auto traits = std::make_unique<OpTraits>();
+  traits->name = schema.overload_name().empty() ? schema.name() : absl::StrCat(schema.name(), ".", schema.overload_name());
+  traits->tracked = !absl::StartsWith(schema.name(), "remat::");
+  const auto& arguments = schema.arguments();
+  std::vector<std::vector<c10::Symbol>> argument_sets(arguments.size());
+  for (std::size_t i = 0; i < arguments.size(); ++i) {
+    bool writes = false;
+    argument_sets[i] = AliasSets(arguments[i], &writes);
+    if (writes) {
+      traits->written_arguments.push_back(static_cast<int>(i));
+      traits->out_argument.push_back(arguments[i].kwarg_only());
+    }
+    if (traits->generator_argument < 0 && IsGeneratorType(arguments[i].type())) {
+      traits->generator_argument = static_cast<int>(i);
+    }
+  }
+  traits->random = traits->generator_argument >= 0 || OpsWithAGeneratorOverload().contains(schema.name());
+  for (const c10::Argument& ret : schema.returns()) {
+    bool writes = false;
+    const std::vector<c10::Symbol> sets = AliasSets(ret, &writes);
+    int aliased = -1;
+    for (std::size_t i = 0; i < arguments.size() && aliased < 0 && !sets.empty(); ++i) {
+      for (const c10::Symbol& s : sets) {
+        if (std::find(argument_sets[i].begin(), argument_sets[i].end(), s) != argument_sets[i].end()) {
+          aliased = static_cast<int>(i);
+          break;
+        }
+      }
+    }
+    traits->return_aliases.push_back(aliased);
+    if (aliased >= 0 && !writes) traits->is_view = true;
+  }
+  return traits;
+}
+
+const OpTraits* SharedTraits(const c10::OperatorHandle& op) {
+  static std::mutex mutex;
+  static auto* traits = new absl::flat_hash_map<const c10::FunctionSchema*, std::unique_ptr<OpTraits>>();
+  OpsWithAGeneratorOverload();  // the first call scans every registered operator: do it outside our lock
+  std::lock_guard<std::mutex> lock(mutex);
+  std::unique_ptr<OpTraits>& slot = (*traits)[&op.schema()];
+  if (slot == nullptr) slot = ComputeTraits(op.schema());
+  return slot.get();
+}
+
+// ---- Capture ----
+
+at::Tensor DetachedAlias(const at::Tensor& tensor) {
+  if (!tensor.defined()) return tensor;
+  return at::Tensor(tensor.unsafeGetTensorImpl()->shallow_copy_and_detach(c10::VariableVersion(0),
+                                                                           /*allow_tensor_metadata_change=*/true));
+}
+
+void NoteStorage(const at::Tensor& tensor, std::vector<c10::intrusive_ptr<c10::StorageImpl>>* storages) {
+  if (storages == nullptr || !tensor.defined() || !tensor.has_storage()) return;
+  c10::StorageImpl* impl = tensor.storage().unsafeGetStorageImpl();
+  for (const auto& known : *storages) {
+    if (known.get() == impl) return;
+  }
+  storages->push_back(c10::intrusive_ptr<c10::StorageImpl>::reclaim_copy(impl));
+}
+
+// A copy of `value` in which every tensor is a detached alias; notes tensor storages when `storages` is set.
+c10::IValue AliasValue(const c10::IValue& value, std::vector<c10::intrusive_ptr<c10::StorageImpl>>* storages) {
+  if (value.isTensor()) {
+    NoteStorage(value.toTensor(), storages);
+    return DetachedAlias(value.toTensor());
+  }
+  if (value.isTensorList()) {
+    c10::List<at::Tensor> list;
+    const c10::List<at::Tensor> source = value.toTensorList();
+    list.reserve(source.size());
+    for (const at::Tensor& tensor : source) {
+      NoteStorage(tensor, storages);
+      list.push_back(DetachedAlias(tensor));
+    }
+    return list;
+  }
+  if (value.isList()) {  // e.g. Tensor?[] (indices of aten::index)
+    const c10::List<c10::IValue> source = value.toList();
+    c10::impl::GenericList list(source.elementType());
+    list.reserve(source.size());
+    for (const c10::IValue& element : source) list.push_back(AliasValue(element, storages));
+    return list;
+  }
+  return value;
+}
+
+bool OnCpuOnly(const c10::Stack& arguments) {
+  for (const c10::IValue& value : arguments) {
+    if (value.isTensor() && value.toTensor().defined() && !value.toTensor().is_cpu()) return false;
+    if (value.isTensorList()) {
+      for (const at::Tensor& tensor : value.toTensorList()) {
+        if (tensor.defined() && !tensor.is_cpu()) return false;
+      }
+    }
+    if (value.isDevice() && value.toDevice().type() != c10::DeviceType::CPU) return false;
+  }
+  return true;
+}
+
+at::Generator CopyGenerator(const at::Generator& generator) {
+  at::Generator shared = generator;
+  std::lock_guard<std::mutex> lock(shared.mutex());
+  return shared.clone();
+}
+
+void CaptureRng(OpRecord& record, const c10::Stack& arguments) {
+  const int index = record.traits->generator_argument;
+  if (index >= 0 && arguments[index].isGenerator()) {
+    record.rng = CopyGenerator(arguments[index].toGenerator());
+    return;
+  }
+  // The op draws from the default generator of its device. Only the CPU one is handled so far.
+  if (!OnCpuOnly(arguments)) {
+    record.replayable = false;
+    return;
+  }
+  record.rng = CopyGenerator(at::detail::getDefaultCPUGenerator());
+}
+
+// Calls visit(return_index, tensor) for every defined tensor among the op's returns, in order.
+template <typename Visit>
+void ForEachReturnedTensor(const c10::Stack& stack, std::size_t num_returns, Visit visit) {
+  const std::size_t first = stack.size() - num_returns;
+  for (std::size_t r = 0; r < num_returns; ++r) {
+    const c10::IValue& value = stack[first + r];
+    const int index = static_cast<int>(r);
+    if (value.isTensor()) {
+      if (value.toTensor().defined()) visit(index, value.toTensor());
+    } else if (value.isTensorList()) {
+      for (const at::Tensor& tensor : value.toTensorList()) {
+        if (tensor.defined()) visit(index, tensor);
+      }
+    } else if (value.isList()) {
+      for (const c10::IValue& element : value.toList()) {
+        if (element.isTensor() && element.toTensor().defined()) visit(index, element.toTensor());
+      }
+    }
+  }
+}
+
+TensorMeta MetaOf(const at::Tensor& tensor) {
+  TensorMeta meta;
+  meta.sizes = tensor.sizes().vec();
+  meta.strides = tensor.strides().vec();
+  meta.storage_offset = tensor.storage_offset();
+  meta.dtype = tensor.scalar_type();
+  meta.device = tensor.device();
+  return meta;
+}
+
+bool SameLayout(const TensorMeta& a, const TensorMeta& b) {
+  return a.sizes == b.sizes && a.strides == b.strides && a.storage_offset == b.storage_offset &&
+         a.dtype == b.dtype && a.device == b.device;
+}
+
+void CaptureOutputs(OpRecord& record, const c10::Stack& stack) {
+  ForEachReturnedTensor(stack, record.op.schema().returns().size(), [&](int r, const at::Tensor& tensor) {
+    if (!tensor.has_storage() || tensor.layout() != c10::kStrided) return;
+    CapturedOutput output;
+    output.return_index = r;
+    c10::StorageImpl* impl = tensor.storage().unsafeGetStorageImpl();
+    output.storage = tensor.storage().getWeakStorageImpl();
+    output.storage_nbytes = impl->sym_nbytes().is_heap_allocated() ? 0 : impl->nbytes();
+    output.meta = MetaOf(tensor);
+    for (std::size_t i = 0; i < record.input_storages.size(); ++i) {
+      if (record.input_storages[i].get() == impl) output.input_storage = static_cast<int>(i);
+    }
+    record.outputs.push_back(std::move(output));
+  });
+}
+
+struct DepthGuard {
+  DepthGuard() { ++t_depth; }
+  ~DepthGuard() { --t_depth; }
+  DepthGuard(const DepthGuard&) = delete;
+  DepthGuard& operator=(const DepthGuard&) = delete;
+};
+
+void Fallback(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch::jit::Stack* stack) {
+  const c10::DispatchKeySet below = keys & c10::DispatchKeySet(c10::DispatchKeySet::FULL_AFTER, g_key);
+  OpObserver* observer = t_depth == 0 ? g_observer.load(std::memory_order_acquire) : nullptr;
+  if (observer == nullptr) {
+    op.redispatchBoxed(below, stack);
+    return;
+  }
+  const OpTraits& traits = TraitsOf(op);
+  if (!traits.tracked) {
+    op.redispatchBoxed(below, stack);
+    return;
+  }
+  DepthGuard depth;
+  OpRecord record(op, traits);
+  const std::size_t num_arguments = op.schema().arguments().size();
+  record.arguments.reserve(num_arguments);
+  for (std::size_t i = stack->size() - num_arguments; i < stack->size(); ++i) {
+    record.arguments.push_back(AliasValue((*stack)[i], &record.input_storages));
+  }
+  if (traits.random) CaptureRng(record, record.arguments);
+  observer->BeforeOp(record);
+  const auto start = std::chrono::steady_clock::now();
+  try {
+    op.redispatchBoxed(below, stack);
+  } catch (...) {
+    observer->OpFailed(record);
+    throw;
+  }
+  record.duration_ns = static_cast<std::uint64_t>(
+      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start).count());
+  CaptureOutputs(record, *stack);
+  observer->AfterOp(std::move(record));
+}
+
+}  // namespace
+
+absl::StatusOr<c10::DispatchKey> InstallHook() {
+  static std::mutex mutex;
+  std::lock_guard<std::mutex> lock(mutex);
+  if (g_installed.load(std::memory_order_acquire)) return g_key;
+  auto& dispatcher = c10::Dispatcher::singleton();
+  for (c10::DispatchKey key : kHookKeyCandidates) {
+    if (dispatcher.hasBackendFallbackForDispatchKey(key)) continue;
+    g_key = key;
+    // Leaked on purpose: deregistering at exit could run after the dispatcher is gone.
+    new c10::RegistrationHandleRAII(dispatcher.registerFallback(
+        key, c10::KernelFunction::makeFromBoxedFunction<&Fallback>(), "remat dispatch hook"));
+    g_installed.store(true, std::memory_order_release);
+    return key;
+  }
+  std::vector<std::string> names;
+  for (c10::DispatchKey key : kHookKeyCandidates) names.push_back(c10::toString(key));
+  return absl::FailedPreconditionError(absl::StrCat(
+      "remat: this torch build already has a fallback on every dispatch key remat can use (",
+      absl::StrJoin(names, ", "),
+      "), so remat cannot intercept ops; pick another key in integration/dispatch_hook.h (kHookKeyCandidates)"));
+}
+
+c10::DispatchKey HookKey() {
+  TORCH_CHECK(g_installed.load(std::memory_order_acquire), "remat: the dispatch hook is not installed");
+  return g_key;
+}
+
+namespace {
+c10::DispatchKey InstalledKeyOrThrow() {
+  absl::StatusOr<c10::DispatchKey> key = InstallHook();
+  TORCH_CHECK(key.ok(), std::string(key.status().message()));
+  return *key;
+}
+}  // namespace
+
+ScopedHook::ScopedHook() : include_(InstalledKeyOrThrow()) {}
+
+SuspendHook::SuspendHook() : exclude_(InstalledKeyOrThrow()) {}
+
+absl::Status SetHookEnabledOnThisThread(bool enabled) {
+  absl::StatusOr<c10::DispatchKey> key = InstallHook();
+  if (!key.ok()) return key.status();
+  c10::impl::tls_set_dispatch_key_included(*key, enabled);
+  return absl::OkStatus();
+}
+
+bool HookEnabledOnThisThread() {
+  return g_installed.load(std::memory_order_acquire) && c10::impl::tls_is_dispatch_key_included(g_key) &&
+         !c10::impl::tls_is_dispatch_key_excluded(g_key);
+}
+
+const OpTraits& TraitsOf(const c10::OperatorHandle& op) {
+  thread_local absl::flat_hash_map<const c10::FunctionSchema*, const OpTraits*> cache;
+  const c10::FunctionSchema* key = &op.schema();
+  auto it = cache.find(key);
+  if (it != cache.end()) return *it->second;
+  const OpTraits* traits = SharedTraits(op);
+  cache.emplace(key, traits);
+  return *traits;
+}
+
+void SetObserver(OpObserver* observer) { g_observer.store(observer, std::memory_order_release); }
+
+OpObserver* GetObserver() { return g_observer.load(std::memory_order_acquire); }
+
+c10::Stack ReplayArguments(const OpRecord& record) {
+  c10::Stack arguments;
+  arguments.reserve(record.arguments.size());
+  for (const c10::IValue& value : record.arguments) arguments.push_back(AliasValue(value, nullptr));
+  const int index = record.traits->generator_argument;
+  if (index >= 0 && record.rng.has_value()) arguments[index] = record.rng->clone();
+  return arguments;
+}
+
+absl::StatusOr<c10::Stack> Replay(const OpRecord& record) { return ReplayWith(record, ReplayArguments(record)); }
+
+absl::StatusOr<c10::Stack> ReplayWith(const OpRecord& record, c10::Stack arguments) {
+  if (!record.replayable) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("remat: ", record.traits->name, " cannot be replayed: its random state was not captured"));
+  }
+  if (arguments.size() != record.op.schema().arguments().size()) {
+    return absl::InvalidArgumentError(absl::StrCat("remat: replay of ", record.traits->name, " with ",
+                                                   arguments.size(), " arguments, its schema has ",
+                                                   record.op.schema().arguments().size()));
+  }
+  // Random ops without a Generator argument draw from the default generator: lend it the captured state for the
+  // replay, then give it back its own, so the user's random stream does not move.
+  const bool swap_default_generator =
+      record.traits->random && record.traits->generator_argument < 0 && record.rng.has_value();
+  std::optional<at::Tensor> saved_state;
+  at::Generator default_generator = at::detail::getDefaultCPUGenerator();
+  try {
+    c10::impl::ForceDispatchKeyGuard capture_state(record.tls_keys);
+    SuspendHook suspend;
+    at::AutoDispatchBelowADInplaceOrView below_autograd;
+    if (swap_default_generator) {
+      const at::Tensor captured = record.rng->get_state();  // our private copy: no lock needed
+      saved_state = CopyGenerator(default_generator).get_state();
+      std::lock_guard<std::mutex> lock(default_generator.mutex());
+      default_generator.set_state(captured);
+    }
+    record.op.callBoxed(arguments);
+  } catch (const c10::OutOfMemoryError& e) {
+    if (saved_state) default_generator.set_state(*saved_state);
+    return absl::ResourceExhaustedError(e.what_without_backtrace());
+  } catch (const c10::Error& e) {
+    if (saved_state) default_generator.set_state(*saved_state);
+    return absl::InternalError(absl::StrCat("remat: replay of ", record.traits->name, " failed: ",
+                                            e.what_without_backtrace()));
+  }
+  if (saved_state) {
+    std::lock_guard<std::mutex> lock(default_generator.mutex());
+    default_generator.set_state(*saved_state);
+  }
+  return arguments;  // callBoxed replaced the arguments with the returns
+}
+
+absl::StatusOr<int> RestoreOutputs(const OpRecord& record, const c10::Stack& replayed) {
+  std::vector<std::pair<int, at::Tensor>> tensors;
+  ForEachReturnedTensor(replayed, record.op.schema().returns().size(), [&](int r, const at::Tensor& tensor) {
+    if (tensor.has_storage() && tensor.layout() == c10::kStrided) tensors.emplace_back(r, tensor);
+  });
+  if (tensors.size() != record.outputs.size()) {
+    return absl::FailedPreconditionError(absl::StrCat("remat: replay of ", record.traits->name, " returned ",
+                                                      tensors.size(), " tensors, the recorded run ",
+                                                      record.outputs.size()));
+  }
+  std::vector<const c10::StorageImpl*> restored;
+  for (std::size_t i = 0; i < tensors.size(); ++i) {
+    const CapturedOutput& output = record.outputs[i];
+    if (output.input_storage >= 0) continue;  // an alias of an input: restoring the input restores it
+    c10::intrusive_ptr<c10::StorageImpl> target = output.storage.lock();
+    if (!target || !IsEvicted(*target)) continue;
+    if (std::find(restored.begin(), restored.end(), target.get()) != restored.end()) continue;
+    const at::Tensor& tensor = tensors[i].second;
+    if (tensors[i].first != output.return_index || !SameLayout(MetaOf(tensor), output.meta)) {
+      return absl::FailedPreconditionError(absl::StrCat("remat: replay of ", record.traits->name,
+                                                        " produced a different layout for output ", i));
+    }
+    absl::Status status = RestoreStorage(*target, output.storage_nbytes, *tensor.storage().unsafeGetStorageImpl());
+    if (!status.ok()) return status;
+    restored.push_back(target.get());
+  }
+  return static_cast<int>(restored.size());
+}
+
+}  // namespace remat::integration

@@ -1,0 +1,185 @@
+// Dispatch hook: remat sees every ATen op run on a thread where it is enabled, forward and backward, through one
+// boxed fallback on a dispatch key held in the thread-local included set (DESIGN.md, "PyTorch integration").
+//
+// The key. torch has no key reserved for out-of-tree interceptors, so we borrow one that stock torch registers no
+// fallback on: DeferredInit, else TESTING_ONLY_GenericMode (kHookKeyCandidates, the one place to change it).
+// InstallHook checks hasBackendFallbackForDispatchKey, registers the fallback once per process and returns the
+// key; if both candidates are taken it fails with a clear error. Both keys sit above Autograd, so the hook sees
+// an op as the user called it (aten::dropout, not its decomposition) and before autograd records it.
+//
+// Switching on. The key must be in the thread's included set: ScopedHook (RAII) or SetHookEnabledOnThisThread
+// (Python's global switch). autograd's engine threads copy the calling thread's dispatch key set into the graph
+// task, so backward ops run by `backward()` on an enabled thread are seen too. Other threads are not affected.
+//
+// What the fallback does:
+//   - no observer installed, or an op nested inside another seen op (a kernel's own at:: calls), or one of our
+//     own remat:: ops: redispatch below the key at once (the pass-through path: one TLS read, one atomic load);
+//   - otherwise it captures an OpRecord (operator, arguments as detached aliases over the same storages, input
+//     storages, a copy of the generator for random ops, the thread's dispatch key state), calls the observer's
+//     BeforeOp, runs the op, fills in outputs and duration and calls AfterOp. Only outermost ops are recorded:
+//     an op's internal calls are part of it, and its recomputation replays them all.
+//
+// Replays (Replay, ReplayWith) run the recorded op again with the key excluded, below autograd and
+// ADInplaceOrView (no graph is recorded, no version counters bump), under the dispatch key state of the capture
+// (autocast etc.), and with the captured generator state, so a random op reproduces its bits. The user's RNG
+// stream is not advanced by a replay.
+//
+// Thread safety: the fallback runs on whatever thread runs the op (the user's, autograd's). The observer is
+// called on that thread and must be thread safe; SetObserver may be called at any time, but the observer must
+// stay alive until every op that loaded it has returned (keep it alive for the process, or switch it off first).
+#pragma once
+
+#include <ATen/core/Generator.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/core/stack.h>
+#include <c10/core/DispatchKey.h>
+#include <c10/core/StorageImpl.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
+#include <c10/util/intrusive_ptr.h>
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+
+namespace remat::integration {
+
+// In order of preference. The first one torch has no fallback for is used.
+inline constexpr std::array<c10::DispatchKey, 2> kHookKeyCandidates = {c10::DispatchKey::DeferredInit,
+                                                                         c10::DispatchKey::TESTING_ONLY_GenericMode};
+
+// Registers the fallback (once per process; later calls return the same key) and returns the key it is on.
+absl::StatusOr<c10::DispatchKey> InstallHook();
+
+// The key of an installed hook. Precondition: InstallHook() succeeded.
+c10::DispatchKey HookKey();
+
+// While alive, the hook sees ops run on this thread. Throws c10::Error if the hook cannot be installed.
+class ScopedHook {
+ public:
+  ScopedHook();
+  ScopedHook(const ScopedHook&) = delete;
+  ScopedHook& operator=(const ScopedHook&) = delete;
+
+ private:
+  c10::impl::IncludeDispatchKeyGuard include_;
+};
+
+// While alive, the hook sees nothing on this thread (what replays and the runtime's own tensor work use).
+class SuspendHook {
+ public:
+  SuspendHook();
+  SuspendHook(const SuspendHook&) = delete;
+  SuspendHook& operator=(const SuspendHook&) = delete;
+
+ private:
+  c10::impl::ExcludeDispatchKeyGuard exclude_;
+};
+
+// The non-RAII switch behind Python's remat.enable()/disable(): puts the key in (or takes it out of) this thread's
+// included set. Installs the hook if needed.
+absl::Status SetHookEnabledOnThisThread(bool enabled);
+// The key is included and not excluded (SuspendHook) on this thread.
+bool HookEnabledOnThisThread();
+
+// What the schema says about an operator, computed once per operator and cached.
+struct OpTraits {
+  std::string name;  // "aten::add_.Tensor"
+  // Recorded at all (false for remat:: ops, which pass through).
+  bool tracked = true;
+  // Draws random numbers: has a Generator argument, or is one of the known generator-less random ops (dropout).
+  bool random = false;
+  int generator_argument = -1;  // index of its `Generator?` argument, or -1
+  // Arguments the op writes (alias annotation `!`): in-place `self`, `out=` tensors.
+  std::vector<int> written_arguments;
+  std::vector<bool> out_argument;  // per written argument: keyword-only, i.e. an out= argument
+  // Per return: the argument it aliases according to the schema (`Tensor(a)`), or -1 for fresh memory.
+  std::vector<int> return_aliases;
+  // Some return is a view of an argument without writing it (view, transpose, split, ...).
+  bool is_view = false;
+};
+
+const OpTraits& TraitsOf(const c10::OperatorHandle& op);
+
+// Shape of one tensor at capture time: enough to check a replay reproduced the same layout.
+struct TensorMeta {
+  std::vector<std::int64_t> sizes;
+  std::vector<std::int64_t> strides;
+  std::int64_t storage_offset = 0;
+  c10::ScalarType dtype = c10::ScalarType::Undefined;
+  c10::Device device = c10::Device(c10::DeviceType::CPU);
+};
+
+struct CapturedOutput {
+  int return_index = 0;  // which return (a list return gives several outputs with the same index)
+  // Weak: a record does not keep its outputs alive.
+  c10::weak_intrusive_ptr<c10::StorageImpl> storage{c10::intrusive_ptr<c10::StorageImpl>()};
+  std::size_t storage_nbytes = 0;                     // the storage's size when the op returned
+  TensorMeta meta;
+  // Index into OpRecord::input_storages when the output shares an input's storage (a view, an in-place or out=
+  // result, an op that returned its input), else -1: the op produced this storage.
+  int input_storage = -1;
+};
+
+struct OpRecord {
+  // Captures the calling thread's dispatch key state.
+  OpRecord(c10::OperatorHandle handle, const OpTraits& op_traits)
+      : op(std::move(handle)), traits(&op_traits), tls_keys(c10::impl::tls_local_dispatch_key_set()) {}
+
+  c10::OperatorHandle op;
+  const OpTraits* traits;
+  // The arguments as the op received them; every tensor is a detached alias (no autograd history) of the same
+  // StorageImpl with the same sizes, strides and offset, taken before the op ran.
+  c10::Stack arguments;
+  // The distinct storages of the tensor arguments, in argument order. Strong references: a storage the record may
+  // need to recompute from stays alive (its memory may still be evicted).
+  std::vector<c10::intrusive_ptr<c10::StorageImpl>> input_storages;
+  // Filled after the op ran, in return order, one per defined tensor (lists flattened).
+  std::vector<CapturedOutput> outputs;
+  // Random ops: a copy of the generator the op drew from, as it was before the op ran.
+  std::optional<at::Generator> rng;
+  // False when a replay could not reproduce the op (a random op whose generator could not be captured).
+  bool replayable = true;
+  // The thread's dispatch key state at capture (autocast and friends), restored for a replay.
+  c10::impl::LocalDispatchKeySet tls_keys;
+  std::uint64_t duration_ns = 0;  // the op's wall time, nested calls included
+};
+
+// Implemented by the runtime. Called for every recorded (outermost) op on the thread that runs it.
+class OpObserver {
+ public:
+  virtual ~OpObserver() = default;
+  // Before the op runs: `record` has everything but outputs and duration. Make every input storage resident
+  // (rematerialize evicted ones) and lock what must not be evicted while the op runs.
+  virtual void BeforeOp(OpRecord& record) = 0;
+  // After the op returned, with outputs and duration. The observer may keep the record.
+  virtual void AfterOp(OpRecord&& record) = 0;
+  // The op threw after BeforeOp returned (release locks); the exception then propagates.
+  virtual void OpFailed(OpRecord& record) noexcept = 0;
+};
+
+// nullptr makes every op pass through. The observer is not owned.
+void SetObserver(OpObserver* observer);
+OpObserver* GetObserver();
+
+// Fresh detached aliases of the record's arguments (a replay may resize an out= argument; the record's own
+// aliases stay untouched) with a fresh copy of the captured generator in the Generator argument, if any.
+c10::Stack ReplayArguments(const OpRecord& record);
+
+// Runs the recorded op on ReplayArguments(record), or on `arguments` (same schema; the runtime substitutes inputs,
+// e.g. the rematerialized old value of an in-place op's input). Returns the op's returns.
+absl::StatusOr<c10::Stack> Replay(const OpRecord& record);
+absl::StatusOr<c10::Stack> ReplayWith(const OpRecord& record, c10::Stack arguments);
+
+// Moves the memory of the replayed outputs into every output storage of `record` that is alive and evicted
+// (EvictStorage) and that the op produced (input_storage == -1). Checks that each replayed output has the
+// recorded layout. Returns how many storages were restored.
+absl::StatusOr<int> RestoreOutputs(const OpRecord& record, const c10::Stack& replayed);
+
+}  // namespace remat::integration

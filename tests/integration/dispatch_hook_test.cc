@@ -1,0 +1,311 @@
+// Dispatch hook: the key choice, what a record captures (random ops, in-place and out= ops, views), that only
+// outermost ops are recorded, that backward ops are seen, and that replays reproduce random ops bit for bit
+// without moving the user's random stream.
+#include "integration/dispatch_hook.h"
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/add.h>
+#include <ATen/ops/bernoulli.h>
+#include <ATen/ops/dropout.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/mul.h>
+#include <ATen/ops/ones.h>
+#include <ATen/ops/rand.h>
+#include <ATen/ops/randn.h>
+#include <ATen/ops/sum.h>
+#include <ATen/ops/tanh.h>
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+namespace remat::integration {
+namespace {
+
+using ::testing::ElementsAre;
+
+bool BitwiseEqual(const at::Tensor& a, const at::Tensor& b) {
+  const at::Tensor ca = a.contiguous();
+  const at::Tensor cb = b.contiguous();
+  return ca.sizes() == cb.sizes() && ca.dtype() == cb.dtype() &&
+         std::memcmp(ca.const_data_ptr(), cb.const_data_ptr(), ca.nbytes()) == 0;
+}
+
+class KeepingObserver : public OpObserver {
+ public:
+  void BeforeOp(OpRecord& record) override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    ++before_;
+  }
+  void AfterOp(OpRecord&& record) override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    records_.push_back(std::make_shared<OpRecord>(std::move(record)));
+  }
+  void OpFailed(OpRecord&) noexcept override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    ++failed_;
+  }
+  std::vector<std::string> Names() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    std::vector<std::string> names;
+    for (const auto& r : records_) names.push_back(r->traits->name);
+    return names;
+  }
+  std::shared_ptr<OpRecord> Only(const std::string& name) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    std::shared_ptr<OpRecord> found;
+    for (const auto& r : records_) {
+      if (r->traits->name != name) continue;
+      EXPECT_EQ(found, nullptr) << name << " recorded twice";
+      found = r;
+    }
+    EXPECT_NE(found, nullptr) << name << " not recorded";
+    return found;
+  }
+  int before() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return before_;
+  }
+  int failed() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return failed_;
+  }
+
+ private:
+  std::mutex mutex_;
+  std::vector<std::shared_ptr<OpRecord>> records_;
+  int before_ = 0;
+  int failed_ = 0;
+};
+
+// Installs the observer for one test and always uninstalls it.
+class DispatchHookTest : public ::testing::Test {
+ protected:
+  void SetUp() override { SetObserver(&observer_); }
+  void TearDown() override { SetObserver(nullptr); }
+  KeepingObserver observer_;
+};
+
+TEST(DispatchHookKey, FirstCandidateWithoutAFallbackIsChosenOnce) {
+  const bool taken_before = c10::Dispatcher::singleton().hasBackendFallbackForDispatchKey(kHookKeyCandidates[0]);
+  absl::StatusOr<c10::DispatchKey> key = InstallHook();
+  ASSERT_TRUE(key.ok()) << key.status();
+  if (!taken_before) {
+    EXPECT_EQ(*key, kHookKeyCandidates[0]);
+  }
+  EXPECT_TRUE(c10::Dispatcher::singleton().hasBackendFallbackForDispatchKey(*key));
+  EXPECT_EQ(*InstallHook(), *key) << "a second install must not move the hook";
+  EXPECT_EQ(HookKey(), *key);
+}
+
+TEST(DispatchHookKey, ThreadLocalSwitch) {
+  ASSERT_TRUE(SetHookEnabledOnThisThread(true).ok());
+  EXPECT_TRUE(HookEnabledOnThisThread());
+  {
+    SuspendHook suspend;
+    EXPECT_FALSE(HookEnabledOnThisThread());
+  }
+  EXPECT_TRUE(HookEnabledOnThisThread());
+  ASSERT_TRUE(SetHookEnabledOnThisThread(false).ok());
+  EXPECT_FALSE(HookEnabledOnThisThread());
+  {
+    ScopedHook hook;
+    EXPECT_TRUE(HookEnabledOnThisThread());
+  }
+  EXPECT_FALSE(HookEnabledOnThisThread());
+}
+
+TEST_F(DispatchHookTest, NothingIsRecordedWithoutTheKeyOrWithoutAnObserver) {
+  at::Tensor x = at::ones({4});
+  at::Tensor y = at::tanh(x);
+  SetObserver(nullptr);
+  {
+    ScopedHook hook;
+    y = at::mul(y, 2.0);  // pass-through
+  }
+  EXPECT_TRUE(observer_.Names().empty());
+  EXPECT_FLOAT_EQ(y.const_data_ptr<float>()[0], 2.0f * std::tanh(1.0f));
+}
+
+TEST_F(DispatchHookTest, OnlyOutermostOpsAreRecordedWithInputsAndFreshOutputs) {
+  at::Tensor a = at::ones({3, 3});
+  at::Tensor b = at::ones({3, 3});
+  at::Tensor c;
+  {
+    ScopedHook hook;
+    c = at::add(a, b, 2);
+  }
+  // at::add allocates its output through at::empty inside the kernel: nested, not recorded.
+  EXPECT_THAT(observer_.Names(), ElementsAre("aten::add.Tensor"));
+  EXPECT_EQ(observer_.before(), 1);
+  std::shared_ptr<OpRecord> add = observer_.Only("aten::add.Tensor");
+  ASSERT_EQ(add->input_storages.size(), 2u);
+  EXPECT_EQ(add->input_storages[0].get(), a.storage().unsafeGetStorageImpl());
+  EXPECT_EQ(add->input_storages[1].get(), b.storage().unsafeGetStorageImpl());
+  ASSERT_EQ(add->outputs.size(), 1u);
+  EXPECT_EQ(add->outputs[0].input_storage, -1);
+  EXPECT_EQ(add->outputs[0].storage.lock().get(), c.storage().unsafeGetStorageImpl());
+  EXPECT_EQ(add->outputs[0].storage_nbytes, 9 * sizeof(float));
+  EXPECT_THAT(add->outputs[0].meta.sizes, ElementsAre(3, 3));
+  EXPECT_FALSE(add->traits->random);
+  EXPECT_TRUE(add->traits->written_arguments.empty());
+  // The captured arguments are detached aliases: same storage, no autograd history.
+  ASSERT_EQ(add->arguments.size(), 3u);
+  EXPECT_NE(add->arguments[0].toTensor().unsafeGetTensorImpl(), a.unsafeGetTensorImpl());
+  EXPECT_TRUE(add->arguments[0].toTensor().is_alias_of(a));
+  EXPECT_EQ(add->arguments[2].toScalar().toLong(), 2);
+}
+
+TEST_F(DispatchHookTest, InPlaceOpNamesTheMutatedArgumentAndAliasesIt) {
+  at::Tensor x = at::ones({4});
+  at::Tensor y = at::ones({4});
+  {
+    ScopedHook hook;
+    x.add_(y);
+  }
+  std::shared_ptr<OpRecord> add_ = observer_.Only("aten::add_.Tensor");
+  ASSERT_THAT(add_->traits->written_arguments, ElementsAre(0));
+  EXPECT_THAT(add_->traits->out_argument, ElementsAre(false));
+  EXPECT_EQ(add_->op.schema().arguments()[0].name(), "self");
+  EXPECT_THAT(add_->traits->return_aliases, ElementsAre(0));
+  EXPECT_FALSE(add_->traits->is_view);
+  ASSERT_EQ(add_->outputs.size(), 1u);
+  EXPECT_EQ(add_->outputs[0].input_storage, 0) << "the result is x's storage";
+  EXPECT_FLOAT_EQ(x.const_data_ptr<float>()[0], 2.0f);
+}
+
+TEST_F(DispatchHookTest, OutVariantNamesTheOutArgument) {
+  at::Tensor a = at::ones({4});
+  at::Tensor out = at::empty({4});
+  {
+    ScopedHook hook;
+    at::add_out(out, a, a);
+  }
+  std::shared_ptr<OpRecord> add_out = observer_.Only("aten::add.out");
+  ASSERT_EQ(add_out->traits->written_arguments.size(), 1u);
+  const int written = add_out->traits->written_arguments[0];
+  EXPECT_EQ(add_out->op.schema().arguments()[written].name(), "out");
+  EXPECT_THAT(add_out->traits->out_argument, ElementsAre(true));
+  EXPECT_THAT(add_out->traits->return_aliases, ElementsAre(written));
+  ASSERT_EQ(add_out->outputs.size(), 1u);
+  ASSERT_GE(add_out->outputs[0].input_storage, 0);
+  EXPECT_EQ(add_out->input_storages[add_out->outputs[0].input_storage].get(), out.storage().unsafeGetStorageImpl());
+}
+
+TEST_F(DispatchHookTest, ViewsShareTheStorageImpl) {
+  at::Tensor x = at::ones({4, 6});
+  at::Tensor t, parts;
+  std::vector<at::Tensor> chunks;
+  {
+    ScopedHook hook;
+    t = x.transpose(0, 1);
+    chunks = x.split(2, 1);
+  }
+  EXPECT_EQ(t.storage().unsafeGetStorageImpl(), x.storage().unsafeGetStorageImpl());
+  std::shared_ptr<OpRecord> transpose = observer_.Only("aten::transpose.int");
+  EXPECT_TRUE(transpose->traits->is_view);
+  EXPECT_THAT(transpose->traits->return_aliases, ElementsAre(0));
+  ASSERT_EQ(transpose->outputs.size(), 1u);
+  EXPECT_EQ(transpose->outputs[0].input_storage, 0);
+  EXPECT_THAT(transpose->outputs[0].meta.strides, ElementsAre(1, 6));
+
+  std::shared_ptr<OpRecord> split = observer_.Only("aten::split.Tensor");
+  EXPECT_TRUE(split->traits->is_view) << "Tensor(a)[] return";
+  ASSERT_EQ(split->outputs.size(), 3u);
+  for (const CapturedOutput& out : split->outputs) {
+    EXPECT_EQ(out.input_storage, 0);
+    EXPECT_EQ(out.storage.lock().get(), x.storage().unsafeGetStorageImpl());
+  }
+  EXPECT_EQ(split->outputs[2].meta.storage_offset, 4);
+}
+
+TEST_F(DispatchHookTest, ReplayedDropoutReproducesItsMaskWithoutMovingTheRandomStream) {
+  at::manual_seed(1234);
+  at::Tensor x = at::randn({64, 64});
+  at::Tensor y;
+  {
+    ScopedHook hook;
+    y = at::dropout(x, 0.5, /*train=*/true);
+  }
+  // Only the op the user called is recorded; native_dropout inside it is part of it.
+  EXPECT_THAT(observer_.Names(), ElementsAre("aten::dropout"));
+  std::shared_ptr<OpRecord> dropout = observer_.Only("aten::dropout");
+  ASSERT_TRUE(dropout->traits->random);
+  EXPECT_EQ(dropout->traits->generator_argument, -1);
+  ASSERT_TRUE(dropout->rng.has_value());
+  ASSERT_TRUE(dropout->replayable);
+
+  const at::Tensor next_draw_reference = [] {
+    at::Generator copy = at::detail::getDefaultCPUGenerator().clone();
+    return at::rand({16}, copy);
+  }();
+  absl::StatusOr<c10::Stack> replayed = Replay(*dropout);
+  ASSERT_TRUE(replayed.ok()) << replayed.status();
+  ASSERT_EQ(replayed->size(), 1u);
+  const at::Tensor again = (*replayed)[0].toTensor();
+  EXPECT_NE(again.storage().unsafeGetStorageImpl(), y.storage().unsafeGetStorageImpl());
+  EXPECT_TRUE(BitwiseEqual(again, y)) << "the replay drew a different mask";
+  int zeros = 0;
+  for (int i = 0; i < 64 * 64; ++i) zeros += y.const_data_ptr<float>()[i] == 0.0f;
+  EXPECT_GT(zeros, 64 * 64 * 0.4);
+  EXPECT_LT(zeros, 64 * 64 * 0.6);
+  // The user's stream continues as if no replay happened.
+  EXPECT_TRUE(BitwiseEqual(at::rand({16}), next_draw_reference));
+  // A second replay is as good as the first.
+  EXPECT_TRUE(BitwiseEqual((*Replay(*dropout))[0].toTensor(), y));
+}
+
+TEST_F(DispatchHookTest, ReplayWithAnExplicitGeneratorAndGeneratorlessOverload) {
+  at::Generator generator = at::detail::createCPUGenerator(99);
+  at::Tensor p = at::rand({256});
+  at::Tensor mask, uniform;
+  {
+    ScopedHook hook;
+    mask = at::bernoulli(p, generator);
+    uniform = at::rand({32});  // aten::rand has no Generator argument in this overload: still random
+  }
+  std::shared_ptr<OpRecord> bernoulli = observer_.Only("aten::bernoulli");
+  EXPECT_GE(bernoulli->traits->generator_argument, 0);
+  (void)at::rand({8}, generator);  // move the user's generator on
+  EXPECT_TRUE(BitwiseEqual((*Replay(*bernoulli))[0].toTensor(), mask));
+
+  std::shared_ptr<OpRecord> rand = observer_.Only("aten::rand");
+  EXPECT_TRUE(rand->traits->random);
+  EXPECT_EQ(rand->traits->generator_argument, -1);
+  EXPECT_TRUE(BitwiseEqual((*Replay(*rand))[0].toTensor(), uniform));
+}
+
+TEST_F(DispatchHookTest, BackwardOpsAreRecordedAndReplayRunsWithoutAutograd) {
+  at::Tensor x = at::randn({8}).set_requires_grad(true);
+  {
+    ScopedHook hook;
+    at::sum(at::tanh(x)).backward();
+  }
+  std::vector<std::string> names = observer_.Names();
+  EXPECT_THAT(names, testing::Contains("aten::tanh_backward"));
+  std::shared_ptr<OpRecord> tanh = observer_.Only("aten::tanh");
+  absl::StatusOr<c10::Stack> replayed = Replay(*tanh);
+  ASSERT_TRUE(replayed.ok()) << replayed.status();
+  const at::Tensor again = (*replayed)[0].toTensor();
+  EXPECT_FALSE(again.requires_grad());
+  EXPECT_TRUE(BitwiseEqual(again, at::tanh(x.detach())));
+}
+
+TEST_F(DispatchHookTest, AFailingOpIsReportedAndItsErrorPropagates) {
+  at::Tensor a = at::ones({3});
+  at::Tensor b = at::ones({4});
+  {
+    ScopedHook hook;
+    EXPECT_THROW(at::add(a, b), c10::Error);
+  }
+  EXPECT_EQ(observer_.failed(), 1);
+  EXPECT_TRUE(observer_.Names().empty());
+}
+
+}  // namespace
+}  // namespace remat::integration
