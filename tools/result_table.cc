@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cstddef>
+#include <map>
+#include <set>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -83,10 +85,42 @@ std::vector<Cell> Cells(const SimRow& row) {
 
 std::string Milliseconds(std::int64_t ns) { return absl::StrFormat("%.1f", static_cast<double>(ns) / 1e6); }
 
-std::string TraceLabel(const std::string& trace) {
-  std::string name = TraceFileName(trace);
-  if (absl::EndsWith(name, ".log")) name.resize(name.size() - 4);
-  return name;
+// Table labels: the fewest leading '-'-separated parts of each file name (".log" dropped) that still tell the
+// table's traces apart, e.g. "resnet32" and "unet", or "bert-16" and "bert-32".
+std::map<std::string, std::string> TraceLabels(const std::vector<SimRow>& rows) {
+  std::vector<std::string> names;
+  for (const SimRow& row : rows) {
+    std::string name = TraceFileName(row.trace);
+    if (absl::EndsWith(name, ".log")) name.resize(name.size() - 4);
+    if (std::find(names.begin(), names.end(), name) == names.end()) names.push_back(name);
+  }
+  auto prefix = [](const std::string& name, std::size_t parts) {
+    std::size_t end = 0;
+    for (std::size_t i = 0; i < parts; ++i) {
+      end = name.find('-', i == 0 ? 0 : end + 1);
+      if (end == std::string::npos) return name;
+    }
+    return name.substr(0, end);
+  };
+  for (std::size_t parts = 1;; ++parts) {
+    std::map<std::string, std::string> labels;
+    std::set<std::string> seen;
+    bool unique = true;  // distinct names are unique at the latest when every label is the whole name
+    for (const std::string& name : names) {
+      const std::string label = prefix(name, parts);
+      unique = unique && seen.insert(label).second;
+      labels[name] = label;
+    }
+    if (unique) {
+      std::map<std::string, std::string> by_trace;
+      for (const SimRow& row : rows) {
+        std::string name = TraceFileName(row.trace);
+        if (absl::EndsWith(name, ".log")) name.resize(name.size() - 4);
+        by_trace[row.trace] = labels[name];
+      }
+      return by_trace;
+    }
+  }
 }
 
 }  // namespace
@@ -161,6 +195,7 @@ std::string FormatTable(const std::vector<SimRow>& rows) {
       {"replayed ms", true}, {"evictions", true}, {"remats", true},  {"evals", true},
       {"search ms", true},  {"frag", true},      {"wall ms", true},
   };
+  const std::map<std::string, std::string> labels = TraceLabels(rows);
   std::vector<std::vector<std::string>> cells;
   cells.reserve(rows.size() + 1);
   std::vector<std::string> header;
@@ -168,7 +203,7 @@ std::string FormatTable(const std::vector<SimRow>& rows) {
   cells.push_back(header);
   for (const SimRow& row : rows) {
     cells.push_back({
-        TraceLabel(row.trace),
+        labels.at(row.trace),
         row.policy,
         row.mode,
         absl::StrFormat(row.budget_given ? "%.4f" : "%.2f", row.ratio),

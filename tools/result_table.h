@@ -11,7 +11,8 @@
 //     the names in CsvColumns(), '\n' line ends. JSON: an array of objects with the same keys, numbers as JSON
 //     numbers, strings escaped (control characters as \u00XX), so both load with standard readers.
 //   - FormatTable pads every column to its widest cell (numbers right-aligned, text left-aligned) and ends each
-//     line with '\n'. The trace column shows the file name without directory and ".log".
+//     line with '\n'. The trace column shows the fewest leading '-'-separated parts of the file name (no
+//     directory, no ".log") that still tell the table's traces apart ("resnet32", or "bert-16" and "bert-32").
 //   - Numbers are written with enough digits to round-trip what matters: overhead and ratios with 6 significant
 //     digits in files, 4 decimals in the table.
 #pragma once

@@ -263,8 +263,8 @@ std::string UsageText(std::string_view program_name, const Vocabulary& vocabular
       "  --ratios R,...          budgets as fractions of the unconstrained peak (constants included), each in\n"
       "                          (0, 1]; default 0.9,0.8,...,0.1\n"
       "  --budgets SIZE,...      absolute budgets with units, e.g. 4GiB,512MiB,1000000 (excludes --ratios)\n"
-      "  --policies P,...        eviction policies (default ", vocabulary.default_policy, "); known: ",
-      Quoted(vocabulary.policies), "\n",
+      "  --policies P,...        eviction policies (default ", vocabulary.default_policy, ")\n",
+      "                          known: ", Quoted(vocabulary.policies), "\n",
       "  --mode M                byte accounting: ", Quoted(vocabulary.modes), " (default ",
       vocabulary.default_mode, ")\n",
       "  --overhead-limit X      a run whose compute exceeds X times the baseline is 'thrash' (default 2.0;\n"
