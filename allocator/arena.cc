@@ -25,21 +25,26 @@
 // FindWindow is the two-pointer pass of Coop: for each right end r, advance the left end l while the window
 // without l still holds the request. With non-negative costs the cheapest window ending at r is exactly [l, r]
 // (dropping blocks from the left never raises the cost), and l only moves right, so the pass is O(blocks).
-// Costs are read once per block into a scratch vector so the left end can subtract them again; the running sum
-// is a long double, and the reported cost is re-summed exactly over the chosen window.
+// Each block's cost is read once and parked in its node so the left end can subtract it again. The running sum
+// is only a filter (add/subtract drifts by rounding): a window whose running sum comes within a rounding bound of
+// the best is re-summed in address order, and windows are compared on those exact sums. So ties are real ties,
+// the result equals a brute-force search bit for bit, and the re-summing is rare unless many windows tie.
 #include "allocator/arena.h"
 
 #include <algorithm>
 #include <chrono>
+#if defined(__x86_64__)
+#include <x86intrin.h>
+#endif
 #include <cmath>
 #include <limits>
+#include <mutex>
 #include <string>
 #include <utility>
 
 #include "absl/container/btree_set.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
-#include "absl/synchronization/mutex.h"
 
 namespace remat {
 namespace {
@@ -53,6 +58,7 @@ struct Node {
   Node* prev = nullptr;  // address order within the segment
   Node* next = nullptr;  // also links the pool's free list
   SegmentRec* segment = nullptr;
+  mutable double window_cost = 0;  // FindWindow's scratch: this block's cost in the current search
   bool free = true;
 };
 
@@ -75,6 +81,12 @@ struct FreeKeyLess {
 };
 
 FreeKey KeyOf(const Node* b) { return FreeKey{b->size, b->address, const_cast<Node*>(b)}; }
+
+struct Unpacked {
+  bool has;
+  double value;
+};
+inline Unpacked Unpack(std::optional<double>&& v) { return Unpacked{v.has_value(), v.has_value() ? *v : 0.0}; }
 
 BlockInfo InfoOf(const Node* b) { return BlockInfo{b->address, b->size, b->owner, b->free}; }
 
@@ -108,17 +120,47 @@ class NodePool {
   Node* free_ = nullptr;
 };
 
+// Search time is accumulated in ticks of a cheap clock (the TSC on x86-64, where reading it costs a fraction of
+// a vDSO clock_gettime) and converted to nanoseconds when Stats() is read, from the tick rate observed since the
+// first arena was created.
+inline std::uint64_t Ticks() {
+#if defined(__x86_64__)
+  return __rdtsc();
+#else
+  return static_cast<std::uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count());
+#endif
+}
+
+struct TickEpoch {
+  std::uint64_t ticks = Ticks();
+  std::chrono::steady_clock::time_point time = std::chrono::steady_clock::now();
+};
+
+const TickEpoch& Epoch() {
+  static const TickEpoch epoch;
+  return epoch;
+}
+
+std::uint64_t TicksToNs(std::uint64_t ticks) {
+#if defined(__x86_64__)
+  const TickEpoch& e = Epoch();
+  const double ns = std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - e.time).count();
+  const std::uint64_t elapsed = Ticks() - e.ticks;
+  if (elapsed == 0 || ns <= 0) return 0;
+  return static_cast<std::uint64_t>(static_cast<double>(ticks) * (ns / static_cast<double>(elapsed)));
+#else
+  return ticks;  // steady_clock ticks are nanoseconds on Linux
+#endif
+}
+
 class ScopedTimer {
  public:
-  explicit ScopedTimer(std::uint64_t* sink) : sink_(sink), start_(std::chrono::steady_clock::now()) {}
-  ~ScopedTimer() {
-    *sink_ += static_cast<std::uint64_t>(
-        std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start_).count());
-  }
+  explicit ScopedTimer(std::uint64_t* sink) : sink_(sink), start_(Ticks()) {}
+  ~ScopedTimer() { *sink_ += Ticks() - start_; }
 
  private:
   std::uint64_t* sink_;
-  std::chrono::steady_clock::time_point start_;
+  std::uint64_t start_;
 };
 
 constexpr std::size_t kMinGrowth = std::size_t{2} << 20;  // smallest segment a growing arena reserves
@@ -129,21 +171,22 @@ struct Arena::State {
   std::unique_ptr<MemoryProvider> provider;
   ArenaOptions options;
 
-  mutable absl::Mutex mu;
-  PressureHandler* handler ABSL_GUARDED_BY(mu) = nullptr;
-  std::vector<std::unique_ptr<SegmentRec>> segments ABSL_GUARDED_BY(mu);  // sorted by base
-  absl::btree_set<FreeKey, FreeKeyLess> free_index ABSL_GUARDED_BY(mu);
-  absl::flat_hash_map<std::uintptr_t, Node*> live ABSL_GUARDED_BY(mu);
-  NodePool pool ABSL_GUARDED_BY(mu);
-  mutable std::vector<double> scratch ABSL_GUARDED_BY(mu);  // FindWindow's per-block costs
+  // Guards everything below. std::mutex, not absl::Mutex: Debian's abseil is built with deadlock detection,
+  // which costs a graph lookup on every lock.
+  mutable std::mutex mu;
+  PressureHandler* handler = nullptr;
+  std::vector<std::unique_ptr<SegmentRec>> segments;  // sorted by base
+  absl::btree_set<FreeKey, FreeKeyLess> free_index;
+  absl::flat_hash_map<std::uintptr_t, Node*> live;
+  NodePool pool;
 
-  std::size_t allocated ABSL_GUARDED_BY(mu) = 0;
-  std::size_t reserved ABSL_GUARDED_BY(mu) = 0;
-  std::size_t peak ABSL_GUARDED_BY(mu) = 0;
-  std::uint64_t allocations ABSL_GUARDED_BY(mu) = 0;
-  std::uint64_t frees ABSL_GUARDED_BY(mu) = 0;
-  std::uint64_t pressure_allocations ABSL_GUARDED_BY(mu) = 0;
-  mutable std::uint64_t search_ns ABSL_GUARDED_BY(mu) = 0;
+  std::size_t allocated = 0;
+  std::size_t reserved = 0;
+  std::size_t peak = 0;
+  std::uint64_t allocations = 0;
+  std::uint64_t frees = 0;
+  std::uint64_t pressure_allocations = 0;
+  mutable std::uint64_t search_ticks = 0;
 
   ~State() {
     for (auto& s : segments) provider->Release(s->segment);
@@ -160,7 +203,7 @@ struct Arena::State {
   }
 
   // Adds a segment of at least `bytes` (aligned) as one free block.
-  absl::Status AddSegment(std::size_t bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+  absl::Status AddSegment(std::size_t bytes) {
     absl::StatusOr<Segment> seg = provider->Reserve(bytes, options.alignment);
     if (!seg.ok()) return seg.status();
     const std::size_t usable = seg->size & ~(options.alignment - 1);
@@ -190,10 +233,10 @@ struct Arena::State {
   }
 
   // Best fit and split; nullptr when no free block holds `aligned`.
-  Node* Place(std::size_t aligned, OwnerId owner, Placement placement) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+  Node* Place(std::size_t aligned, OwnerId owner, Placement placement) {
     decltype(free_index)::iterator it;
     {
-      ScopedTimer timer(&search_ns);
+      ScopedTimer timer(&search_ticks);
       it = free_index.lower_bound(FreeKey{aligned, 0, nullptr});
     }
     if (it == free_index.end()) return nullptr;
@@ -237,7 +280,7 @@ struct Arena::State {
   }
 
   // Place, growing first when the options allow it.
-  Node* PlaceOrGrow(std::size_t aligned, OwnerId owner, Placement placement) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+  Node* PlaceOrGrow(std::size_t aligned, OwnerId owner, Placement placement) {
     if (Node* b = Place(aligned, owner, placement)) return b;
     if (!options.grow) return nullptr;
     std::size_t want = std::max({aligned, options.capacity, kMinGrowth});
@@ -250,24 +293,23 @@ struct Arena::State {
     return Place(aligned, owner, placement);
   }
 
-  std::size_t LargestFree() const ABSL_SHARED_LOCKS_REQUIRED(mu) {
+  std::size_t LargestFree() const  {
     return free_index.empty() ? 0 : std::prev(free_index.end())->size;
   }
 
-  absl::Status Exhausted(std::size_t bytes, std::size_t aligned, std::string_view why) const
-      ABSL_SHARED_LOCKS_REQUIRED(mu) {
+  absl::Status Exhausted(std::size_t bytes, std::size_t aligned, std::string_view why) const  {
     return absl::ResourceExhaustedError(absl::StrCat(
         "remat arena: cannot place ", bytes, " bytes (", aligned, " aligned): ", reserved - allocated,
         " bytes free in ", free_index.size(), " free blocks, largest free block ", LargestFree(), " bytes; ",
         allocated, " of ", reserved, " reserved bytes allocated; ", std::string(why)));
   }
 
-  Node* FindLive(std::uintptr_t address) const ABSL_SHARED_LOCKS_REQUIRED(mu) {
+  Node* FindLive(std::uintptr_t address) const  {
     auto it = live.find(address);
     return it == live.end() ? nullptr : it->second;
   }
 
-  const SegmentRec* SegmentOf(std::uintptr_t address) const ABSL_SHARED_LOCKS_REQUIRED(mu) {
+  const SegmentRec* SegmentOf(std::uintptr_t address) const  {
     auto pos = std::upper_bound(segments.begin(), segments.end(), address,
                                 [](std::uintptr_t a, const std::unique_ptr<SegmentRec>& s) {
                                   return a < s->segment.base;
@@ -285,11 +327,12 @@ absl::StatusOr<std::unique_ptr<Arena>> Arena::Create(std::unique_ptr<MemoryProvi
     return absl::InvalidArgumentError(
         absl::StrCat("remat arena: alignment must be a power of two, got ", options.alignment));
   }
+  (void)Epoch();  // start the tick clock's calibration interval
   auto state = std::make_unique<State>();
   state->provider = std::move(provider);
   state->options = options;
   if (options.capacity > 0) {
-    absl::MutexLock lock(&state->mu);
+    std::lock_guard<std::mutex> lock(state->mu);
     absl::StatusOr<std::size_t> aligned = state->Align(options.capacity);
     if (!aligned.ok()) return aligned.status();
     absl::Status s = state->AddSegment(*aligned);
@@ -305,7 +348,7 @@ absl::StatusOr<std::uintptr_t> Arena::TryAllocate(std::size_t bytes, OwnerId own
   State& s = *state_;
   absl::StatusOr<std::size_t> aligned = s.Align(bytes);
   if (!aligned.ok()) return aligned.status();
-  absl::MutexLock lock(&s.mu);
+  std::lock_guard<std::mutex> lock(s.mu);
   if (Node* b = s.PlaceOrGrow(*aligned, owner, placement)) return b->address;
   return s.Exhausted(bytes, *aligned, "no free block is large enough");
 }
@@ -320,7 +363,7 @@ absl::StatusOr<std::uintptr_t> Arena::Allocate(std::size_t bytes, OwnerId owner,
     PressureHandler* handler;
     std::uint64_t frees_before;
     {
-      absl::MutexLock lock(&s.mu);
+      std::lock_guard<std::mutex> lock(s.mu);
       if (Node* b = s.PlaceOrGrow(*aligned, owner, placement)) return b->address;
       handler = s.handler;
       if (handler == nullptr) return s.Exhausted(bytes, *aligned, "no pressure handler is set");
@@ -333,7 +376,7 @@ absl::StatusOr<std::uintptr_t> Arena::Allocate(std::size_t bytes, OwnerId owner,
     // Without the lock: the handler evicts through Free.
     const bool progress = handler->MakeRoom(*this, *aligned);
     ++rounds;
-    absl::MutexLock lock(&s.mu);
+    std::lock_guard<std::mutex> lock(s.mu);
     if (!progress || s.frees == frees_before) {
       if (Node* b = s.PlaceOrGrow(*aligned, owner, placement)) return b->address;  // freed by another thread
       return s.Exhausted(bytes, *aligned,
@@ -344,7 +387,7 @@ absl::StatusOr<std::uintptr_t> Arena::Allocate(std::size_t bytes, OwnerId owner,
 
 absl::Status Arena::Free(std::uintptr_t address) {
   State& s = *state_;
-  absl::MutexLock lock(&s.mu);
+  std::lock_guard<std::mutex> lock(s.mu);
   auto it = s.live.find(address);
   if (it == s.live.end()) {
     return absl::InvalidArgumentError(
@@ -379,7 +422,7 @@ absl::Status Arena::Free(std::uintptr_t address) {
 
 absl::Status Arena::SetOwner(std::uintptr_t address, OwnerId owner) {
   State& s = *state_;
-  absl::MutexLock lock(&s.mu);
+  std::lock_guard<std::mutex> lock(s.mu);
   Node* b = s.FindLive(address);
   if (b == nullptr) {
     return absl::InvalidArgumentError(
@@ -391,7 +434,7 @@ absl::Status Arena::SetOwner(std::uintptr_t address, OwnerId owner) {
 
 absl::StatusOr<BlockInfo> Arena::Block(std::uintptr_t address) const {
   const State& s = *state_;
-  absl::ReaderMutexLock lock(&s.mu);
+  std::lock_guard<std::mutex> lock(s.mu);
   if (const auto* b = s.FindLive(address)) return InfoOf(b);
   // A free block: walk its segment (free blocks are not indexed by address).
   if (const SegmentRec* seg = s.SegmentOf(address)) {
@@ -407,49 +450,62 @@ std::optional<Window> Arena::FindWindow(std::size_t bytes, BlockCost cost) const
   absl::StatusOr<std::size_t> aligned_or = s.Align(bytes);
   if (!aligned_or.ok()) return std::nullopt;
   const std::size_t aligned = *aligned_or;
-  absl::MutexLock lock(&s.mu);  // exclusive: the scratch buffer and search_ns are written
-  ScopedTimer timer(&s.search_ns);
+  std::lock_guard<std::mutex> lock(s.mu);  
+  ScopedTimer timer(&s.search_ticks);
 
-  std::vector<double>& costs = s.scratch;  // costs[i] for the i-th block visited, across segments
-  costs.clear();
   const Node* best_l = nullptr;
   const Node* best_r = nullptr;
-  std::size_t best_li = 0;
-  long double best_cost = 0;
+  double best_cost = 0;  // summed in address order, exactly as a caller would sum the window
   for (const auto& seg : s.segments) {
     if (seg->usable < aligned) continue;
     const Node* l = seg->first;
-    std::size_t li = costs.size();  // index of l in `costs`
     std::size_t sum_size = 0;
-    long double sum_cost = 0;
+    double sum_cost = 0;    // running sum: a filter, off by rounding
+    double max_sum = 0;     // largest running sum since the last reset, which bounds that rounding
+    std::size_t owned = 0;  // allocated blocks in [l, r]
     for (const Node* r = seg->first; r != nullptr; r = r->next) {
       double c = 0;
       if (!r->free) {
-        const std::optional<double> v = cost(InfoOf(r));
-        if (!v.has_value() || std::isnan(*v)) {  // a barrier: the next window starts after it
-          costs.push_back(0);
+        // Unpacked at once: copying the optional around costs a failed store-forward per call with GCC 12.
+        const auto [has, value] = Unpack(cost(InfoOf(r)));
+        c = value;
+        if (!has || !(c <= std::numeric_limits<double>::max())) {  // nullopt, NaN or +inf: a barrier
           l = r->next;
-          li = costs.size();
           sum_size = 0;
           sum_cost = 0;
+          max_sum = 0;
+          owned = 0;
           continue;
         }
-        c = std::max(*v, 0.0);
+        c = std::max(c, 0.0);
+        ++owned;
       }
-      costs.push_back(c);
+      r->window_cost = c;
       sum_size += r->size;
       sum_cost += c;
-      while (sum_size - l->size >= aligned) {
-        sum_size -= l->size;
-        sum_cost -= costs[li];
-        l = l->next;
-        ++li;
+      max_sum = std::max(max_sum, sum_cost);
+      if (sum_size - l->size >= aligned) {
+        do {
+          sum_size -= l->size;
+          sum_cost -= l->window_cost;
+          owned -= l->free ? 0 : 1;
+          l = l->next;
+        } while (sum_size - l->size >= aligned);
+        if (owned == 0) sum_cost = 0;  // drop rounding drift whenever it is known to be exactly 0
       }
-      if (sum_size >= aligned && (best_r == nullptr || sum_cost < best_cost)) {
+      if (sum_size < aligned) continue;
+      // Each add or subtract rounds by at most max_sum * 2^-53; 1e-8 covers a run of some 10^8 of them.
+      if (best_r != nullptr && !(sum_cost < best_cost + 1e-8 * max_sum)) continue;
+      // A candidate: compare its exact sum.
+      double exact = 0;
+      for (const Node* b = l;; b = b->next) {
+        exact += b->window_cost;
+        if (b == r) break;
+      }
+      if (best_r == nullptr || exact < best_cost) {
         best_l = l;
         best_r = r;
-        best_li = li;
-        best_cost = sum_cost;
+        best_cost = exact;
         if (best_cost <= 0) break;  // nothing is cheaper, and every later window ends higher
       }
     }
@@ -458,10 +514,9 @@ std::optional<Window> Arena::FindWindow(std::size_t bytes, BlockCost cost) const
   if (best_r == nullptr) return std::nullopt;
   Window w;
   w.address = best_l->address;
-  std::size_t i = best_li;
-  for (const Node* b = best_l;; b = b->next, ++i) {
+  for (const Node* b = best_l;; b = b->next) {
     w.size += b->size;
-    w.cost += costs[i];
+    w.cost += b->window_cost;
     if (!b->free) w.owners.push_back(b->owner);
     if (b == best_r) break;
   }
@@ -470,7 +525,7 @@ std::optional<Window> Arena::FindWindow(std::size_t bytes, BlockCost cost) const
 
 std::size_t Arena::AdjacentFreeBytes(std::uintptr_t address) const {
   const State& s = *state_;
-  absl::ReaderMutexLock lock(&s.mu);
+  std::lock_guard<std::mutex> lock(s.mu);
   const Node* b = s.FindLive(address);
   if (b == nullptr) return 0;
   std::size_t bytes = 0;
@@ -480,13 +535,13 @@ std::size_t Arena::AdjacentFreeBytes(std::uintptr_t address) const {
 }
 
 void Arena::SetPressureHandler(PressureHandler* handler) {
-  absl::MutexLock lock(&state_->mu);
+  std::lock_guard<std::mutex> lock(state_->mu);
   state_->handler = handler;
 }
 
 ArenaStats Arena::Stats() const {
   const State& s = *state_;
-  absl::ReaderMutexLock lock(&s.mu);
+  std::lock_guard<std::mutex> lock(s.mu);
   ArenaStats st;
   st.allocated_bytes = s.allocated;
   st.reserved_bytes = s.reserved;
@@ -497,18 +552,18 @@ ArenaStats Arena::Stats() const {
   st.allocations = s.allocations;
   st.frees = s.frees;
   st.pressure_allocations = s.pressure_allocations;
-  st.search_ns = s.search_ns;
+  st.search_ns = TicksToNs(s.search_ticks);
   return st;
 }
 
 void Arena::ResetPeak() {
-  absl::MutexLock lock(&state_->mu);
+  std::lock_guard<std::mutex> lock(state_->mu);
   state_->peak = state_->allocated;
 }
 
 void Arena::ForEachBlock(const std::function<void(const BlockInfo&)>& visit) const {
   const State& s = *state_;
-  absl::ReaderMutexLock lock(&s.mu);
+  std::lock_guard<std::mutex> lock(s.mu);
   for (const auto& seg : s.segments) {
     for (const Node* b = seg->first; b != nullptr; b = b->next) visit(InfoOf(b));
   }

@@ -114,7 +114,7 @@ class Arena {
   // The contiguous run of free and non-barrier blocks, inside one segment, with total size >= `bytes` (aligned)
   // and the smallest summed cost (free blocks cost 0). Ties go to the run that ends at the lowest address, and
   // the run is as short as possible (it starts at the highest block that still leaves it >= `bytes`). Costs
-  // must be >= 0 for the search to be exact: negative costs count as 0 and NaN as a barrier. nullopt when no run
+  // must be >= 0 for the search to be exact: negative costs count as 0, NaN and infinity as barriers. nullopt when no run
   // holds the request. One two-pointer pass, O(blocks); `cost` is called once per allocated block at most.
   std::optional<Window> FindWindow(std::size_t bytes, BlockCost cost) const;
   // Free bytes immediately below and above the allocated block at `address` (the DTE heuristic's size term);
