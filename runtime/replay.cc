@@ -1,7 +1,13 @@
 // Replay: the simulated executor and the driver that feeds a Trace through the engine.
 #include "runtime/replay.h"
 
+#include <algorithm>
+#include <chrono>
+
 #include "absl/status/status.h"
+#include "policies/dtr.h"
+#include "policies/registry.h"
+#include "runtime/sim_executor.h"
 #include "absl/strings/str_cat.h"
 
 namespace remat {
@@ -27,22 +33,214 @@ absl::StatusOr<AccountingMode> ParseAccountingMode(std::string_view text) {
 }
 
 struct Replayer::Impl {
+  const Trace* trace = nullptr;
   Baseline baseline;
 };
+
+namespace {
+
+ReplayResult Fail(ReplayResult r, ReplayStatus status, std::string message) {
+  r.status = status;
+  r.message = std::move(message);
+  return r;
+}
+
+// Runs the trace through `engine`. Returns OK, or the engine's error (ResourceExhausted / Aborted / other).
+absl::Status Drive(const Trace& trace, Engine& engine) {
+  std::vector<std::int64_t> bound(trace.names.size(), -1);  // trace name -> tensor
+  std::vector<TraceName> order;                             // names in order of first binding
+  order.reserve(trace.names.size());
+  std::vector<TensorId> inputs;
+  std::vector<OutputSpec> outputs;
+  auto bind = [&](TraceName n, TensorId t) {
+    if (bound[n] < 0) order.push_back(n);
+    bound[n] = t;
+  };
+  auto lookup = [&](TraceName n, const TraceOp& op, TensorId& out) -> absl::Status {
+    if (bound[n] < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(trace.path, ":", op.line, ": name '", trace.names[n], "' is not bound"));
+    }
+    out = static_cast<TensorId>(bound[n]);
+    return absl::OkStatus();
+  };
+  for (const TraceOp& op : trace.ops) {
+    switch (op.kind) {
+      case TraceOpKind::kAnnotate:
+        break;
+      case TraceOpKind::kConstant: {
+        absl::StatusOr<TensorId> t = engine.Constant(op.bytes);
+        if (!t.ok()) return t.status();
+        bind(op.name, *t);
+        break;
+      }
+      case TraceOpKind::kCopy: {
+        TensorId src;
+        if (absl::Status s = lookup(op.args[0], op, src); !s.ok()) return s;
+        engine.Retain(src);
+        bind(op.results[0].name, src);
+        break;
+      }
+      case TraceOpKind::kCopyFrom: {
+        TensorId src, dst;
+        if (absl::Status s = lookup(op.args[0], op, src); !s.ok()) return s;
+        if (absl::Status s = lookup(op.results[0].name, op, dst); !s.ok()) return s;
+        engine.Release(dst);
+        engine.Retain(src);
+        bind(op.results[0].name, src);
+        break;
+      }
+      case TraceOpKind::kRelease: {
+        if (bound[op.args[0]] >= 0) engine.Release(static_cast<TensorId>(bound[op.args[0]]));
+        break;
+      }
+      case TraceOpKind::kCall: {
+        inputs.clear();
+        for (TraceName a : op.args) {
+          TensorId t;
+          if (absl::Status s = lookup(a, op, t); !s.ok()) return s;
+          inputs.push_back(t);
+        }
+        outputs.clear();
+        for (const TraceResult& r : op.results) outputs.push_back({r.alias >= 0 ? 0 : r.bytes, r.alias});
+        absl::StatusOr<std::span<const TensorId>> outs = engine.Call(inputs, outputs, op.time_ns, op.op_name);
+        if (!outs.ok()) return outs.status();
+        for (std::size_t i = 0; i < op.results.size(); ++i) bind(op.results[i].name, (*outs)[i]);
+        break;
+      }
+      case TraceOpKind::kMutate: {
+        // Copy-on-write: each mutated argument becomes a fresh storage of its storage's size made by this op.
+        inputs.clear();
+        for (TraceName a : op.args) {
+          TensorId t;
+          if (absl::Status s = lookup(a, op, t); !s.ok()) return s;
+          inputs.push_back(t);
+        }
+        outputs.clear();
+        for (std::int32_t k : op.mutated) {
+          outputs.push_back({engine.StorageBytes(engine.StorageOf(inputs[k])), -1});
+        }
+        absl::StatusOr<std::span<const TensorId>> outs = engine.Call(inputs, outputs, op.time_ns, op.op_name);
+        if (!outs.ok()) return outs.status();
+        std::vector<TensorId> made(outs->begin(), outs->end());
+        for (std::size_t i = 0; i < op.mutated.size(); ++i) {
+          TraceName n = op.args[op.mutated[i]];
+          engine.Release(static_cast<TensorId>(bound[n]));
+          bind(n, made[i]);
+        }
+        break;
+      }
+    }
+  }
+  // Names still referenced are the outputs: make them resident and keep them.
+  for (TraceName n : order) {
+    TensorId t = static_cast<TensorId>(bound[n]);
+    if (engine.ExternalRefs(t) <= 0) continue;
+    if (!engine.Defined(t)) {
+      if (absl::Status s = engine.Rematerialize(t); !s.ok()) return s;
+    }
+    engine.Pin(t);
+  }
+  return absl::OkStatus();
+}
+
+std::int64_t NowNs() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+}  // namespace
 
 Replayer::Replayer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 Replayer::~Replayer() = default;
 
 absl::StatusOr<std::unique_ptr<Replayer>> Replayer::Create(const Trace& trace) {
-  return absl::UnimplementedError("Replayer: not implemented yet");
+  auto impl = std::make_unique<Impl>();
+  impl->trace = &trace;
+  // Baseline: unlimited budget; a released storage's memory is gone at once (nothing gets evicted otherwise).
+  std::unique_ptr<Policy> policy = MakeDtrLocalPolicy();
+  EngineOptions options;
+  options.policy = policy.get();
+  options.free_released_constants = true;
+  SimExecutor executor(nullptr, false);
+  Engine engine(options, &executor);
+  if (absl::Status s = Drive(trace, engine); !s.ok()) return s;
+  impl->baseline.compute_ns = engine.stats().model_compute;
+  impl->baseline.memory_bytes = engine.stats().peak_bytes;
+  return std::unique_ptr<Replayer>(new Replayer(std::move(impl)));
 }
 
 const Baseline& Replayer::baseline() const { return impl_->baseline; }
 
 ReplayResult Replayer::Run(const ReplayOptions& options) {
+  const std::int64_t start = NowNs();
   ReplayResult r;
-  r.status = ReplayStatus::kError;
-  r.message = "not implemented yet";
+  r.policy = options.policy;
+  r.mode = options.mode;
+  r.baseline_compute_ns = impl_->baseline.compute_ns;
+  r.baseline_memory_bytes = impl_->baseline.memory_bytes;
+  r.budget_bytes = options.budget_bytes > 0
+                       ? options.budget_bytes
+                       : static_cast<std::int64_t>(static_cast<double>(impl_->baseline.memory_bytes) *
+                                                   options.budget_ratio);
+  absl::StatusOr<std::unique_ptr<Policy>> policy = MakePolicy(options.policy);
+  if (!policy.ok()) return Fail(r, ReplayStatus::kError, std::string(policy.status().message()));
+
+  std::unique_ptr<Arena> arena;
+  if (options.mode == AccountingMode::kArena) {
+    ArenaOptions ao;
+    ao.alignment = static_cast<std::size_t>(options.arena_alignment);
+    ao.capacity = static_cast<std::size_t>(std::max<std::int64_t>(r.budget_bytes, 0));
+    ao.capacity -= ao.capacity % ao.alignment;
+    if (ao.capacity == 0) return Fail(r, ReplayStatus::kOom, "budget is smaller than one arena block");
+    absl::StatusOr<std::unique_ptr<Arena>> a = Arena::Create(MakeVirtualProvider(), ao);
+    if (!a.ok()) return Fail(r, ReplayStatus::kError, std::string(a.status().message()));
+    arena = std::move(*a);
+  }
+  EngineOptions eo;
+  eo.mode = options.mode;
+  eo.budget = r.budget_bytes;
+  eo.policy = policy->get();
+  eo.choose.sample_sqrt = options.sample_sqrt;
+  eo.choose.ignore_small = options.ignore_small;
+  eo.seed = options.seed;
+  eo.remat_limit = options.overhead_limit > 0
+                       ? static_cast<std::int64_t>((options.overhead_limit - 1.0) *
+                                                   static_cast<double>(impl_->baseline.compute_ns))
+                       : -1;
+  eo.replay_views = options.simrd_compat;
+  eo.arena = arena.get();
+  SimExecutor executor(arena.get(), options.cheap_tensor_partitioning);
+  Engine engine(eo, &executor);
+  if (arena) arena->SetPressureHandler(&engine);
+  absl::Status status = Drive(*impl_->trace, engine);
+  if (arena) arena->SetPressureHandler(nullptr);
+
+  const EngineStats& st = engine.stats();
+  r.total_compute_ns = st.model_compute + st.remat_compute;
+  r.replayed_cost_ns = st.remat_compute;
+  r.overhead = impl_->baseline.compute_ns > 0
+                   ? static_cast<double>(r.total_compute_ns) / static_cast<double>(impl_->baseline.compute_ns)
+                   : 1.0;
+  r.peak_bytes = st.peak_bytes;
+  r.evictions = st.evictions;
+  r.rematerializations = st.rematerializations;
+  r.heuristic_evaluations = st.heuristic_evaluations;
+  r.search_time_ns = st.search_ns;
+  r.fragmentation_rate =
+      st.fragmentation_samples > 0 ? st.fragmentation_sum / static_cast<double>(st.fragmentation_samples) : 0;
+  if (!status.ok()) {
+    if (absl::IsResourceExhausted(status)) {
+      r.status = ReplayStatus::kOom;
+    } else if (absl::IsAborted(status)) {
+      r.status = ReplayStatus::kThrash;
+    } else {
+      r.status = ReplayStatus::kError;
+    }
+    r.message = std::string(status.message());
+  }
+  r.wall_time_ns = NowNs() - start;
   return r;
 }
 

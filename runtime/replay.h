@@ -26,11 +26,11 @@
 #include <string_view>
 
 #include "absl/status/statusor.h"
+#include "runtime/engine.h"
 #include "runtime/trace.h"
 
 namespace remat {
 
-enum class AccountingMode { kCounter, kArena };
 enum class ReplayStatus { kPass, kOom, kThrash, kError };
 
 std::string_view ToString(ReplayStatus status);   // "pass", "oom", "thrash", "error"

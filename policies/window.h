@@ -1,0 +1,24 @@
+// Address-aware heuristics (arena mode).
+//
+//   dte   MegEngine/OneFlow DTE: (c + eq-class neighbourhood) / ((m + adjacent free bytes) * staleness).
+//         Evicting next to a hole frees a larger contiguous run, so it pays more. In counter mode the
+//         adjacent free bytes are 0 and it behaves like dtr-eq.
+//   coop  Coop (Zhang et al., NeurIPS 2023): the engine asks the arena for the cheapest contiguous window of free
+//         and evictable blocks; a block's cost is (c + evicted direct neighbours' c) / staleness (no size term).
+//         Outside arena mode (no windows), it evicts the single storage with the smallest such cost.
+#pragma once
+
+#include <memory>
+
+#include "policies/policy.h"
+
+namespace remat {
+
+std::unique_ptr<Policy> MakeDtePolicy();
+std::unique_ptr<Policy> MakeCoopPolicy();
+
+// Coop's cheap-tensor partitioning: true for outputs of costly ops (convolution, matmul/mm, bmm, addmm, linear,
+// and their backward ops), which go at the low end of a free block; all others go at the high end.
+bool IsCostlyOp(std::string_view op_name);
+
+}  // namespace remat

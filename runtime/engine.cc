@@ -1,0 +1,656 @@
+// Engine implementation. Hot paths are flat vectors indexed by dense ids; the eviction pool is an intrusive
+// doubly-linked list in insertion order (lock removes, unlock appends), which is what the prototype's tie-breaking
+// depends on.
+#include "runtime/engine.h"
+
+#include <algorithm>
+#include <chrono>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "policies/window.h"
+
+namespace remat {
+namespace {
+
+constexpr std::uint32_t kNone = std::numeric_limits<std::uint32_t>::max();
+
+std::int64_t NowNs() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+}  // namespace
+
+struct Engine::Impl {
+  struct Op {
+    std::int64_t cost = 0;
+    std::int64_t total_size = 0;
+    std::uint32_t in_begin = 0, in_count = 0;
+    std::uint32_t out_begin = 0, out_count = 0;
+    std::uint32_t name = 0;  // index into names
+    bool costly = false;
+  };
+  struct Tensor {
+    OpId op = 0;
+    std::uint32_t index = 0;
+    StorageIndex storage = 0;
+    std::int64_t size = 0;  // the op's size for this output (0 for views)
+    std::int32_t ext_refs = 0;
+    bool defined = false;
+    bool alias = false;
+    std::vector<TensorId> children;
+  };
+  struct Region {
+    absl::flat_hash_set<StorageIndex> interior;
+    absl::flat_hash_set<StorageIndex> frontier;
+    std::int64_t compute = 0;
+    void Clear() {
+      interior.clear();
+      frontier.clear();
+      compute = 0;
+    }
+  };
+  struct Storage {
+    std::int64_t size = 0;
+    std::int64_t compute = 0;
+    std::int64_t last_access = 0;
+    std::int32_t locks = 0;
+    std::int32_t ext_refs = 0;
+    bool material = false;
+    bool computed = false;  // has been computed at least once (evicted vs never produced)
+    bool pinned = false;
+    bool in_pool = false;
+    bool has_address = false;
+    std::uintptr_t address = 0;
+    std::uint32_t pool_prev = kNone, pool_next = kNone;
+    std::int32_t ecn = -1;  // union-find node, -1 = none (resident)
+    std::vector<TensorId> tensors;
+  };
+  struct EqNode {
+    std::int32_t parent = -1;
+    std::int64_t value = 0;
+  };
+  struct Frame {
+    TensorId t;
+    bool remat;
+    std::uint8_t stage;
+    std::uint32_t list_begin, list_end, next;
+  };
+
+  std::vector<Op> ops;
+  std::vector<TensorId> op_inputs, op_outputs;
+  std::vector<Tensor> tensors;
+  std::vector<Storage> storages;
+  std::vector<std::string> names;
+  absl::flat_hash_map<std::string, std::uint32_t> name_ids;
+  std::vector<Region> fwd, rev;  // per storage, when regions are on
+  std::vector<EqNode> eq;
+  std::uint32_t pool_head = kNone, pool_tail = kNone;
+  std::size_t pool_size = 0;
+  std::vector<Frame> stack;
+  std::vector<TensorId> scratch;
+  std::vector<StorageId> candidates;
+  std::vector<std::uint32_t> fresh;
+  std::vector<TensorId> dup;
+  std::vector<StorageIndex> remat_storages;
+  absl::flat_hash_set<StorageIndex> affected, affected_rev;
+  std::vector<StorageIndex> dfs;
+  std::vector<StorageIndex> neighbours;
+  std::vector<std::int32_t> roots;
+  std::mt19937_64 rng;
+  bool regions = false;
+  bool eq_classes = false;
+  std::int64_t constant_bytes = 0;
+
+  std::span<const TensorId> Inputs(const Op& op) const { return {op_inputs.data() + op.in_begin, op.in_count}; }
+  std::span<const TensorId> Outputs(const Op& op) const {
+    return {op_outputs.data() + op.out_begin, op.out_count};
+  }
+
+  std::uint32_t Name(std::string_view n) {
+    auto it = name_ids.find(absl::string_view(n.data(), n.size()));
+    if (it != name_ids.end()) return it->second;
+    std::uint32_t id = static_cast<std::uint32_t>(names.size());
+    names.emplace_back(n);
+    name_ids.emplace(names.back(), id);
+    return id;
+  }
+
+  // Pool: insertion-ordered intrusive list.
+  void PoolAppend(StorageIndex s) {
+    Storage& st = storages[s];
+    if (st.in_pool) return;
+    st.in_pool = true;
+    st.pool_prev = pool_tail;
+    st.pool_next = kNone;
+    if (pool_tail != kNone) storages[pool_tail].pool_next = s; else pool_head = s;
+    pool_tail = s;
+    ++pool_size;
+  }
+  void PoolRemove(StorageIndex s) {
+    Storage& st = storages[s];
+    if (!st.in_pool) return;
+    st.in_pool = false;
+    if (st.pool_prev != kNone) storages[st.pool_prev].pool_next = st.pool_next; else pool_head = st.pool_next;
+    if (st.pool_next != kNone) storages[st.pool_next].pool_prev = st.pool_prev; else pool_tail = st.pool_prev;
+    st.pool_prev = st.pool_next = kNone;
+    --pool_size;
+  }
+
+  void Lock(StorageIndex s) {
+    Storage& st = storages[s];
+    if (st.locks == 0) PoolRemove(s);
+    ++st.locks;
+  }
+  void Unlock(StorageIndex s) {
+    Storage& st = storages[s];
+    if (--st.locks == 0) PoolAppend(s);
+  }
+
+  // Union-find.
+  std::int32_t NewNode(std::int64_t value) {
+    eq.push_back({-1, value});
+    return static_cast<std::int32_t>(eq.size() - 1);
+  }
+  std::int32_t Find(std::int32_t n) {
+    std::int32_t r = n;
+    while (eq[r].parent >= 0) r = eq[r].parent;
+    while (eq[n].parent >= 0) {
+      std::int32_t next = eq[n].parent;
+      eq[n].parent = r;
+      n = next;
+    }
+    return r;
+  }
+  void Merge(std::int32_t lhs, std::int32_t rhs) {  // lhs's class joins rhs's root
+    std::int32_t l = Find(lhs), r = Find(rhs);
+    if (l == r) return;
+    eq[l].parent = r;
+    eq[r].value += eq[l].value;
+  }
+
+  // Storages of s's tensors' parents and children that are not material (excluding s), deduplicated.
+  void NonMaterialNeighbours(StorageIndex s, std::vector<StorageIndex>& out) const {
+    out.clear();
+    for (TensorId t : storages[s].tensors) {
+      for (TensorId p : Inputs(ops[tensors[t].op])) {
+        StorageIndex ps = tensors[p].storage;
+        if (ps != s && !storages[ps].material) out.push_back(ps);
+      }
+      for (TensorId c : tensors[t].children) {
+        StorageIndex cs = tensors[c].storage;
+        if (cs != s && !storages[cs].material) out.push_back(cs);
+      }
+    }
+    std::sort(out.begin(), out.end());
+    out.erase(std::unique(out.begin(), out.end()), out.end());
+  }
+
+  // Region maintenance (the prototype's Region.absorb / rebuild).
+  void Absorb(Region& region, StorageIndex s, bool reverse) {
+    Region& other = reverse ? rev[s] : fwd[s];
+    region.frontier.erase(s);
+    for (StorageIndex f : other.frontier) region.frontier.insert(f);
+    std::int64_t added = storages[s].compute;
+    for (StorageIndex i : other.interior) {
+      if (i != s && !region.interior.contains(i)) {
+        added += storages[i].compute;
+        region.interior.insert(i);
+      }
+    }
+    region.interior.insert(s);
+    region.compute += added;
+  }
+  void Rebuild(StorageIndex base, bool reverse) {
+    Region& region = reverse ? rev[base] : fwd[base];
+    region.Clear();
+    dfs.clear();
+    dfs.push_back(base);
+    while (!dfs.empty()) {
+      StorageIndex s = dfs.back();
+      dfs.pop_back();
+      for (TensorId t : storages[s].tensors) {
+        auto visit = [&](TensorId u) {
+          StorageIndex us = tensors[u].storage;
+          if (storages[us].material) {
+            if (us != base) region.frontier.insert(us);
+            return;
+          }
+          if (region.interior.insert(us).second) {
+            region.compute += storages[us].compute;
+            dfs.push_back(us);
+          }
+        };
+        if (reverse) {
+          for (TensorId p : Inputs(ops[tensors[t].op])) visit(p);
+        } else {
+          for (TensorId c : tensors[t].children) visit(c);
+        }
+      }
+    }
+  }
+};
+
+Engine::Engine(EngineOptions options, Executor* executor)
+    : impl_(std::make_unique<Impl>()), options_(options), executor_(executor) {
+  impl_->rng.seed(options_.seed);
+  if (options_.policy != nullptr) {
+    PolicyFeatures f = options_.policy->features();
+    impl_->regions = f.regions;
+    impl_->eq_classes = f.eq_classes;
+  }
+}
+
+Engine::~Engine() = default;
+
+absl::StatusOr<TensorId> Engine::Constant(std::int64_t bytes, std::string_view name) {
+  OutputSpec out{bytes, -1};
+  absl::StatusOr<std::span<const TensorId>> r = Call({}, {&out, 1}, 0, name);
+  if (!r.ok()) return r.status();
+  TensorId t = (*r)[0];
+  impl_->constant_bytes += bytes;
+  Pin(t);
+  return t;
+}
+
+absl::StatusOr<std::span<const TensorId>> Engine::Call(std::span<const TensorId> inputs,
+                                                       std::span<const OutputSpec> outputs, std::int64_t cost,
+                                                       std::string_view name) {
+  Impl& m = *impl_;
+  OpId op_id = static_cast<OpId>(m.ops.size());
+  Impl::Op op;
+  op.cost = cost;
+  op.name = m.Name(name);
+  op.costly = IsCostlyOp(name);
+  op.in_begin = static_cast<std::uint32_t>(m.op_inputs.size());
+  op.in_count = static_cast<std::uint32_t>(inputs.size());
+  m.op_inputs.insert(m.op_inputs.end(), inputs.begin(), inputs.end());
+  op.out_begin = static_cast<std::uint32_t>(m.op_outputs.size());
+  op.out_count = static_cast<std::uint32_t>(outputs.size());
+  for (std::size_t i = 0; i < outputs.size(); ++i) {
+    const OutputSpec& spec = outputs[i];
+    TensorId t = static_cast<TensorId>(m.tensors.size());
+    Impl::Tensor tensor;
+    tensor.op = op_id;
+    tensor.index = static_cast<std::uint32_t>(i);
+    tensor.ext_refs = 1;
+    StorageIndex s;
+    if (spec.alias >= 0) {
+      if (spec.alias >= static_cast<std::int32_t>(inputs.size())) {
+        return absl::InvalidArgumentError(absl::StrCat("op '", std::string(name), "': alias index ", spec.alias,
+                                                       " out of range"));
+      }
+      s = m.tensors[inputs[spec.alias]].storage;
+      tensor.alias = true;
+      tensor.size = 0;
+    } else {
+      s = static_cast<StorageIndex>(m.storages.size());
+      m.storages.emplace_back();
+      m.storages.back().size = spec.bytes;
+      tensor.size = spec.bytes;
+      op.total_size += spec.bytes;
+      if (m.regions) {
+        m.fwd.emplace_back();
+        m.rev.emplace_back();
+      }
+      if (m.eq_classes) m.storages.back().ecn = m.NewNode(0);  // placeholder until first computed
+    }
+    tensor.storage = s;
+    Impl::Storage& st = m.storages[s];
+    bool op_seen = false;
+    for (TensorId u : st.tensors) op_seen = op_seen || m.tensors[u].op == op_id;
+    if (!op_seen) st.compute += cost;
+    st.tensors.push_back(t);
+    st.ext_refs += 1;
+    m.tensors.push_back(std::move(tensor));
+    m.op_outputs.push_back(t);
+  }
+  for (TensorId p : inputs) {
+    std::vector<TensorId>& children = m.tensors[p].children;
+    for (std::size_t i = 0; i < outputs.size(); ++i) children.push_back(m.op_outputs[op.out_begin + i]);
+  }
+  m.ops.push_back(op);
+  std::span<const TensorId> outs = m.Outputs(m.ops.back());
+  if (outs.empty()) {
+    // An op without outputs only advances the clock (its inputs still count as accessed).
+    for (TensorId p : m.Inputs(m.ops.back())) m.storages[m.tensors[p].storage].last_access = stats_.clock;
+    stats_.clock += cost;
+    stats_.model_compute += cost;
+    return outs;
+  }
+  m.stack.push_back({outs[0], false, 0, 0, 0, 0});  // a first execution, driven like a replay
+  if (absl::Status run = RunFrames(); !run.ok()) return run;
+  for (TensorId t : outs) m.storages[m.tensors[t].storage].last_access = stats_.clock;
+  return outs;
+}
+
+void Engine::Retain(TensorId t) {
+  impl_->tensors[t].ext_refs += 1;
+  impl_->storages[impl_->tensors[t].storage].ext_refs += 1;
+}
+
+void Engine::Release(TensorId t) {
+  Impl& m = *impl_;
+  StorageIndex s = m.tensors[t].storage;
+  Impl::Storage& st = m.storages[s];
+  m.tensors[t].ext_refs -= 1;
+  st.ext_refs -= 1;
+  if (st.ext_refs == 0 && st.material && !st.pinned && st.locks == 0) {
+    (void)Evict(s);
+    stats_.evictions -= 1;
+    stats_.release_evictions += 1;
+  } else if (st.ext_refs == 0 && st.material && st.pinned && options_.free_released_constants) {
+    st.material = false;
+    stats_.used_bytes -= st.size;
+    for (TensorId u : st.tensors) m.tensors[u].defined = false;
+  }
+}
+
+void Engine::Pin(TensorId t) {
+  Impl& m = *impl_;
+  StorageIndex s = m.tensors[t].storage;
+  if (m.storages[s].pinned) return;
+  m.Lock(s);
+  m.storages[s].pinned = true;
+}
+
+void Engine::SetAddress(StorageIndex s, std::uintptr_t address) {
+  impl_->storages[s].address = address;
+  impl_->storages[s].has_address = true;
+}
+
+absl::Status Engine::Evict(StorageIndex s) {
+  Impl& m = *impl_;
+  Impl::Storage& st = m.storages[s];
+  if (!st.material || st.locks != 0 || st.pinned) {
+    return absl::FailedPreconditionError(absl::StrCat("storage ", s, " is not evictable"));
+  }
+  st.material = false;
+  stats_.used_bytes -= st.size;
+  m.PoolRemove(s);
+  for (TensorId t : st.tensors) m.tensors[t].defined = false;
+  executor_->Evict(*this, s);
+  st.has_address = false;
+  ++stats_.evictions;
+  if (m.regions) {
+    for (StorageIndex ps : m.rev[s].frontier) m.Absorb(m.fwd[ps], s, false);
+    for (StorageIndex cs : m.fwd[s].frontier) m.Absorb(m.rev[cs], s, true);
+    m.fwd[s].Clear();
+    m.rev[s].Clear();
+  }
+  if (m.eq_classes) {
+    st.ecn = m.NewNode(st.compute);
+    m.NonMaterialNeighbours(s, m.neighbours);
+    for (StorageIndex n : m.neighbours) {
+      if (m.storages[n].ecn >= 0) m.Merge(m.storages[n].ecn, st.ecn);
+    }
+  }
+  return absl::OkStatus();
+}
+
+// Rematerialize pushes a replay of `target`; RunFrames runs the frames on the work stack until the one on top when
+// it was called is done. Each frame is one op to
+// execute: gather inputs (rematerializing undefined ones through child frames), make room, execute, unlock.
+absl::Status Engine::Rematerialize(TensorId target) {
+  Impl& m = *impl_;
+  if (m.tensors[target].defined) return absl::OkStatus();
+  m.stack.push_back({target, true, 0, 0, 0, 0});
+  return RunFrames();
+}
+
+absl::Status Engine::RunFrames() {
+  Impl& m = *impl_;
+  const std::size_t base = m.stack.size() - 1;
+  while (m.stack.size() > base) {
+    Impl::Frame& f = m.stack.back();
+    const Impl::Op& op = m.ops[m.tensors[f.t].op];
+    std::span<const TensorId> inputs = m.Inputs(op);
+    if (f.stage == 0) {
+      for (TensorId p : inputs) m.storages[m.tensors[p].storage].last_access = stats_.clock;
+      for (TensorId p : inputs) {
+        if (m.tensors[p].defined) m.Lock(m.tensors[p].storage);
+      }
+      f.list_begin = static_cast<std::uint32_t>(m.scratch.size());
+      for (TensorId p : inputs) {
+        if (!m.tensors[p].defined) m.scratch.push_back(p);
+      }
+      f.list_end = static_cast<std::uint32_t>(m.scratch.size());
+      f.next = f.list_begin;
+      f.stage = 1;
+    }
+    if (f.stage == 2) {  // a child frame just made scratch[next] defined
+      m.Lock(m.tensors[m.scratch[f.next]].storage);
+      ++f.next;
+      f.stage = 1;
+    }
+    if (f.stage == 1) {
+      bool pushed = false;
+      while (f.next < f.list_end) {
+        TensorId p = m.scratch[f.next];
+        if (!m.tensors[p].defined) {
+          f.stage = 2;
+          m.stack.push_back({p, true, 0, 0, 0, 0});  // invalidates f
+          pushed = true;
+          break;
+        }
+        m.Lock(m.tensors[p].storage);
+        ++f.next;
+      }
+      if (pushed) continue;
+    }
+    // All inputs resident and locked: make room and execute.
+    Impl::Frame frame = m.stack.back();
+    const TensorId t = frame.t;
+    const OpId op_id = m.tensors[t].op;
+    std::span<const TensorId> outs = m.Outputs(m.ops[op_id]);
+    const std::int64_t total = m.ops[op_id].total_size;
+    if (options_.mode == AccountingMode::kCounter) {
+      while (stats_.used_bytes + total > options_.budget) {
+        if (m.pool_size == 0) {
+          std::int64_t locked = 0;
+          for (const Impl::Storage& st : m.storages) {
+            if (st.material && st.locks > 0 && !st.pinned) locked += st.size;
+          }
+          return absl::ResourceExhaustedError(absl::StrFormat(
+              "out of memory running '%s': requested %d bytes, budget %d, in use %d (locked by the running ops %d, "
+              "constant %d), nothing left to evict",
+              m.names[m.ops[op_id].name], total, options_.budget, stats_.used_bytes, locked, m.constant_bytes));
+        }
+        std::int64_t start = NowNs();
+        m.candidates.clear();
+        for (std::uint32_t s = m.pool_head; s != kNone; s = m.storages[s].pool_next) m.candidates.push_back(s);
+        ChooseContext ctx{&m.rng, &stats_.heuristic_evaluations};
+        std::optional<std::size_t> pick = options_.policy->Choose(*this, m.candidates, options_.choose, ctx);
+        stats_.search_ns += NowNs() - start;
+        if (!pick) return absl::InternalError("policy chose nothing from a non-empty pool");
+        if (absl::Status s = Evict(static_cast<StorageIndex>(m.candidates[*pick])); !s.ok()) return s;
+      }
+    }
+    // Execute: the op's outputs are t and its siblings.
+    m.dup.clear();
+    m.remat_storages.clear();
+    for (TensorId u : outs) {
+      if (u != t && m.tensors[u].defined) m.dup.push_back(u);
+    }
+    for (TensorId u : outs) {
+      if (u != t && !m.storages[m.tensors[u].storage].material) m.remat_storages.push_back(m.tensors[u].storage);
+    }
+    if (!m.storages[m.tensors[t].storage].material) m.remat_storages.push_back(m.tensors[t].storage);
+    stats_.clock += m.ops[op_id].cost;
+    if (frame.remat) {
+      stats_.remat_compute += m.ops[op_id].cost;
+      ++stats_.rematerializations;
+    } else {
+      stats_.model_compute += m.ops[op_id].cost;
+    }
+    if (options_.mode == AccountingMode::kCounter) {
+      stats_.used_bytes += total;
+      stats_.peak_bytes = std::max(stats_.peak_bytes, stats_.used_bytes);
+    }
+    m.fresh.assign(m.remat_storages.begin(), m.remat_storages.end());
+    if (absl::Status s = executor_->Execute(*this, op_id, frame.remat, m.fresh); !s.ok()) return s;
+    if (options_.mode == AccountingMode::kArena) {
+      for (StorageIndex s : m.remat_storages) stats_.used_bytes += m.storages[s].size;
+      if (options_.arena != nullptr) {
+        stats_.peak_bytes =
+            std::max<std::int64_t>(stats_.peak_bytes, options_.arena->Stats().peak_allocated_bytes);
+      } else {
+        stats_.peak_bytes = std::max(stats_.peak_bytes, stats_.used_bytes);
+      }
+    }
+    m.storages[m.tensors[t].storage].material = true;
+    m.storages[m.tensors[t].storage].computed = true;
+    m.tensors[t].defined = true;
+    for (TensorId u : outs) {
+      if (u == t || m.tensors[u].defined) continue;
+      m.storages[m.tensors[u].storage].material = true;
+      m.storages[m.tensors[u].storage].computed = true;
+      m.tensors[u].defined = true;
+    }
+    if (!options_.replay_views) {
+      for (StorageIndex s : m.remat_storages) {
+        for (TensorId u : m.storages[s].tensors) m.tensors[u].defined = true;
+      }
+    }
+    if (options_.mode == AccountingMode::kCounter) {
+      for (TensorId u : m.dup) stats_.used_bytes -= m.tensors[u].size;
+    }
+    for (StorageIndex s : m.remat_storages) m.PoolAppend(s);
+    if (m.regions) {
+      m.affected.clear();
+      m.affected_rev.clear();
+      for (StorageIndex s : m.remat_storages) {
+        m.Rebuild(s, false);
+        m.Rebuild(s, true);
+        for (StorageIndex x : m.rev[s].frontier) m.affected.insert(x);
+        for (StorageIndex x : m.fwd[s].frontier) m.affected_rev.insert(x);
+      }
+      for (StorageIndex x : m.affected) m.Rebuild(x, false);
+      for (StorageIndex x : m.affected_rev) m.Rebuild(x, true);
+    }
+    if (m.eq_classes) {
+      for (StorageIndex s : m.remat_storages) {
+        Impl::Storage& st = m.storages[s];
+        if (st.ecn >= 0) m.eq[m.Find(st.ecn)].value -= st.compute;
+        st.ecn = -1;
+      }
+    }
+    for (TensorId p : m.Inputs(m.ops[op_id])) m.Unlock(m.tensors[p].storage);
+    m.scratch.resize(frame.list_begin);
+    m.stack.pop_back();
+    if (options_.remat_limit >= 0 && stats_.remat_compute > options_.remat_limit) {
+      return absl::AbortedError(absl::StrFormat("thrashing: replayed %d ns > limit %d ns", stats_.remat_compute,
+                                                options_.remat_limit));
+    }
+  }
+  return absl::OkStatus();
+}
+
+bool Engine::MakeRoom(Arena& arena, std::size_t bytes) {
+  Impl& m = *impl_;
+  if (!pressure_sampled_) {
+    pressure_sampled_ = true;
+    ArenaStats s = arena.Stats();
+    if (options_.budget > 0) {
+      stats_.fragmentation_sum += static_cast<double>(s.free_bytes) / static_cast<double>(options_.budget);
+      ++stats_.fragmentation_samples;
+    }
+  }
+  std::int64_t start = NowNs();
+  if (options_.policy->UsesWindows()) {
+    std::int64_t evaluations = 0;
+    std::optional<Window> window = arena.FindWindow(bytes, [&](const BlockInfo& block) -> std::optional<double> {
+      if (block.owner == kNoOwner) return std::nullopt;
+      ++evaluations;
+      return options_.policy->WindowCost(*this, block.owner - 1);
+    });
+    stats_.heuristic_evaluations += evaluations;
+    stats_.search_ns += NowNs() - start;
+    if (!window || window->owners.empty()) return false;
+    for (OwnerId o : window->owners) {
+      if (!Evict(static_cast<StorageIndex>(o - 1)).ok()) return false;
+    }
+    return true;
+  }
+  if (m.pool_size == 0) {
+    stats_.search_ns += NowNs() - start;
+    return false;
+  }
+  m.candidates.clear();
+  for (std::uint32_t s = m.pool_head; s != kNone; s = m.storages[s].pool_next) m.candidates.push_back(s);
+  ChooseContext ctx{&m.rng, &stats_.heuristic_evaluations};
+  std::optional<std::size_t> pick = options_.policy->Choose(*this, m.candidates, options_.choose, ctx);
+  stats_.search_ns += NowNs() - start;
+  if (!pick) return false;
+  return Evict(static_cast<StorageIndex>(m.candidates[*pick])).ok();
+}
+
+bool Engine::Defined(TensorId t) const { return impl_->tensors[t].defined; }
+StorageIndex Engine::StorageOf(TensorId t) const { return impl_->tensors[t].storage; }
+bool Engine::Resident(StorageIndex s) const { return impl_->storages[s].material; }
+std::int64_t Engine::StorageBytes(StorageIndex s) const { return impl_->storages[s].size; }
+std::uintptr_t Engine::StorageAddress(StorageIndex s) const { return impl_->storages[s].address; }
+std::int64_t Engine::ExternalRefs(TensorId t) const { return impl_->tensors[t].ext_refs; }
+OpId Engine::ProducerOf(TensorId t) const { return impl_->tensors[t].op; }
+std::span<const TensorId> Engine::OpInputs(OpId op) const { return impl_->Inputs(impl_->ops[op]); }
+std::span<const TensorId> Engine::OpOutputs(OpId op) const { return impl_->Outputs(impl_->ops[op]); }
+std::string_view Engine::OpName(OpId op) const { return impl_->names[impl_->ops[op].name]; }
+bool Engine::OpCostly(OpId op) const { return impl_->ops[op].costly; }
+std::int64_t Engine::OpCost(OpId op) const { return impl_->ops[op].cost; }
+std::size_t Engine::storage_count() const { return impl_->storages.size(); }
+std::size_t Engine::tensor_count() const { return impl_->tensors.size(); }
+
+std::vector<StorageIndex> Engine::PoolOrder() const {
+  std::vector<StorageIndex> out;
+  for (std::uint32_t s = impl_->pool_head; s != kNone; s = impl_->storages[s].pool_next) out.push_back(s);
+  return out;
+}
+
+// StorageView.
+std::int64_t Engine::Clock() const { return stats_.clock; }
+std::int64_t Engine::Bytes(StorageId s) const { return impl_->storages[s].size; }
+std::int64_t Engine::Compute(StorageId s) const { return impl_->storages[s].compute; }
+std::int64_t Engine::LastAccess(StorageId s) const { return impl_->storages[s].last_access; }
+bool Engine::Evictable(StorageId s) const { return s < impl_->storages.size() && impl_->storages[s].in_pool; }
+std::int64_t Engine::RegionCompute(StorageId s) const {
+  if (!impl_->regions) return 0;
+  return impl_->fwd[s].compute + impl_->rev[s].compute;
+}
+std::int64_t Engine::AncestorCompute(StorageId s) const { return impl_->regions ? impl_->rev[s].compute : 0; }
+std::int64_t Engine::EqClassCompute(StorageId s) const {
+  Impl& m = *impl_;
+  if (!m.eq_classes) return 0;
+  m.NonMaterialNeighbours(static_cast<StorageIndex>(s), m.neighbours);
+  m.roots.clear();
+  for (StorageIndex n : m.neighbours) {
+    if (m.storages[n].ecn >= 0) m.roots.push_back(m.Find(m.storages[n].ecn));
+  }
+  std::sort(m.roots.begin(), m.roots.end());
+  m.roots.erase(std::unique(m.roots.begin(), m.roots.end()), m.roots.end());
+  std::int64_t sum = 0;
+  for (std::int32_t r : m.roots) sum += m.eq[r].value;
+  return sum;
+}
+std::int64_t Engine::EvictedNeighbourCompute(StorageId s) const {
+  Impl& m = *impl_;
+  m.NonMaterialNeighbours(static_cast<StorageIndex>(s), m.neighbours);
+  std::int64_t sum = 0;
+  for (StorageIndex n : m.neighbours) {
+    if (m.storages[n].computed) sum += m.storages[n].compute;
+  }
+  return sum;
+}
+std::int64_t Engine::AdjacentFreeBytes(StorageId s) const {
+  const Impl::Storage& st = impl_->storages[s];
+  if (options_.arena == nullptr || !st.has_address) return 0;
+  return static_cast<std::int64_t>(options_.arena->AdjacentFreeBytes(st.address));
+}
+bool Engine::Costly(StorageId s) const {
+  const Impl::Storage& st = impl_->storages[s];
+  return !st.tensors.empty() && impl_->ops[impl_->tensors[st.tensors[0]].op].costly;
+}
+
+}  // namespace remat

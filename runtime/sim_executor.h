@@ -1,0 +1,25 @@
+// SimExecutor: the executor used by trace replay. Running an op costs nothing here (the engine advances the logical
+// clock by the op's recorded cost); in arena mode it places each fresh output in the arena (owner id = storage
+// index + 1, costly ops' outputs at the low end and others at the high end when partitioning is on) and frees the
+// block on eviction. In counter mode it does nothing at all.
+#pragma once
+
+#include "allocator/arena.h"
+#include "runtime/engine.h"
+#include "runtime/executor.h"
+
+namespace remat {
+
+class SimExecutor final : public Executor {
+ public:
+  // `arena` may be null (counter mode).
+  SimExecutor(Arena* arena, bool cheap_tensor_partitioning) : arena_(arena), partition_(cheap_tensor_partitioning) {}
+  absl::Status Execute(Engine& engine, OpId op, bool replay, std::span<const std::uint32_t> fresh) override;
+  void Evict(Engine& engine, std::uint32_t storage) override;
+
+ private:
+  Arena* arena_;
+  bool partition_;
+};
+
+}  // namespace remat
