@@ -1,0 +1,284 @@
+// CPU allocator: see cpu_allocator.h for the contract.
+//
+// Lifetime of an arena. A LiveArena is counted: one reference while it is installed, one per block handed to
+// torch and one per allocation in flight. Whoever drops the count to zero deletes it, so an uninstalled arena
+// lives exactly as long as its last tensor. The registry (active arena + address ranges of every live arena,
+// under one shared_mutex) lets the deleter, which only gets the data pointer, find the arena it belongs to; a
+// pointer in no arena's range came from the allocator we replaced (forwarded allocations use our deleter too, so
+// raw_deleter() is truthful) and goes back to that allocator's raw deleter.
+#include "integration/cpu_allocator.h"
+
+#include <c10/core/CPUAllocator.h>
+#include <c10/util/Exception.h>
+
+#include <algorithm>
+#include <atomic>
+#include <limits>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <shared_mutex>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "allocator/memory_provider.h"
+
+namespace remat::integration {
+namespace {
+
+struct LiveArena {
+  std::unique_ptr<Arena> arena;
+  std::size_t budget = 0;
+  std::uintptr_t low = 0;   // the reserved segment: [low, high)
+  std::uintptr_t high = 0;
+  std::atomic<std::int64_t> refs{1};  // the installation's reference
+  std::atomic<std::uint64_t> failed{0};
+};
+
+std::shared_mutex g_registry_mutex;
+LiveArena* g_active = nullptr;             // guarded by g_registry_mutex
+std::vector<LiveArena*> g_live;            // every arena not yet deleted; guarded by g_registry_mutex
+// The allocator we replaced and its raw deleter; set at install, kept after uninstall.
+std::atomic<c10::Allocator*> g_previous{nullptr};
+std::atomic<c10::DeleterFnPtr> g_previous_raw_deleter{nullptr};
+std::uint8_t g_priority = 0;
+std::optional<CpuArenaStats> g_last_stats;  // guarded by g_registry_mutex
+std::atomic<PressureHandler*> g_pressure_handler{nullptr};
+thread_local Placement t_placement = Placement::kLow;
+
+void Unref(LiveArena* live) {
+  if (live->refs.fetch_sub(1, std::memory_order_acq_rel) != 1) return;
+  {
+    std::unique_lock<std::shared_mutex> lock(g_registry_mutex);
+    g_live.erase(std::remove(g_live.begin(), g_live.end(), live), g_live.end());
+  }
+  delete live;  // releases the segment to the host provider
+}
+
+CpuArenaStats StatsOf(const LiveArena& live, bool installed) {
+  const ArenaStats s = live.arena->Stats();
+  CpuArenaStats out;
+  out.installed = installed;
+  out.budget = live.budget;
+  out.allocated_bytes = s.allocated_bytes;
+  out.peak_allocated_bytes = s.peak_allocated_bytes;
+  out.reserved_bytes = s.reserved_bytes;
+  out.free_bytes = s.free_bytes;
+  out.largest_free_block = s.largest_free_block;
+  out.allocations = s.allocations;
+  out.frees = s.frees;
+  out.pressure_allocations = s.pressure_allocations;
+  out.failed_allocations = live.failed.load(std::memory_order_relaxed);
+  out.search_ns = s.search_ns;
+  return out;
+}
+
+void Delete(void* pointer) {
+  if (pointer == nullptr) return;
+  const auto address = reinterpret_cast<std::uintptr_t>(pointer);
+  LiveArena* owner = nullptr;
+  {
+    std::shared_lock<std::shared_mutex> lock(g_registry_mutex);
+    for (LiveArena* live : g_live) {
+      if (address >= live->low && address < live->high) {
+        owner = live;  // alive: this block holds a reference
+        break;
+      }
+    }
+  }
+  if (owner == nullptr) {
+    const c10::DeleterFnPtr previous = g_previous_raw_deleter.load(std::memory_order_acquire);
+    TORCH_INTERNAL_ASSERT(previous != nullptr, "remat: freeing a pointer no CPU arena owns");
+    previous(pointer);
+    return;
+  }
+  const absl::Status status = owner->arena->Free(address);
+  TORCH_INTERNAL_ASSERT(status.ok(), "remat: CPU arena free failed: ", std::string(status.message()));
+  Unref(owner);
+}
+
+std::string OutOfMemoryMessage(LiveArena& live, std::size_t bytes, const absl::Status& status) {
+  live.failed.fetch_add(1, std::memory_order_relaxed);
+  const ArenaStats s = live.arena->Stats();
+  return absl::StrCat("remat: CPU memory budget exhausted: tried to allocate ", bytes, " bytes (",
+                      ((bytes + kCpuAlignment - 1) / kCpuAlignment) * kCpuAlignment, " aligned); budget ",
+                      live.budget, " bytes, allocated ", s.allocated_bytes, ", free ", s.free_bytes,
+                      ", largest free block ", s.largest_free_block,
+                      ". Raise the budget given to remat.enable(). (arena: ", status.message(), ")");
+}
+
+class ArenaCpuAllocator final : public c10::Allocator {
+ public:
+  c10::DataPtr allocate(std::size_t bytes) override {
+    const c10::Device cpu(c10::DeviceType::CPU);
+    LiveArena* live = nullptr;
+    {
+      std::shared_lock<std::shared_mutex> lock(g_registry_mutex);
+      live = g_active;
+      if (live != nullptr) live->refs.fetch_add(1, std::memory_order_relaxed);  // the block's reference
+    }
+    if (live == nullptr) return Forward(bytes);
+    if (bytes == 0) {
+      Unref(live);
+      return c10::DataPtr(nullptr, nullptr, &Delete, cpu);
+    }
+    absl::StatusOr<std::uintptr_t> address = live->arena->Allocate(bytes, kNoOwner, t_placement);
+    if (!address.ok()) {
+      const std::string message = OutOfMemoryMessage(*live, bytes, address.status());
+      Unref(live);
+      TORCH_CHECK_WITH(OutOfMemoryError, false, message);
+    }
+    void* pointer = reinterpret_cast<void*>(*address);
+    return c10::DataPtr(pointer, pointer, &Delete, cpu);
+  }
+
+  c10::DeleterFnPtr raw_deleter() const override { return &Delete; }
+
+  void copy_data(void* dest, const void* src, std::size_t count) const override {
+    default_copy_data(dest, src, count);
+  }
+
+ private:
+  // Not installed (any more): the allocator we replaced serves the request, under our deleter when it can.
+  static c10::DataPtr Forward(std::size_t bytes) {
+    c10::Allocator* previous = g_previous.load(std::memory_order_acquire);
+    if (previous == nullptr) previous = c10::GetDefaultCPUAllocator();
+    c10::DataPtr data = previous->allocate(bytes);
+    const c10::DeleterFnPtr previous_deleter = g_previous_raw_deleter.load(std::memory_order_acquire);
+    if (previous_deleter != nullptr && data.get() == data.get_context() && data.get_deleter() == previous_deleter) {
+      void* pointer = data.release_context();
+      return c10::DataPtr(pointer, pointer, &Delete, data.device());
+    }
+    return data;
+  }
+};
+
+ArenaCpuAllocator* TheAllocator() {
+  static auto* allocator = new ArenaCpuAllocator();  // never destroyed: StorageImpls point at it
+  return allocator;
+}
+
+// Sets the CPU allocator at the lowest priority c10 accepts, which is the installed allocator's own.
+absl::StatusOr<std::uint8_t> SetCpuAllocatorAtCurrentPriority(c10::Allocator* allocator) {
+  for (int priority = 0; priority <= std::numeric_limits<std::uint8_t>::max(); ++priority) {
+    c10::SetCPUAllocator(allocator, static_cast<std::uint8_t>(priority));
+    if (c10::GetCPUAllocator() == allocator) return static_cast<std::uint8_t>(priority);
+  }
+  return absl::FailedPreconditionError("remat: c10 refused to install the CPU allocator at any priority");
+}
+
+}  // namespace
+
+absl::Status InstallCpuArena(std::size_t budget) {
+  if (budget == 0) return absl::InvalidArgumentError("remat: the CPU budget must be > 0 bytes");
+  {
+    std::shared_lock<std::shared_mutex> lock(g_registry_mutex);
+    if (g_active != nullptr) {
+      return absl::AlreadyExistsError(
+          absl::StrCat("remat: a CPU arena of ", g_active->budget, " bytes is already installed"));
+    }
+  }
+  ArenaOptions options;
+  options.capacity = budget;
+  options.alignment = kCpuAlignment;
+  options.grow = false;
+  absl::StatusOr<std::unique_ptr<Arena>> arena = Arena::Create(MakeHostProvider(), options);
+  if (!arena.ok()) return arena.status();
+  auto live = std::make_unique<LiveArena>();
+  live->arena = std::move(*arena);
+  live->budget = budget;
+  live->low = std::numeric_limits<std::uintptr_t>::max();
+  live->arena->ForEachBlock([&](const BlockInfo& block) {
+    live->low = std::min(live->low, block.address);
+    live->high = std::max(live->high, block.address + block.size);
+  });
+  if (live->high <= live->low) return absl::InternalError("remat: the CPU arena reserved no segment");
+  live->arena->SetPressureHandler(g_pressure_handler.load(std::memory_order_acquire));
+
+  c10::Allocator* current = c10::GetCPUAllocator();
+  if (current != TheAllocator()) {
+    g_previous_raw_deleter.store(current->raw_deleter(), std::memory_order_release);
+    g_previous.store(current, std::memory_order_release);
+  }
+  // Publish the arena before c10 hands out our allocator, so no request is forwarded by mistake.
+  {
+    std::unique_lock<std::shared_mutex> lock(g_registry_mutex);
+    g_active = live.get();
+    g_live.push_back(live.get());
+  }
+  LiveArena* installed = live.release();
+  absl::StatusOr<std::uint8_t> priority = SetCpuAllocatorAtCurrentPriority(TheAllocator());
+  if (!priority.ok()) {
+    {
+      std::unique_lock<std::shared_mutex> lock(g_registry_mutex);
+      g_active = nullptr;
+    }
+    Unref(installed);
+    return priority.status();
+  }
+  g_priority = *priority;
+  return absl::OkStatus();
+}
+
+absl::Status UninstallCpuArena() {
+  LiveArena* live = nullptr;
+  {
+    std::unique_lock<std::shared_mutex> lock(g_registry_mutex);
+    live = g_active;
+    if (live == nullptr) return absl::FailedPreconditionError("remat: no CPU arena is installed");
+    g_active = nullptr;
+  }
+  c10::Allocator* previous = g_previous.load(std::memory_order_acquire);
+  if (c10::GetCPUAllocator() == TheAllocator() && previous != nullptr) c10::SetCPUAllocator(previous, g_priority);
+  CpuArenaStats last = StatsOf(*live, /*installed=*/false);
+  {
+    std::unique_lock<std::shared_mutex> lock(g_registry_mutex);
+    g_last_stats = last;
+  }
+  live->arena->SetPressureHandler(nullptr);  // the runtime may go away; the arena only frees from now on
+  Unref(live);  // the installation's reference; deleted now if no tensor uses it
+  return absl::OkStatus();
+}
+
+bool CpuArenaInstalled() {
+  std::shared_lock<std::shared_mutex> lock(g_registry_mutex);
+  return g_active != nullptr;
+}
+
+absl::StatusOr<CpuArenaStats> GetCpuArenaStats() {
+  std::shared_lock<std::shared_mutex> lock(g_registry_mutex);
+  if (g_active != nullptr) return StatsOf(*g_active, /*installed=*/true);
+  if (g_last_stats.has_value()) return *g_last_stats;
+  return absl::NotFoundError("remat: no CPU arena has been installed");
+}
+
+absl::Status ResetCpuArenaPeak() {
+  std::shared_lock<std::shared_mutex> lock(g_registry_mutex);
+  if (g_active == nullptr) return absl::FailedPreconditionError("remat: no CPU arena is installed");
+  g_active->arena->ResetPeak();
+  return absl::OkStatus();
+}
+
+void SetCpuPressureHandler(PressureHandler* handler) {
+  g_pressure_handler.store(handler, std::memory_order_release);
+  std::shared_lock<std::shared_mutex> lock(g_registry_mutex);
+  if (g_active != nullptr) g_active->arena->SetPressureHandler(handler);
+}
+
+void SetCpuPlacementForThisThread(Placement placement) { t_placement = placement; }
+
+Arena* InstalledCpuArena() {
+  std::shared_lock<std::shared_mutex> lock(g_registry_mutex);
+  return g_active != nullptr ? g_active->arena.get() : nullptr;
+}
+
+std::size_t LiveCpuArenaCount() {
+  std::shared_lock<std::shared_mutex> lock(g_registry_mutex);
+  return g_live.size();
+}
+
+c10::Allocator* RematCpuAllocator() { return TheAllocator(); }
+
+}  // namespace remat::integration

@@ -1,0 +1,84 @@
+// CPU allocator: torch's CPU allocator over a remat::Arena of host memory, with the budget as a hard limit
+// (DESIGN.md, "PyTorch integration": CPU).
+//
+// InstallCpuArena(budget) reserves one segment of `budget` bytes from the host provider (mmap'ed with
+// MAP_NORESERVE, so untouched pages cost nothing), and makes it c10's CPU allocator. Every block is 64-byte
+// aligned; a DataPtr's context is its data pointer, so torch's raw_allocate/raw_deleter work. A request that
+// does not fit calls the arena's pressure handler (the runtime, once it plugs in); if that cannot make room the
+// allocation throws c10::OutOfMemoryError (torch.OutOfMemoryError in Python) naming the request, the budget, what
+// is allocated, the free bytes and the largest hole.
+//
+// UninstallCpuArena gives c10 back the allocator that was installed before. Memory keeps being freed by the
+// deleter of whoever allocated it: tensors made before the install go back to torch's allocator, tensors made
+// under the arena go back to the arena, which therefore lives on, retired, until its last block is freed.
+// The c10::Allocator object itself is never destroyed (StorageImpls keep a pointer to it for resize); once
+// uninstalled it forwards new requests to the previous allocator.
+//
+// c10's SetAllocator ignores a request whose priority is below the installed one's. We install at exactly the
+// current priority (found by trying 0, 1, ... until the set takes effect) and uninstall at the same one, so c10's
+// priority state is unchanged after an install/uninstall pair.
+//
+// Thread safety: allocation and deallocation are safe from any thread (autograd's engine frees on its own).
+// Install, uninstall and the setters must not race with each other (c10's SetAllocator is not thread safe
+// either); the Python layer serializes them.
+#pragma once
+
+#include <c10/core/Allocator.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "allocator/arena.h"
+
+namespace remat::integration {
+
+inline constexpr std::size_t kCpuAlignment = 64;
+
+struct CpuArenaStats {
+  bool installed = false;              // false: these are the numbers of the last arena, when it was uninstalled
+  std::size_t budget = 0;              // the arena's capacity: the hard limit
+  std::size_t allocated_bytes = 0;     // bytes in allocated blocks (64-byte multiples)
+  std::size_t peak_allocated_bytes = 0;
+  std::size_t reserved_bytes = 0;      // bytes reserved from the host provider
+  std::size_t free_bytes = 0;
+  std::size_t largest_free_block = 0;
+  std::uint64_t allocations = 0;
+  std::uint64_t frees = 0;
+  std::uint64_t pressure_allocations = 0;  // allocations that needed the pressure handler
+  std::uint64_t failed_allocations = 0;    // allocations that raised OutOfMemoryError
+  std::uint64_t search_ns = 0;
+};
+
+// AlreadyExists when an arena is installed; InvalidArgument for a zero budget; the provider's error when the
+// segment cannot be reserved; FailedPrecondition when c10 refuses the allocator.
+absl::Status InstallCpuArena(std::size_t budget);
+// FailedPrecondition when no arena is installed.
+absl::Status UninstallCpuArena();
+bool CpuArenaInstalled();
+
+// Stats of the installed arena, else the last ones recorded at uninstall (installed == false), else NotFound.
+absl::StatusOr<CpuArenaStats> GetCpuArenaStats();
+// Restarts the installed arena's peak at the current allocation. FailedPrecondition when none is installed.
+absl::Status ResetCpuArenaPeak();
+
+// The hook through which the runtime makes room: given to the installed arena (and to every arena installed
+// later) until replaced. nullptr: allocations that do not fit fail at once. Not owned.
+void SetCpuPressureHandler(PressureHandler* handler);
+
+// Which end of a free block this thread's next CPU allocations take (Coop's cheap-tensor partitioning: the
+// runtime sets kLow around costly ops). Default kLow.
+void SetCpuPlacementForThisThread(Placement placement);
+
+// The installed arena, for the runtime (SetOwner, FindWindow, Free of evicted blocks); nullptr when none.
+// Valid until UninstallCpuArena.
+Arena* InstalledCpuArena();
+
+// Arenas not yet deleted: the installed one and retired ones that still hold tensors.
+std::size_t LiveCpuArenaCount();
+
+// The c10::Allocator remat installs (static lifetime). Exposed for tests and for the runtime's own buffers.
+c10::Allocator* RematCpuAllocator();
+
+}  // namespace remat::integration
