@@ -187,6 +187,7 @@ struct Arena::State {
   std::uint64_t frees = 0;
   std::uint64_t pressure_allocations = 0;
   mutable std::uint64_t search_ticks = 0;
+  absl::Status grow_error;  // why the last attempt to grow failed, for the exhaustion message
 
   ~State() {
     for (auto& s : segments) provider->Release(s->segment);
@@ -209,9 +210,10 @@ struct Arena::State {
     const std::size_t usable = seg->size & ~(options.alignment - 1);
     if (seg->base % options.alignment != 0 || usable < bytes) {
       provider->Release(*seg);
-      return absl::InternalError(absl::StrCat("remat arena: provider ", std::string(provider->Name()), " returned segment at ",
-                                              seg->base, " of ", seg->size, " bytes for a request of ", bytes,
-                                              " bytes aligned to ", options.alignment));
+      return absl::InternalError(absl::StrCat("remat arena: provider ", std::string(provider->Name()),
+                                              " returned a segment at ", seg->base, " of ", seg->size,
+                                              " bytes for a request of ", bytes, " bytes aligned to ",
+                                              options.alignment));
     }
     auto rec = std::make_unique<SegmentRec>();
     rec->segment = *seg;
@@ -283,33 +285,40 @@ struct Arena::State {
   Node* PlaceOrGrow(std::size_t aligned, OwnerId owner, Placement placement) {
     if (Node* b = Place(aligned, owner, placement)) return b;
     if (!options.grow) return nullptr;
+    grow_error = absl::ResourceExhaustedError(absl::StrCat("the growth limit of ", options.growth_limit,
+                                                           " bytes is reached"));
     std::size_t want = std::max({aligned, options.capacity, kMinGrowth});
     want = (want + options.alignment - 1) & ~(options.alignment - 1);
     if (options.growth_limit != 0) {
       if (reserved >= options.growth_limit || options.growth_limit - reserved < aligned) return nullptr;
       want = std::max(aligned, std::min(want, (options.growth_limit - reserved) & ~(options.alignment - 1)));
     }
-    if (!AddSegment(want).ok()) return nullptr;
+    grow_error = AddSegment(want);
+    if (!grow_error.ok()) return nullptr;
     return Place(aligned, owner, placement);
   }
 
-  std::size_t LargestFree() const  {
+  std::size_t LargestFree() const {
     return free_index.empty() ? 0 : std::prev(free_index.end())->size;
   }
 
-  absl::Status Exhausted(std::size_t bytes, std::size_t aligned, std::string_view why) const  {
-    return absl::ResourceExhaustedError(absl::StrCat(
+  absl::Status Exhausted(std::size_t bytes, std::size_t aligned, std::string_view why) const {
+    std::string message = absl::StrCat(
         "remat arena: cannot place ", bytes, " bytes (", aligned, " aligned): ", reserved - allocated,
         " bytes free in ", free_index.size(), " free blocks, largest free block ", LargestFree(), " bytes; ",
-        allocated, " of ", reserved, " reserved bytes allocated; ", std::string(why)));
+        allocated, " of ", reserved, " reserved bytes allocated; ", std::string(why));
+    if (options.grow && !grow_error.ok()) {
+      absl::StrAppend(&message, "; cannot grow: ", std::string(grow_error.message()));
+    }
+    return absl::ResourceExhaustedError(message);
   }
 
-  Node* FindLive(std::uintptr_t address) const  {
+  Node* FindLive(std::uintptr_t address) const {
     auto it = live.find(address);
     return it == live.end() ? nullptr : it->second;
   }
 
-  const SegmentRec* SegmentOf(std::uintptr_t address) const  {
+  const SegmentRec* SegmentOf(std::uintptr_t address) const {
     auto pos = std::upper_bound(segments.begin(), segments.end(), address,
                                 [](std::uintptr_t a, const std::unique_ptr<SegmentRec>& s) {
                                   return a < s->segment.base;

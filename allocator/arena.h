@@ -112,10 +112,11 @@ class Arena {
   // evictable) that no window may contain.
   using BlockCost = absl::FunctionRef<std::optional<double>(const BlockInfo&)>;
   // The contiguous run of free and non-barrier blocks, inside one segment, with total size >= `bytes` (aligned)
-  // and the smallest summed cost (free blocks cost 0). Ties go to the run that ends at the lowest address, and
-  // the run is as short as possible (it starts at the highest block that still leaves it >= `bytes`). Costs
-  // must be >= 0 for the search to be exact: negative costs count as 0, NaN and infinity as barriers. nullopt when no run
-  // holds the request. One two-pointer pass, O(blocks); `cost` is called once per allocated block at most.
+  // and the smallest summed cost (free blocks cost 0; sums are taken in address order). Ties go to the run that
+  // ends at the lowest address, and the run is as short as possible (it starts at the highest block that still
+  // leaves it >= `bytes`). Costs should be >= 0: negative costs count as 0, NaN and infinity as barriers. nullopt
+  // when no run holds the request. One two-pointer pass, O(blocks); `cost` is called at most once per allocated
+  // block.
   std::optional<Window> FindWindow(std::size_t bytes, BlockCost cost) const;
   // Free bytes immediately below and above the allocated block at `address` (the DTE heuristic's size term);
   // 0 when `address` is not the start of an allocated block.

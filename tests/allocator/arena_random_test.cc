@@ -55,8 +55,9 @@ std::optional<Window> BruteForceWindow(const std::vector<BlockInfo>& blocks, std
       size += blocks[j].size;
       if (size < aligned) continue;
       const std::uintptr_t end = blocks[j].address + blocks[j].size;
-      const bool better = !best.has_value() || sum < best->cost ||
-                          (sum == best->cost && (end < best_end || (end == best_end && blocks[i].address > best->address)));
+      const bool better =
+          !best.has_value() || sum < best->cost ||
+          (sum == best->cost && (end < best_end || (end == best_end && blocks[i].address > best->address)));
       if (better) {
         Window w;
         w.address = blocks[i].address;
@@ -244,7 +245,9 @@ TEST_P(ArenaRandomTest, MatchesTheReferenceModel) {
 
     if (op % 16 == 0) {
       const int mode = (op / 16) % 4;
-      RandomCosts costs(rng, mode == 0 ? RandomCosts::kFractional : mode == 1 ? RandomCosts::kWide : RandomCosts::kInteger);
+      RandomCosts costs(rng, mode == 0   ? RandomCosts::kFractional
+                             : mode == 1 ? RandomCosts::kWide
+                                         : RandomCosts::kInteger);
       const std::size_t want_units =
           1 + std::uniform_int_distribution<std::size_t>(0, cfg.units / 2)(rng) *
                   std::uniform_int_distribution<std::size_t>(0, 1)(rng);

@@ -293,7 +293,9 @@ TEST(ArenaTest, GrowReservesSegmentsUpToTheLimit) {
   ASSERT_TRUE(b.ok()) << b.status();
   EXPECT_EQ(arena->Stats().reserved_bytes, std::size_t{5} << 20);  // the 2 MiB minimum, clamped to the limit
   EXPECT_TRUE(arena->Allocate(std::size_t{1} << 20, 3).ok());
-  EXPECT_FALSE(arena->Allocate(std::size_t{1} << 20, 4).ok());
+  auto full = arena->Allocate(std::size_t{1} << 20, 4);
+  ASSERT_EQ(full.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(std::string(full.status().message()), HasSubstr("growth limit of 5242880 bytes"));
   ASSERT_TRUE(arena->Free(*a).ok());
   ASSERT_TRUE(arena->Free(*b).ok());
   EXPECT_EQ(arena->Stats().free_blocks, 2u);
