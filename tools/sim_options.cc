@@ -246,6 +246,12 @@ absl::StatusOr<SimOptions> ParseSimOptions(const std::vector<std::string>& args,
     return absl::InvalidArgumentError("--ratios and --budgets exclude each other; give one of them");
   }
   if (options.traces.empty()) return absl::InvalidArgumentError("no trace file given");
+  for (std::size_t i = 0; i < options.traces.size(); ++i) {
+    if (std::find(options.traces.begin(), options.traces.begin() + i, options.traces[i]) !=
+        options.traces.begin() + i) {
+      return absl::InvalidArgumentError(absl::StrCat("trace '", options.traces[i], "' is given twice"));
+    }
+  }
   if (!have_ratios && !have_budgets) options.ratios = DefaultRatios();
   if (!have_policies) options.policies = {vocabulary.default_policy};
   return options;

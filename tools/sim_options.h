@@ -16,8 +16,8 @@
 //     this parser never goes stale; the default policy is the vocabulary's `default_policy`.
 //   - --out must end in .csv or .json, --plot in .png. --jobs is a positive integer (0 or absent: one per core).
 //   - --overhead-limit is a finite number; <= 0 disables the thrash check.
-//   - At least one trace is required unless --help is given. Existence of the trace files is not checked here
-//     (see the tool's main), so parsing stays a pure function.
+//   - At least one trace is required unless --help is given, and no trace path may be given twice. Existence of
+//     the trace files is not checked here (see the tool's main), so parsing stays a pure function.
 //   - Every error is InvalidArgument whose message names the offending argument and what is accepted; the tool
 //     prints it with the usage line and exits with status 2.
 #pragma once

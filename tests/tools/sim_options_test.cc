@@ -156,6 +156,10 @@ TEST(SimOptionsTest, OtherValues) {
   EXPECT_THAT(Error({"a.log", "--seed", "-3"}), HasSubstr("--seed"));
 }
 
+TEST(SimOptionsTest, TraceGivenTwice) {
+  EXPECT_THAT(Error({"a.log", "b.log", "a.log"}), HasSubstr("'a.log' is given twice"));
+}
+
 TEST(SimOptionsTest, NoTrace) { EXPECT_THAT(Error({"--ratios", "0.5"}), HasSubstr("no trace file given")); }
 
 TEST(SimOptionsTest, UsageListsPoliciesModesAndFlags) {
