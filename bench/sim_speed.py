@@ -6,7 +6,8 @@ is simulated in counter mode with the thrash limit 2.0. The script prints
 
   - our total wall time (the remat-sim processes, start to exit: trace parsing and baselines included), once
     single-threaded (--jobs 1, comparable with simrd's single-threaded runs) and once with one thread per core;
-  - simrd's total (the sum of the simrd_wall_s column) and the speed-up ratios (target >= 100x);
+  - simrd's total (the sum of the simrd_wall_s column) and the speed-up ratios (target >= 100x), the CPU time
+    of the remat-sim processes (less sensitive to other load on the machine), and a per-policy breakdown;
   - parity: how many rows give the reference result (pass/oom/thrash) and, of the rows that pass, how many have an
     overhead within 1% of the reference; RandomStorage rows are listed apart (one unseeded trial in simrd, not a
     parity target); every row that misses is printed.
@@ -19,6 +20,7 @@ import collections
 import csv
 import itertools
 import os
+import resource
 import subprocess
 import sys
 import tempfile
@@ -88,9 +90,10 @@ def plan_invocations(reference):
 
 
 def run_all(remat_sim, trace_dir, invocations, jobs, out_dir, tag):
-    """Runs every invocation; returns (wall seconds, {(log, policy, ratio_key): our row})."""
+    """Runs every invocation; returns (wall seconds, CPU seconds, {(log, policy, ratio_key): our row})."""
     ours = {}
     wall = 0.0
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     for index, (log, policies, ratios) in enumerate(invocations):
         out = os.path.join(out_dir, f"{tag}-{index}.csv")
         command = [remat_sim, os.path.join(trace_dir, log), "--mode", "counter", "--overhead-limit", "2.0",
@@ -105,7 +108,9 @@ def run_all(remat_sim, trace_dir, invocations, jobs, out_dir, tag):
         with open(out, newline="") as f:
             for row in csv.DictReader(f):
                 ours[(row["trace"], row["policy"], ratio_key(row["ratio"]))] = row
-    return wall, ours
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return wall, cpu, ours
 
 
 def main(argv):
@@ -133,8 +138,8 @@ def main(argv):
     load = os.getloadavg()
 
     with tempfile.TemporaryDirectory(prefix="sim_speed-") as tmp:
-        serial_wall, ours = run_all(args.remat_sim, trace_dir, invocations, 1, tmp, "serial")
-        parallel_wall, ours_parallel = run_all(args.remat_sim, trace_dir, invocations, 0, tmp, "parallel")
+        serial_wall, serial_cpu, ours = run_all(args.remat_sim, trace_dir, invocations, 1, tmp, "serial")
+        parallel_wall, parallel_cpu, ours_parallel = run_all(args.remat_sim, trace_dir, invocations, 0, tmp, "parallel")
 
     # Both runs must agree row for row (runs are deterministic and independent of the thread count).
     disagree = [k for k in ours if ours[k]["result"] != ours_parallel.get(k, {}).get("result")
@@ -186,6 +191,7 @@ def main(argv):
     print(f"remat-sim total wall, --jobs {cores} (one per core): {parallel_wall:9.3f} s   "
           f"speed-up {simrd_total / parallel_wall:8.1f}x")
     print(f"  (of which simulation proper, summed per-row wall_time_ns: {simulated_ns / 1e9:.3f} s)")
+    print(f"remat-sim CPU time (user+sys), --jobs 1: {serial_cpu:.3f} s; --jobs {cores}: {parallel_cpu:.3f} s")
     print(f"speed target >= {SPEED_TARGET:.0f}x: {'met' if simrd_total / serial_wall >= SPEED_TARGET else 'MISSED'} "
           f"single-threaded")
     print(f"  (load average when starting: {load[0]:.2f}; other processes on this machine slow both runs)")
