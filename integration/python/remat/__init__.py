@@ -1,0 +1,198 @@
+"""remat: train PyTorch models inside a memory budget.
+
+This package loads ``libremat_torch.so`` (the C++ integration) with ``torch.ops.load_library`` and wraps the
+``torch.ops.remat`` ops it registers.
+
+    import remat
+    with remat.enable(budget="512MiB"):   # or remat.enable(...) ... remat.disable()
+        loss = model(x).sum(); loss.backward(); opt.step()
+    print(remat.stats())
+
+While enabled, every CPU tensor is allocated from one arena of ``budget`` bytes, a hard limit: an allocation
+that does not fit raises ``torch.OutOfMemoryError`` naming the request. The dispatch hook records the ops run on
+the enabling thread (and the backward passes it starts). Eviction and rematerialization are not wired in yet
+(the engine plugs in behind the hook and the allocator), so a budget below what the model needs fails instead
+of recomputing.
+
+Finding the library, in order: the ``REMAT_LIBRARY`` environment variable (a path to the .so); a
+``libremat_torch.so`` next to this file; ``$REMAT_BUILD_DIR/integration/``; ``<repo>/build/integration/``.
+The library only works with the torch minor version it was compiled against; importing it with another one
+raises ImportError.
+
+Environment: ``REMAT_BUDGET`` (bytes, or a size such as ``6GiB``) enables remat on the importing thread when
+the package is imported.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import Dict, Optional, Union
+
+import torch
+
+__all__ = ["enable", "disable", "is_enabled", "stats", "reset_peak", "parse_size", "library_path"]
+
+_LIBRARY_NAME = "libremat_torch.so"
+
+
+def _candidate_paths() -> list:
+    here = Path(__file__).resolve().parent
+    candidates = [here / _LIBRARY_NAME]
+    build_dir = os.environ.get("REMAT_BUILD_DIR")
+    if build_dir:
+        candidates.append(Path(build_dir) / "integration" / _LIBRARY_NAME)
+    # integration/python/remat/__init__.py -> the repository root is three levels up.
+    candidates.append(here.parents[2] / "build" / "integration" / _LIBRARY_NAME)
+    return candidates
+
+
+def _find_library() -> Path:
+    explicit = os.environ.get("REMAT_LIBRARY")
+    if explicit:
+        path = Path(explicit)
+        if not path.is_file():
+            raise ImportError(f"remat: REMAT_LIBRARY={explicit!r} does not name a file")
+        return path
+    candidates = _candidate_paths()
+    for path in candidates:
+        if path.is_file():
+            return path
+    searched = "\n  ".join(str(p) for p in candidates)
+    raise ImportError(
+        f"remat: cannot find {_LIBRARY_NAME}. Build it (make build) or set REMAT_LIBRARY to its path. "
+        f"Searched:\n  {searched}"
+    )
+
+
+def _torch_minor(version: str) -> str:
+    match = re.match(r"^(\d+)\.(\d+)", version)
+    if not match:
+        raise ImportError(f"remat: cannot parse the torch version {version!r}")
+    return f"{match.group(1)}.{match.group(2)}"
+
+
+def _check_torch_version(compiled: str, running: str) -> None:
+    """Raises ImportError unless the library's torch (major.minor) is the running one."""
+    if _torch_minor(compiled) != _torch_minor(running):
+        raise ImportError(
+            f"remat: {_LIBRARY_NAME} was built against torch {compiled}, but torch {running} is running. "
+            "The library is tied to the torch minor version it was compiled against: rebuild remat with this torch."
+        )
+
+
+def _load() -> Path:
+    path = _find_library()
+    try:
+        torch.ops.load_library(str(path))
+    except (OSError, RuntimeError) as error:
+        raise ImportError(
+            f"remat: cannot load {path}: {error}\n"
+            f"If it was built against another torch version (this is torch {torch.__version__}), rebuild remat."
+        ) from error
+    _check_torch_version(torch.ops.remat.torch_version(), torch.__version__)
+    return path
+
+
+_library_path = _load()
+
+
+def library_path() -> Path:
+    """The libremat_torch.so this package loaded."""
+    return _library_path
+
+
+_UNITS = {
+    "": 1, "b": 1,
+    "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+    "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40,
+}
+
+
+def parse_size(size: Union[int, str]) -> int:
+    """Bytes from an int or a string such as "1536", "512MiB", "1.5GB". Raises ValueError otherwise."""
+    if isinstance(size, bool) or not isinstance(size, (int, str)):
+        raise ValueError(
+            f"remat: a budget is an int (bytes) or a string such as '512MiB', got {size!r}; "
+            "fractions of device memory are not supported on CPU yet"
+        )
+    if isinstance(size, int):
+        value = size
+    else:
+        match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([A-Za-z]*)\s*", size)
+        if not match or match.group(2).lower() not in _UNITS:
+            raise ValueError(
+                f"remat: cannot parse the size {size!r}; use bytes or a number with one of the units "
+                "B, KB, MB, GB, TB, KiB, MiB, GiB, TiB"
+            )
+        value = int(float(match.group(1)) * _UNITS[match.group(2).lower()])
+    if value <= 0:
+        raise ValueError(f"remat: a budget must be > 0 bytes, got {size!r}")
+    return value
+
+
+class _Enabled:
+    """What enable() returns: remat is already on; as a context manager, leaving the block disables it."""
+
+    def __init__(self, budget: int):
+        self.budget = budget
+
+    def __enter__(self) -> "_Enabled":
+        return self
+
+    def __exit__(self, *exc_info) -> bool:
+        if is_enabled():
+            disable()
+        return False
+
+    def __repr__(self) -> str:
+        return f"remat.enable(budget={self.budget})"
+
+
+def enable(budget: Union[int, str]) -> _Enabled:
+    """Switches remat on: CPU tensors come from an arena of `budget` bytes (a hard limit; exceeding it raises
+    torch.OutOfMemoryError), and the ops of this thread are tracked. Usable as a context manager. Raises
+    RuntimeError if remat is already enabled."""
+    nbytes = parse_size(budget)
+    torch.ops.remat.enable(nbytes)
+    return _Enabled(nbytes)
+
+
+def disable() -> None:
+    """Switches remat off and gives torch back its CPU allocator. Tensors allocated while enabled keep working.
+    Raises RuntimeError if remat is not enabled."""
+    torch.ops.remat.disable()
+
+
+def is_enabled() -> bool:
+    return bool(torch.ops.remat.is_enabled())
+
+
+def stats() -> Dict[str, int]:
+    """Numbers of the current arena (or of the last one, after disable()) and of the op tracking:
+    enabled, budget, allocated_bytes, peak_allocated_bytes, reserved_bytes, free_bytes, largest_free_block,
+    allocations, frees, pressure_allocations, failed_allocations, search_ns, ops_recorded, random_ops_recorded,
+    op_time_ns. The arena's keys are absent before the first enable()."""
+    return dict(torch.ops.remat.stats())
+
+
+def reset_peak() -> None:
+    """Restarts peak_allocated_bytes at the current allocation. Raises RuntimeError if remat is not enabled."""
+    torch.ops.remat.reset_peak()
+
+
+def _enable_from_environment() -> Optional[_Enabled]:
+    if os.environ.get("REMAT_POLICY"):
+        raise ImportError("remat: REMAT_POLICY is set, but this build has no eviction policies yet")
+    budget = os.environ.get("REMAT_BUDGET")
+    if not budget:
+        return None
+    try:
+        nbytes = parse_size(budget)
+    except ValueError as error:
+        raise ImportError(f"remat: REMAT_BUDGET={budget!r}: {error}") from error
+    return enable(nbytes)
+
+
+_enable_from_environment()

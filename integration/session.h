@@ -1,0 +1,53 @@
+// Session: remat switched on for a process, the C++ API behind the Python package and the torch ops.
+//
+// EnableRemat installs the CPU arena with the budget as a hard limit (process-wide: every CPU tensor allocated
+// from then on, on any thread, comes from it) and switches the dispatch hook on for the calling thread, with an
+// observer attached. Until the runtime plugs in, the observer only tracks: it counts the ops it sees (forward
+// ops of this thread, and backward ops of backward passes started from it) and their time; nothing is evicted,
+// so a budget too small for the model raises c10::OutOfMemoryError.
+//
+// DisableRemat switches the hook off on the calling thread, detaches the observer and gives torch back its CPU
+// allocator; tensors allocated under the arena keep working and free into it (see cpu_allocator.h).
+//
+// RematGuard is the RAII form for LibTorch programs. Enable/Disable are serialized by a mutex; enabling twice is
+// an error (AlreadyExists), so a guard never silently changes an outer budget.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "absl/status/status.h"
+#include "integration/cpu_allocator.h"
+
+namespace remat::integration {
+
+struct RematOptions {
+  std::size_t budget = 0;  // bytes; > 0
+};
+
+absl::Status EnableRemat(const RematOptions& options);
+absl::Status DisableRemat();
+bool RematEnabled();
+
+struct RematStats {
+  bool enabled = false;
+  bool has_arena = false;  // false before the first EnableRemat
+  CpuArenaStats arena;     // of the current arena, else of the last one
+  // Since the last EnableRemat: outermost ops the hook recorded, those that were random, their summed time.
+  std::uint64_t ops_recorded = 0;
+  std::uint64_t random_ops_recorded = 0;
+  std::uint64_t op_time_ns = 0;
+};
+
+RematStats GetRematStats();
+
+// Enables remat for its lifetime; throws c10::Error when EnableRemat fails.
+class RematGuard {
+ public:
+  explicit RematGuard(const RematOptions& options);
+  ~RematGuard();
+  RematGuard(const RematGuard&) = delete;
+  RematGuard& operator=(const RematGuard&) = delete;
+};
+
+}  // namespace remat::integration

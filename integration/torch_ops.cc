@@ -1,0 +1,78 @@
+// The torch ops the Python package calls (torch.ops.remat.*). Registered when torch.ops.load_library loads
+// libremat_torch.so. Errors surface as Python exceptions: RuntimeError for misuse, torch.OutOfMemoryError from
+// allocations. Thin wrappers over session.h; no logic here.
+#include <ATen/core/Dict.h>
+#include <c10/util/Exception.h>
+#include <torch/headeronly/version.h>
+#include <torch/library.h>
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "integration/cpu_allocator.h"
+#include "integration/dispatch_hook.h"
+#include "integration/session.h"
+
+namespace remat::integration {
+namespace {
+
+void ThrowIfError(const absl::Status& status) { TORCH_CHECK(status.ok(), std::string(status.message())); }
+
+void Enable(int64_t budget) {
+  TORCH_CHECK(budget > 0, "remat: budget must be a positive number of bytes, got ", budget);
+  ThrowIfError(EnableRemat(RematOptions{static_cast<std::size_t>(budget)}));
+}
+
+void Disable() { ThrowIfError(DisableRemat()); }
+
+bool IsEnabled() { return RematEnabled(); }
+
+c10::Dict<std::string, int64_t> Stats() {
+  const RematStats s = GetRematStats();
+  c10::Dict<std::string, int64_t> out;
+  auto put = [&](const char* name, auto value) { out.insert(name, static_cast<int64_t>(value)); };
+  put("enabled", s.enabled);
+  if (s.has_arena) {
+    put("budget", s.arena.budget);
+    put("allocated_bytes", s.arena.allocated_bytes);
+    put("peak_allocated_bytes", s.arena.peak_allocated_bytes);
+    put("reserved_bytes", s.arena.reserved_bytes);
+    put("free_bytes", s.arena.free_bytes);
+    put("largest_free_block", s.arena.largest_free_block);
+    put("allocations", s.arena.allocations);
+    put("frees", s.arena.frees);
+    put("pressure_allocations", s.arena.pressure_allocations);
+    put("failed_allocations", s.arena.failed_allocations);
+    put("search_ns", s.arena.search_ns);
+  }
+  put("ops_recorded", s.ops_recorded);
+  put("random_ops_recorded", s.random_ops_recorded);
+  put("op_time_ns", s.op_time_ns);
+  return out;
+}
+
+void ResetPeak() { ThrowIfError(ResetCpuArenaPeak()); }
+
+std::string TorchVersion() { return absl::StrCat(TORCH_VERSION_MAJOR, ".", TORCH_VERSION_MINOR); }
+
+std::string HookKeyName() {
+  absl::StatusOr<c10::DispatchKey> key = InstallHook();
+  ThrowIfError(key.status());
+  return c10::toString(*key);
+}
+
+}  // namespace
+}  // namespace remat::integration
+
+TORCH_LIBRARY(remat, m) {
+  using namespace remat::integration;
+  m.def("enable(int budget) -> ()", &Enable);
+  m.def("disable() -> ()", &Disable);
+  m.def("is_enabled() -> bool", &IsEnabled);
+  m.def("stats() -> Dict(str, int)", &Stats);
+  m.def("reset_peak() -> ()", &ResetPeak);
+  m.def("torch_version() -> str", &TorchVersion);
+  m.def("hook_key() -> str", &HookKeyName);
+}

@@ -1,0 +1,186 @@
+"""The remat Python package on CPU: enable/disable, the budget as a hard limit, stats, and training that is
+bitwise identical to a run without remat. Small models and inputs: the whole file runs in seconds."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import remat
+
+MiB = 1 << 20
+
+
+@pytest.fixture(autouse=True)
+def _remat_off_after_each_test():
+    yield
+    if remat.is_enabled():
+        remat.disable()
+
+
+class SmallNet(torch.nn.Module):
+    """Conv, batch norm, pooling, dropout, a residual add and a linear head: views, in-place ops and random ops."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv1 = torch.nn.Conv2d(3, 8, 3, padding=1)
+        self.bn = torch.nn.BatchNorm2d(8)
+        self.conv2 = torch.nn.Conv2d(8, 8, 3, padding=1)
+        self.drop = torch.nn.Dropout(0.3)
+        self.head = torch.nn.Linear(8 * 8 * 8, 10)
+
+    def forward(self, x):
+        y = torch.relu(self.bn(self.conv1(x)))
+        y = y + torch.relu_(self.conv2(y))
+        y = torch.nn.functional.max_pool2d(y, 2)
+        return self.head(self.drop(y.flatten(1)))
+
+
+def train(steps=3, optimizer="sgd"):
+    torch.manual_seed(0)
+    model = SmallNet()
+    if optimizer == "sgd":
+        opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    else:
+        opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    data = torch.randn(8, 3, 16, 16)
+    target = torch.randint(0, 10, (8,))
+    losses = []
+    for _ in range(steps):
+        opt.zero_grad()
+        loss = torch.nn.functional.cross_entropy(model(data), target)
+        loss.backward()
+        opt.step()
+        losses.append(loss.detach().clone())
+    grads = [p.grad.detach().clone() for p in model.parameters()]
+    params = [p.detach().clone() for p in model.parameters()]
+    return losses, grads, params
+
+
+def bitwise_equal(a, b):
+    return (a.dtype == b.dtype and a.shape == b.shape
+            and torch.equal(a.reshape(-1).view(torch.uint8), b.reshape(-1).view(torch.uint8)))
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "adam"])
+def test_training_under_a_large_budget_is_bitwise_identical(optimizer):
+    reference = train(optimizer=optimizer)
+    budget = 256 * MiB
+    with remat.enable(budget=budget):
+        assert remat.is_enabled()
+        under_remat = train(optimizer=optimizer)
+        s = remat.stats()
+    assert not remat.is_enabled()
+    for name, ref, got in zip(("losses", "grads", "params"), reference, under_remat):
+        assert len(ref) == len(got)
+        for i, (r, g) in enumerate(zip(ref, got)):
+            assert bitwise_equal(r, g), f"{name}[{i}] differs under remat"
+    assert 0 < s["peak_allocated_bytes"] <= budget
+    assert s["budget"] == budget
+    assert s["allocations"] > 0 and s["failed_allocations"] == 0
+    # Forward and backward ops of the training loop went through the hook; dropout and randn are random.
+    assert s["ops_recorded"] > 50
+    assert s["random_ops_recorded"] >= 3
+
+
+def test_peak_is_real_and_stats_survive_disable():
+    with remat.enable(budget="64MiB"):
+        remat.reset_peak()
+        before = remat.stats()["allocated_bytes"]
+        x = torch.empty(MiB // 4)  # 1 MiB
+        during = remat.stats()
+        del x
+        after = remat.stats()
+    assert during["allocated_bytes"] == before + MiB
+    assert during["peak_allocated_bytes"] >= before + MiB
+    assert after["allocated_bytes"] == before
+    final = remat.stats()
+    assert final["enabled"] == 0
+    assert final["budget"] == 64 * MiB
+    assert final["peak_allocated_bytes"] == after["peak_allocated_bytes"]
+
+
+def test_too_small_budget_raises_out_of_memory_naming_the_request():
+    with remat.enable(budget=MiB):
+        with pytest.raises(torch.OutOfMemoryError, match=r"tried to allocate 4194304 bytes.*budget 1048576"):
+            torch.empty(MiB)  # 4 MiB of float32
+        assert remat.stats()["failed_allocations"] == 1
+    # A model that needs more than the budget fails the same way, and user code can catch it.
+    budget = 128 * 1024
+    with remat.enable(budget=budget):
+        with pytest.raises(torch.OutOfMemoryError, match=r"tried to allocate \d+ bytes .*budget 131072"):
+            train(steps=1)
+        assert remat.stats()["failed_allocations"] >= 1
+        assert remat.stats()["peak_allocated_bytes"] <= budget
+    # The default allocator is back: the same request succeeds.
+    assert torch.empty(MiB).numel() == MiB
+
+
+def test_enable_disable_restores_the_allocator_and_tensors_cross_it():
+    before = torch.arange(1000, dtype=torch.float32)
+    remat.enable(budget=32 * MiB)  # the global switch
+    allocations = remat.stats()["allocations"]
+    during = torch.arange(1000, dtype=torch.float32) * 2
+    assert remat.stats()["allocations"] > allocations
+    mixed = before + during  # reads tensors from both allocators
+    remat.disable()
+    allocations = remat.stats()["allocations"]
+    after = torch.arange(1000, dtype=torch.float32) * 3
+    assert remat.stats()["allocations"] == allocations, "allocated from the arena after disable()"
+    assert torch.equal(mixed + after, torch.arange(1000, dtype=torch.float32) * 6)
+    during.resize_(100_000)  # a storage made under the arena grows through the restored allocator
+    during.fill_(1)
+    assert during.sum().item() == 100_000
+    del before, during, mixed, after
+
+
+def test_switch_misuse_is_a_clear_error():
+    with pytest.raises(RuntimeError, match="not enabled"):
+        remat.disable()
+    with remat.enable(budget=MiB):
+        with pytest.raises(RuntimeError, match="already enabled"):
+            remat.enable(budget=MiB)
+    with pytest.raises(RuntimeError, match="no CPU arena is installed"):
+        remat.reset_peak()
+
+
+def test_parse_size():
+    assert remat.parse_size(4096) == 4096
+    assert remat.parse_size("64MiB") == 64 * MiB
+    assert remat.parse_size("1.5 GB") == 1_500_000_000
+    assert remat.parse_size("2gib") == 2 << 30
+    for bad in ("", "12 parsecs", "-1", "0", 0, -5, 0.5, True, None, "1e9"):
+        with pytest.raises(ValueError):
+            remat.parse_size(bad)
+
+
+def test_version_check_names_both_versions():
+    remat._check_torch_version("2.14", "2.14.1+cu130")
+    with pytest.raises(ImportError, match=r"built against torch 2\.13, but torch 2\.14\.1 is running"):
+        remat._check_torch_version("2.13", "2.14.1")
+
+
+def run_python(code, **env):
+    full_env = dict(os.environ)
+    full_env.update(env)
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=full_env,
+                          cwd=str(Path(remat.__file__).resolve().parents[1]), timeout=120)
+
+
+def test_missing_library_is_a_clear_import_error():
+    result = run_python("import remat", REMAT_LIBRARY="/nonexistent/libremat_torch.so")
+    assert result.returncode != 0
+    assert "REMAT_LIBRARY='/nonexistent/libremat_torch.so' does not name a file" in result.stderr
+
+
+def test_remat_budget_enables_at_import_and_a_bad_one_fails():
+    code = "import remat, torch; s = remat.stats(); print(remat.is_enabled(), s['budget'])"
+    result = run_python(code, REMAT_BUDGET="48MiB")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["True", str(48 * MiB)]
+    result = run_python("import remat", REMAT_BUDGET="lots")
+    assert result.returncode != 0
+    assert "REMAT_BUDGET='lots'" in result.stderr
