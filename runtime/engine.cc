@@ -43,9 +43,10 @@ struct Engine::Impl {
     bool alias = false;
     std::vector<TensorId> children;
   };
+  // An evicted region (the prototype's Region): sorted storage indices.
   struct Region {
-    absl::flat_hash_set<StorageIndex> interior;
-    absl::flat_hash_set<StorageIndex> frontier;
+    std::vector<StorageIndex> interior;
+    std::vector<StorageIndex> frontier;
     std::int64_t compute = 0;
     void Clear() {
       interior.clear();
@@ -189,46 +190,83 @@ struct Engine::Impl {
     out.erase(std::unique(out.begin(), out.end()), out.end());
   }
 
-  // Region maintenance (the prototype's Region.absorb / rebuild).
+  // Region maintenance (the prototype's Region.absorb / rebuild). Regions are unordered vectors; membership tests
+  // use stamped mark arrays. Regions of pinned storages are never read (a pinned storage is never scored nor
+  // evicted), so they are not maintained. Traversal uses the storage-level adjacency (parents/children storages of
+  // any tensor of the storage, with repeats), which visits exactly what the prototype's tensor-level walk does.
+  std::vector<std::vector<StorageIndex>> storage_parents, storage_children;
+  std::vector<std::uint32_t> mark;
+  std::uint32_t stamp = 0;
+
+  std::uint32_t NextStamp() {
+    if (mark.size() < storages.size()) mark.resize(storages.size() + storages.size() / 2 + 16, 0);
+    if (++stamp == 0) {
+      std::fill(mark.begin(), mark.end(), 0);
+      stamp = 1;
+    }
+    return stamp;
+  }
+
   void Absorb(Region& region, StorageIndex s, bool reverse) {
-    Region& other = reverse ? rev[s] : fwd[s];
-    region.frontier.erase(s);
-    for (StorageIndex f : other.frontier) region.frontier.insert(f);
-    std::int64_t added = storages[s].compute;
-    for (StorageIndex i : other.interior) {
-      if (i != s && !region.interior.contains(i)) {
-        added += storages[i].compute;
-        region.interior.insert(i);
+    const Region& other = reverse ? rev[s] : fwd[s];
+    // frontier = (frontier - {s}) | other.frontier
+    std::uint32_t st = NextStamp();
+    for (std::size_t i = 0; i < region.frontier.size();) {
+      if (region.frontier[i] == s) {
+        region.frontier[i] = region.frontier.back();
+        region.frontier.pop_back();
+      } else {
+        mark[region.frontier[i++]] = st;
       }
     }
-    region.interior.insert(s);
+    for (StorageIndex f : other.frontier) {
+      if (f != s && mark[f] != st) {
+        mark[f] = st;
+        region.frontier.push_back(f);
+      }
+    }
+    // interior |= other.interior | {s}; compute += c(s) + c(other.interior - interior - {s})
+    st = NextStamp();
+    for (StorageIndex i : region.interior) mark[i] = st;
+    std::int64_t added = storages[s].compute;
+    if (mark[s] != st) {
+      mark[s] = st;
+      region.interior.push_back(s);
+    }
+    for (StorageIndex i : other.interior) {
+      if (mark[i] != st) {
+        mark[i] = st;
+        region.interior.push_back(i);
+        added += storages[i].compute;
+      }
+    }
     region.compute += added;
   }
+
   void Rebuild(StorageIndex base, bool reverse) {
     Region& region = reverse ? rev[base] : fwd[base];
     region.Clear();
+    // Interior and frontier are disjoint (material vs not), so one stamp serves both.
+    const std::uint32_t st = NextStamp();
+    const std::vector<std::vector<StorageIndex>>& adjacency = reverse ? storage_parents : storage_children;
     dfs.clear();
     dfs.push_back(base);
     while (!dfs.empty()) {
       StorageIndex s = dfs.back();
       dfs.pop_back();
-      for (TensorId t : storages[s].tensors) {
-        auto visit = [&](TensorId u) {
-          StorageIndex us = tensors[u].storage;
-          if (storages[us].material) {
-            if (us != base) region.frontier.insert(us);
-            return;
+      for (StorageIndex us : adjacency[s]) {
+        if (mark[us] == st) continue;
+        if (storages[us].material) {
+          if (us != base) {
+            mark[us] = st;
+            region.frontier.push_back(us);
           }
-          if (region.interior.insert(us).second) {
-            region.compute += storages[us].compute;
-            dfs.push_back(us);
-          }
-        };
-        if (reverse) {
-          for (TensorId p : Inputs(ops[tensors[t].op])) visit(p);
-        } else {
-          for (TensorId c : tensors[t].children) visit(c);
+          continue;
         }
+        mark[us] = st;
+        region.interior.push_back(us);
+        region.compute += storages[us].compute;
+        dfs.push_back(us);
       }
     }
   }
@@ -295,6 +333,8 @@ absl::StatusOr<std::span<const TensorId>> Engine::Call(std::span<const TensorId>
       if (m.regions) {
         m.fwd.emplace_back();
         m.rev.emplace_back();
+        m.storage_parents.emplace_back();
+        m.storage_children.emplace_back();
       }
       if (m.eq_classes) m.storages.back().ecn = m.NewNode(0);  // placeholder until first computed
     }
@@ -311,6 +351,16 @@ absl::StatusOr<std::span<const TensorId>> Engine::Call(std::span<const TensorId>
   for (TensorId p : inputs) {
     std::vector<TensorId>& children = m.tensors[p].children;
     for (std::size_t i = 0; i < outputs.size(); ++i) children.push_back(m.op_outputs[op.out_begin + i]);
+  }
+  if (m.regions) {
+    for (std::size_t i = 0; i < outputs.size(); ++i) {
+      StorageIndex su = m.tensors[m.op_outputs[op.out_begin + i]].storage;
+      for (TensorId p : inputs) {
+        StorageIndex sp = m.tensors[p].storage;
+        m.storage_parents[su].push_back(sp);
+        m.storage_children[sp].push_back(su);
+      }
+    }
   }
   m.ops.push_back(op);
   std::span<const TensorId> outs = m.Outputs(m.ops.back());
@@ -376,8 +426,12 @@ absl::Status Engine::Evict(StorageIndex s) {
   st.has_address = false;
   ++stats_.evictions;
   if (m.regions) {
-    for (StorageIndex ps : m.rev[s].frontier) m.Absorb(m.fwd[ps], s, false);
-    for (StorageIndex cs : m.fwd[s].frontier) m.Absorb(m.rev[cs], s, true);
+    for (StorageIndex ps : m.rev[s].frontier) {
+      if (!m.storages[ps].pinned) m.Absorb(m.fwd[ps], s, false);
+    }
+    for (StorageIndex cs : m.fwd[s].frontier) {
+      if (!m.storages[cs].pinned) m.Absorb(m.rev[cs], s, true);
+    }
     m.fwd[s].Clear();
     m.rev[s].Clear();
   }
@@ -528,8 +582,12 @@ absl::Status Engine::RunFrames() {
         for (StorageIndex x : m.rev[s].frontier) m.affected.insert(x);
         for (StorageIndex x : m.fwd[s].frontier) m.affected_rev.insert(x);
       }
-      for (StorageIndex x : m.affected) m.Rebuild(x, false);
-      for (StorageIndex x : m.affected_rev) m.Rebuild(x, true);
+      for (StorageIndex x : m.affected) {
+        if (!m.storages[x].pinned) m.Rebuild(x, false);
+      }
+      for (StorageIndex x : m.affected_rev) {
+        if (!m.storages[x].pinned) m.Rebuild(x, true);
+      }
     }
     if (m.eq_classes) {
       for (StorageIndex s : m.remat_storages) {

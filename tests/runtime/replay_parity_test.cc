@@ -91,6 +91,11 @@ TEST(ReplayParityTest, MatchesSimrdOnEveryReferenceRow) {
     options.budget_ratio = row.ratio;
     ReplayResult r = replayers[row.log]->Run(options);
     std::string label = row.log.substr(0, row.log.find('-')) + " " + row.heuristic + " " + std::to_string(row.ratio);
+    if (std::getenv("REMAT_PARITY_VERBOSE") != nullptr) {
+      std::printf("%-40s %-7s %8.1f ms  evictions %lld remats %lld\n", label.c_str(),
+                  std::string(ToString(r.status)).c_str(), r.wall_time_ns / 1e6, static_cast<long long>(r.evictions),
+                  static_cast<long long>(r.rematerializations));
+    }
     if (policy == "random") {
       EXPECT_NE(r.status, ReplayStatus::kError) << label << ": " << r.message;
       ++random_ran;
