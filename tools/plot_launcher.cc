@@ -21,8 +21,13 @@ bool IsExecutable(const std::string& path) { return ::access(path.c_str(), X_OK)
 
 }  // namespace
 
-std::string FindPython(const char* remat_python, const char* home, bool (*is_executable)(const std::string&)) {
+std::string FindPython(const char* remat_python, const char* remat_venv, const char* home,
+                       bool (*is_executable)(const std::string&)) {
   if (remat_python != nullptr && *remat_python != '\0') return remat_python;
+  if (remat_venv != nullptr && *remat_venv != '\0') {
+    const std::string venv = absl::StrCat(remat_venv, "/bin/python");
+    if (is_executable(venv)) return venv;
+  }
   if (home != nullptr && *home != '\0') {
     const std::string venv = absl::StrCat(home, "/.cache/remat/venv/bin/python");
     if (is_executable(venv)) return venv;
@@ -30,7 +35,9 @@ std::string FindPython(const char* remat_python, const char* home, bool (*is_exe
   return "python3";
 }
 
-std::string FindPython() { return FindPython(std::getenv("REMAT_PYTHON"), std::getenv("HOME"), &IsExecutable); }
+std::string FindPython() {
+  return FindPython(std::getenv("REMAT_PYTHON"), std::getenv("REMAT_VENV"), std::getenv("HOME"), &IsExecutable);
+}
 
 std::string PlotScriptPath() {
   if (const char* script = std::getenv("REMAT_PLOT_SCRIPT"); script != nullptr && *script != '\0') return script;

@@ -2,7 +2,8 @@
 //
 // Contract:
 //   - The interpreter is $REMAT_PYTHON when set (used as given, even if it turns out not to work: the user asked
-//     for it), else ~/.cache/remat/venv/bin/python when that file is executable, else `python3` from PATH.
+//     for it), else $REMAT_VENV/bin/python (the Makefile's venv setting), else ~/.cache/remat/venv/bin/python,
+//     each when that file is executable, else `python3` from PATH.
 //   - The script is $REMAT_PLOT_SCRIPT when set, else the plot_overhead.py of the source tree remat-sim was
 //     built from.
 //   - RunPlot spawns `PYTHON SCRIPT --csv CSV --out PNG` without a shell (no quoting issues), lets the script's
@@ -17,8 +18,9 @@
 
 namespace remat::sim {
 
-// `remat_python` and `home` are the environment values (nullptr when unset); `is_executable` tests a path.
-std::string FindPython(const char* remat_python, const char* home, bool (*is_executable)(const std::string&));
+// The arguments are the environment values (nullptr when unset); `is_executable` tests a path.
+std::string FindPython(const char* remat_python, const char* remat_venv, const char* home,
+                       bool (*is_executable)(const std::string&));
 std::string FindPython();  // from the real environment
 std::string PlotScriptPath();
 

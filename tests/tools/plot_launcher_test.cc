@@ -18,19 +18,22 @@ using ::testing::HasSubstr;
 
 bool Always(const std::string&) { return true; }
 bool Never(const std::string&) { return false; }
+bool OnlyHomeVenv(const std::string& path) { return path == "/home/u/.cache/remat/venv/bin/python"; }
 
 TEST(PlotLauncherTest, FindPythonPrefersRematPython) {
-  EXPECT_EQ(FindPython("/opt/py/bin/python", "/home/u", &Always), "/opt/py/bin/python");
+  EXPECT_EQ(FindPython("/opt/py/bin/python", "/venv", "/home/u", &Always), "/opt/py/bin/python");
+  EXPECT_EQ(FindPython("/opt/py/bin/python", "/venv", "/home/u", &Never), "/opt/py/bin/python");
 }
 
-TEST(PlotLauncherTest, FindPythonThenTheVenv) {
-  EXPECT_EQ(FindPython(nullptr, "/home/u", &Always), "/home/u/.cache/remat/venv/bin/python");
-  EXPECT_EQ(FindPython("", "/home/u", &Always), "/home/u/.cache/remat/venv/bin/python");
+TEST(PlotLauncherTest, FindPythonThenRematVenvThenTheDefaultVenv) {
+  EXPECT_EQ(FindPython(nullptr, "/venv", "/home/u", &Always), "/venv/bin/python");
+  EXPECT_EQ(FindPython("", "/venv", "/home/u", &OnlyHomeVenv), "/home/u/.cache/remat/venv/bin/python");
+  EXPECT_EQ(FindPython(nullptr, nullptr, "/home/u", &Always), "/home/u/.cache/remat/venv/bin/python");
 }
 
 TEST(PlotLauncherTest, FindPythonFallsBackToPython3) {
-  EXPECT_EQ(FindPython(nullptr, "/home/u", &Never), "python3");
-  EXPECT_EQ(FindPython(nullptr, nullptr, &Always), "python3");
+  EXPECT_EQ(FindPython(nullptr, "/venv", "/home/u", &Never), "python3");
+  EXPECT_EQ(FindPython(nullptr, nullptr, nullptr, &Always), "python3");
 }
 
 TEST(PlotLauncherTest, PlotScriptExists) {
