@@ -451,6 +451,7 @@ absl::Status Engine::Evict(StorageIndex s) {
 absl::Status Engine::Rematerialize(TensorId target) {
   Impl& m = *impl_;
   if (m.tensors[target].defined) return absl::OkStatus();
+  if (!options_.replay_views) target = m.storages[m.tensors[target].storage].tensors[0];
   m.stack.push_back({target, true, 0, 0, 0, 0});
   return RunFrames();
 }
@@ -486,7 +487,9 @@ absl::Status Engine::RunFrames() {
         TensorId p = m.scratch[f.next];
         if (!m.tensors[p].defined) {
           f.stage = 2;
-          m.stack.push_back({p, true, 0, 0, 0, 0});  // invalidates f
+          // Without view replay, a view comes back with its storage: replay the storage's producer instead.
+          TensorId producer = options_.replay_views ? p : m.storages[m.tensors[p].storage].tensors[0];
+          m.stack.push_back({producer, true, 0, 0, 0, 0});  // invalidates f
           pushed = true;
           break;
         }
