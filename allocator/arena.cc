@@ -324,6 +324,12 @@ struct Arena::State {
     return Place(aligned, owner, placement);
   }
 
+  std::size_t LargestSegment() const {
+    std::size_t largest = 0;
+    for (const auto& seg : segments) largest = std::max(largest, seg->usable);
+    return largest;
+  }
+
   std::size_t LargestFree() const {
     return free_index.empty() ? 0 : std::prev(free_index.end())->size;
   }
@@ -402,6 +408,10 @@ absl::StatusOr<std::uintptr_t> Arena::Allocate(std::size_t bytes, OwnerId owner,
       if (Node* b = s.PlaceOrGrow(*aligned, owner, placement)) return b->address;
       handler = s.handler;
       if (handler == nullptr) return s.Exhausted(bytes, *aligned, "no pressure handler is set");
+      if (!s.options.grow && *aligned > s.LargestSegment()) {
+        // Evicting everything would not help: do not ask the handler to try.
+        return s.Exhausted(bytes, *aligned, "the request is larger than any segment of the arena");
+      }
       if (!counted) {
         ++s.pressure_allocations;
         counted = true;

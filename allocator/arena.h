@@ -10,7 +10,10 @@
 //
 // When a request cannot be placed, Allocate calls the pressure handler (without holding the arena's lock, so the
 // handler may Free), and retries while the handler reports progress. If the handler frees nothing (or there is
-// none), Allocate fails with ResourceExhausted naming the request, the free bytes and the largest hole.
+// none), Allocate fails with ResourceExhausted naming the request, the free bytes and the largest hole. Progress
+// means the handler returned true and at least one Free happened meanwhile. A request larger than every segment
+// of a non-growing arena fails at once, without calling the handler. Two threads under pressure may run the
+// handler concurrently.
 //
 // Thread safety: every public method may be called from any thread (autograd runs backward on its own thread).
 // The callbacks passed to FindWindow run under the arena's lock and must not call back into the arena.

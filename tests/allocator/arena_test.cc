@@ -3,6 +3,8 @@
 #include "allocator/arena.h"
 
 #include <atomic>
+#include <deque>
+#include <mutex>
 #include <cstring>
 #include <thread>
 #include <vector>
@@ -260,6 +262,18 @@ TEST(ArenaTest, PressureHandlerThatFreesNothingFailsWithTheNumbers) {
   EXPECT_EQ(arena->Stats().pressure_allocations, 1u);
 }
 
+TEST(ArenaTest, RequestLargerThanTheArenaDoesNotCallTheHandler) {
+  auto arena = MakeArena(8 * kA);
+  auto a = *arena->Allocate(kA, 1);
+  FreeingHandler handler({a});
+  arena->SetPressureHandler(&handler);
+  auto r = arena->Allocate(9 * kA, 2);
+  ASSERT_EQ(r.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(std::string(r.status().message()), HasSubstr("larger than any segment"));
+  EXPECT_EQ(handler.calls, 0);
+  EXPECT_TRUE(arena->Block(a).ok());  // nothing was evicted for nothing
+}
+
 // Claims progress but frees nothing: the arena must not spin forever.
 class LyingHandler : public PressureHandler {
  public:
@@ -388,6 +402,85 @@ TEST(ArenaTest, ConcurrentAllocateAndFree) {
   EXPECT_EQ(st.allocated_bytes, 0u);
   EXPECT_EQ(st.free_blocks, 1u);
   EXPECT_EQ(st.allocations, st.frees);
+}
+
+// One thread allocates into a full arena, so every allocation needs the handler, which evicts from a shared
+// pool; two other threads free blocks from the same pool and search windows at the same time. Exercises the
+// handler running without the arena's lock, concurrently with Free and FindWindow. The allocating thread can
+// never fail: when the pool is empty at most two blocks (being freed by the others) are allocated.
+class PoolHandler : public PressureHandler {
+ public:
+  bool MakeRoom(Arena& arena, std::size_t) override {
+    const std::optional<std::uintptr_t> victim = Take();
+    if (!victim.has_value()) return false;
+    ++evictions;
+    return arena.Free(*victim).ok();
+  }
+  std::optional<std::uintptr_t> Take() {
+    std::lock_guard<std::mutex> lock(mu);
+    if (pool.empty()) return std::nullopt;
+    const std::uintptr_t a = pool.front();
+    pool.pop_front();
+    return a;
+  }
+  void Add(std::uintptr_t a) {
+    std::lock_guard<std::mutex> lock(mu);
+    pool.push_back(a);
+  }
+  std::mutex mu;
+  std::deque<std::uintptr_t> pool;
+  std::atomic<int> evictions{0};
+};
+
+TEST(ArenaTest, ConcurrentFreesAndSearchesUnderPressure) {
+  constexpr int kOps = 20000;
+  auto arena = MakeArena(64 * kA);
+  PoolHandler handler;
+  arena->SetPressureHandler(&handler);
+  std::atomic<bool> done{false};
+  std::atomic<int> failures{0}, frees{0};
+  std::thread allocator([&] {
+    for (int i = 0; i < kOps; ++i) {
+      auto a = arena->Allocate(kA * (1 + i % 4), static_cast<OwnerId>(i + 1), (i & 1) ? Placement::kLow
+                                                                                      : Placement::kHigh);
+      if (!a.ok()) {
+        ++failures;
+        continue;
+      }
+      handler.Add(*a);
+    }
+    done = true;
+  });
+  std::vector<std::thread> others;
+  for (int t = 0; t < 2; ++t) {
+    others.emplace_back([&, t] {
+      for (int i = 0; !done; ++i) {
+        if (i % 3 == t) {
+          if (auto victim = handler.Take()) {
+            if (!arena->Free(*victim).ok()) ++failures;
+            ++frees;
+          }
+        } else {
+          auto w = arena->FindWindow(8 * kA, [](const BlockInfo& b) -> std::optional<double> {
+            if (b.owner % 7 == 0) return std::nullopt;
+            return static_cast<double>(b.owner % 5);
+          });
+          if (w.has_value() && w->size < 8 * kA) ++failures;
+        }
+      }
+    });
+  }
+  allocator.join();
+  for (auto& th : others) th.join();
+  EXPECT_EQ(failures.load(), 0);
+  ArenaStats st = arena->Stats();
+  EXPECT_GT(st.pressure_allocations, 0u);
+  EXPECT_EQ(st.allocations, static_cast<std::uint64_t>(kOps));
+  EXPECT_EQ(st.frees, static_cast<std::uint64_t>(handler.evictions.load() + frees.load()));
+  EXPECT_EQ(st.allocated_bytes + st.free_bytes, 64 * kA);
+  std::size_t pooled = 0;
+  for (auto a : handler.pool) pooled += arena->Block(a)->size;
+  EXPECT_EQ(pooled, st.allocated_bytes);
 }
 
 TEST(ArenaTest, HostArenaMemoryIsUsable) {
