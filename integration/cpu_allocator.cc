@@ -274,6 +274,16 @@ Arena* InstalledCpuArena() {
   return g_active != nullptr ? g_active->arena.get() : nullptr;
 }
 
+bool AllocatedByRematArena(const c10::DataPtr& data) {
+  if (data.get_deleter() != &Delete || data.get() == nullptr) return false;
+  const auto address = reinterpret_cast<std::uintptr_t>(data.get());
+  std::shared_lock<std::shared_mutex> lock(g_registry_mutex);
+  for (const LiveArena* live : g_live) {
+    if (address >= live->low && address < live->high) return true;
+  }
+  return false;
+}
+
 std::size_t LiveCpuArenaCount() {
   std::shared_lock<std::shared_mutex> lock(g_registry_mutex);
   return g_live.size();

@@ -75,6 +75,10 @@ void SetCpuPlacementForThisThread(Placement placement);
 // Valid until UninstallCpuArena.
 Arena* InstalledCpuArena();
 
+// True when `data` is a block of a remat CPU arena (installed or retired): memory remat owns and may evict.
+// Memory from torch's own allocator (also when remat forwarded the request to it), numpy or from_blob is not.
+bool AllocatedByRematArena(const c10::DataPtr& data);
+
 // Arenas not yet deleted: the installed one and retired ones that still hold tensors.
 std::size_t LiveCpuArenaCount();
 

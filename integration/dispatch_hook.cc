@@ -138,8 +138,20 @@ const OpTraits* SharedTraits(const c10::OperatorHandle& op) {
 
 // ---- Capture ----
 
-at::Tensor DetachedAlias(const at::Tensor& tensor) {
+// A dense CPU/CUDA-style tensor: strided, with a storage, and no Python subclass behind it.
+bool IsPlain(const at::Tensor& tensor) {
+  return tensor.layout() == c10::kStrided && tensor.has_storage() &&
+         !tensor.key_set().has(c10::DispatchKey::Python);
+}
+
+// A detached alias of a plain tensor. Anything else (sparse, Python subclasses, functorch wrappers) is kept as
+// it is, because detaching it would run user code, and the record is marked not replayable.
+at::Tensor DetachedAlias(const at::Tensor& tensor, bool* replayable) {
   if (!tensor.defined()) return tensor;
+  if (!IsPlain(tensor)) {
+    *replayable = false;
+    return tensor;
+  }
   return at::Tensor(tensor.unsafeGetTensorImpl()->shallow_copy_and_detach(c10::VariableVersion(0),
                                                                            /*allow_tensor_metadata_change=*/true));
 }
@@ -154,10 +166,11 @@ void NoteStorage(const at::Tensor& tensor, std::vector<c10::intrusive_ptr<c10::S
 }
 
 // A copy of `value` in which every tensor is a detached alias; notes tensor storages when `storages` is set.
-c10::IValue AliasValue(const c10::IValue& value, std::vector<c10::intrusive_ptr<c10::StorageImpl>>* storages) {
+c10::IValue AliasValue(const c10::IValue& value, std::vector<c10::intrusive_ptr<c10::StorageImpl>>* storages,
+                       bool* replayable) {
   if (value.isTensor()) {
     NoteStorage(value.toTensor(), storages);
-    return DetachedAlias(value.toTensor());
+    return DetachedAlias(value.toTensor(), replayable);
   }
   if (value.isTensorList()) {
     c10::List<at::Tensor> list;
@@ -165,7 +178,7 @@ c10::IValue AliasValue(const c10::IValue& value, std::vector<c10::intrusive_ptr<
     list.reserve(source.size());
     for (const at::Tensor& tensor : source) {
       NoteStorage(tensor, storages);
-      list.push_back(DetachedAlias(tensor));
+      list.push_back(DetachedAlias(tensor, replayable));
     }
     return list;
   }
@@ -173,7 +186,7 @@ c10::IValue AliasValue(const c10::IValue& value, std::vector<c10::intrusive_ptr<
     const c10::List<c10::IValue> source = value.toList();
     c10::impl::GenericList list(source.elementType());
     list.reserve(source.size());
-    for (const c10::IValue& element : source) list.push_back(AliasValue(element, storages));
+    for (const c10::IValue& element : source) list.push_back(AliasValue(element, storages, replayable));
     return list;
   }
   return value;
@@ -288,7 +301,7 @@ void Fallback(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch::ji
   const std::size_t num_arguments = op.schema().arguments().size();
   record.arguments.reserve(num_arguments);
   for (std::size_t i = stack->size() - num_arguments; i < stack->size(); ++i) {
-    record.arguments.push_back(AliasValue((*stack)[i], &record.input_storages));
+    record.arguments.push_back(AliasValue((*stack)[i], &record.input_storages, &record.replayable));
   }
   if (traits.random) CaptureRng(record, record.arguments);
   observer->BeforeOp(record);
@@ -375,7 +388,8 @@ OpObserver* GetObserver() { return g_observer.load(std::memory_order_acquire); }
 c10::Stack ReplayArguments(const OpRecord& record) {
   c10::Stack arguments;
   arguments.reserve(record.arguments.size());
-  for (const c10::IValue& value : record.arguments) arguments.push_back(AliasValue(value, nullptr));
+  bool replayable = true;  // already known from the capture
+  for (const c10::IValue& value : record.arguments) arguments.push_back(AliasValue(value, nullptr, &replayable));
   const int index = record.traits->generator_argument;
   if (index >= 0 && record.rng.has_value()) arguments[index] = record.rng->clone();
   return arguments;
@@ -386,7 +400,9 @@ absl::StatusOr<c10::Stack> Replay(const OpRecord& record) { return ReplayWith(re
 absl::StatusOr<c10::Stack> ReplayWith(const OpRecord& record, c10::Stack arguments) {
   if (!record.replayable) {
     return absl::FailedPreconditionError(
-        absl::StrCat("remat: ", record.traits->name, " cannot be replayed: its random state was not captured"));
+        absl::StrCat("remat: ", record.traits->name,
+                     " cannot be replayed (an argument is not a plain strided tensor, or a random op's generator "
+                     "state could not be captured)"));
   }
   if (arguments.size() != record.op.schema().arguments().size()) {
     return absl::InvalidArgumentError(absl::StrCat("remat: replay of ", record.traits->name, " with ",

@@ -134,8 +134,8 @@ struct OpRecord {
 
   c10::OperatorHandle op;
   const OpTraits* traits;
-  // The arguments as the op received them; every tensor is a detached alias (no autograd history) of the same
-  // StorageImpl with the same sizes, strides and offset, taken before the op ran.
+  // The arguments as the op received them; every plain tensor is a detached alias (no autograd history) of the
+  // same StorageImpl with the same sizes, strides and offset, taken before the op ran.
   c10::Stack arguments;
   // The distinct storages of the tensor arguments, in argument order. Strong references: a storage the record may
   // need to recompute from stays alive (its memory may still be evicted).
@@ -144,7 +144,9 @@ struct OpRecord {
   std::vector<CapturedOutput> outputs;
   // Random ops: a copy of the generator the op drew from, as it was before the op ran.
   std::optional<at::Generator> rng;
-  // False when a replay could not reproduce the op (a random op whose generator could not be captured).
+  // False when a replay could not reproduce the op: a tensor argument is not a plain strided tensor with a
+  // storage (sparse, a Python subclass, a functorch wrapper: kept as is in `arguments`, not detached), or a random
+  // op's generator could not be captured (a non-CPU default generator, so far).
   bool replayable = true;
   // The thread's dispatch key state at capture (autocast and friends), restored for a replay.
   c10::impl::LocalDispatchKeySet tls_keys;

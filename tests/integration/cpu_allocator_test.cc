@@ -4,6 +4,7 @@
 
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
+#include <ATen/ops/from_blob.h>
 #include <ATen/ops/ones.h>
 #include <c10/core/CPUAllocator.h>
 #include <gmock/gmock.h>
@@ -46,6 +47,11 @@ TEST_F(CpuAllocatorTest, InstallReplacesTorchsCpuAllocatorAndUninstallRestoresIt
   at::Tensor during = at::ones({1000});
   EXPECT_TRUE(InArena(during));
   EXPECT_FALSE(InArena(before));
+  EXPECT_TRUE(AllocatedByRematArena(during.storage().data_ptr()));
+  EXPECT_FALSE(AllocatedByRematArena(before.storage().data_ptr()));
+  float outside[4] = {1, 2, 3, 4};
+  at::Tensor blob = at::from_blob(outside, {4});
+  EXPECT_FALSE(AllocatedByRematArena(blob.storage().data_ptr())) << "from_blob memory is not remat's";
   EXPECT_EQ(reinterpret_cast<std::uintptr_t>(during.const_data_ptr()) % kCpuAlignment, 0u);
   EXPECT_EQ(during.storage().data_ptr().get_context(), during.storage().data_ptr().get());
   before.reset();  // allocated by torch's allocator: its own deleter frees it while the arena is installed
@@ -56,9 +62,12 @@ TEST_F(CpuAllocatorTest, InstallReplacesTorchsCpuAllocatorAndUninstallRestoresIt
   EXPECT_EQ(UninstallCpuArena().code(), absl::StatusCode::kFailedPrecondition);
   at::Tensor after = at::ones({1000});
   EXPECT_NE(after.storage().data_ptr().get_deleter(), RematCpuAllocator()->raw_deleter());
+  EXPECT_FALSE(AllocatedByRematArena(after.storage().data_ptr()));
+  EXPECT_TRUE(AllocatedByRematArena(during.storage().data_ptr())) << "retired arenas still own their blocks";
   // A tensor made under the arena outlives it and still works; its storage's allocator (ours) now forwards.
   EXPECT_EQ(during.sum().item<float>(), 1000.0f);
   during.resize_({1 << 20});
+  EXPECT_FALSE(AllocatedByRematArena(during.storage().data_ptr())) << "forwarded to torch's allocator";
   during.fill_(2.0f);
   EXPECT_EQ(during.const_data_ptr<float>()[(1 << 20) - 1], 2.0f);
   during.reset();

@@ -2,6 +2,7 @@
 // outermost ops are recorded, that backward ops are seen, and that replays reproduce random ops bit for bit
 // without moving the user's random stream.
 #include "integration/dispatch_hook.h"
+#include "integration/storage_eviction.h"
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/core/Tensor.h>
@@ -9,6 +10,8 @@
 #include <ATen/ops/bernoulli.h>
 #include <ATen/ops/dropout.h>
 #include <ATen/ops/empty.h>
+#include <ATen/ops/max.h>
+#include <ATen/ops/tensor.h>
 #include <ATen/ops/mul.h>
 #include <ATen/ops/ones.h>
 #include <ATen/ops/rand.h>
@@ -305,6 +308,65 @@ TEST_F(DispatchHookTest, AFailingOpIsReportedAndItsErrorPropagates) {
   }
   EXPECT_EQ(observer_.failed(), 1);
   EXPECT_TRUE(observer_.Names().empty());
+}
+
+TEST_F(DispatchHookTest, MultiOutputOpRestoresEveryEvictedOutput) {
+  at::Tensor x = at::randn({16, 8});
+  std::tuple<at::Tensor, at::Tensor> result;
+  {
+    ScopedHook hook;
+    result = at::max(x, 1);
+  }
+  const at::Tensor values = std::get<0>(result);
+  const at::Tensor indices = std::get<1>(result);
+  const at::Tensor values_copy = values.clone();
+  const at::Tensor indices_copy = indices.clone();
+  std::shared_ptr<OpRecord> max = observer_.Only("aten::max.dim");
+  ASSERT_EQ(max->outputs.size(), 2u);
+  EXPECT_EQ(max->outputs[1].return_index, 1);
+  EXPECT_EQ(max->outputs[1].meta.dtype, at::kLong);
+  ASSERT_TRUE(EvictStorage(*values.storage().unsafeGetStorageImpl()).ok());
+  ASSERT_TRUE(EvictStorage(*indices.storage().unsafeGetStorageImpl()).ok());
+  absl::StatusOr<c10::Stack> replayed = Replay(*max);
+  ASSERT_TRUE(replayed.ok()) << replayed.status();
+  absl::StatusOr<int> restored = RestoreOutputs(*max, *replayed);
+  ASSERT_TRUE(restored.ok()) << restored.status();
+  EXPECT_EQ(*restored, 2);
+  EXPECT_TRUE(BitwiseEqual(values, values_copy));
+  EXPECT_TRUE(BitwiseEqual(indices, indices_copy));
+  EXPECT_EQ(*RestoreOutputs(*max, *Replay(*max)), 0) << "nothing is evicted any more";
+}
+
+TEST_F(DispatchHookTest, InPlaceReplayOnSubstitutedArguments) {
+  at::Tensor x = at::tensor({1.0f, 2.0f, 3.0f});
+  {
+    ScopedHook hook;
+    x.mul_(2.0);
+  }
+  std::shared_ptr<OpRecord> mul_ = observer_.Only("aten::mul_.Scalar");
+  ASSERT_THAT(mul_->traits->written_arguments, ElementsAre(0));
+  // The runtime rematerializes the old value of the written argument elsewhere and replays on it.
+  c10::Stack arguments = ReplayArguments(*mul_);
+  at::Tensor old_value = at::tensor({1.0f, 2.0f, 3.0f});
+  arguments[0] = old_value;
+  absl::StatusOr<c10::Stack> replayed = ReplayWith(*mul_, std::move(arguments));
+  ASSERT_TRUE(replayed.ok()) << replayed.status();
+  EXPECT_TRUE(BitwiseEqual(old_value, x));
+  EXPECT_TRUE((*replayed)[0].toTensor().is_alias_of(old_value));
+  EXPECT_FLOAT_EQ(x.const_data_ptr<float>()[2], 6.0f) << "replaying on a substitute leaves x alone";
+  EXPECT_EQ(ReplayWith(*mul_, {}).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST_F(DispatchHookTest, NonStridedArgumentsMakeARecordNotReplayable) {
+  at::Tensor sparse = at::ones({2, 2}).to_sparse();
+  {
+    ScopedHook hook;
+    (void)at::add(sparse, sparse);
+  }
+  std::shared_ptr<OpRecord> add = observer_.Only("aten::add.Tensor");
+  EXPECT_FALSE(add->replayable);
+  EXPECT_TRUE(add->outputs.empty()) << "a sparse result has no storage remat could evict";
+  EXPECT_EQ(Replay(*add).status().code(), absl::StatusCode::kFailedPrecondition);
 }
 
 }  // namespace
