@@ -651,6 +651,7 @@ bool Engine::MakeRoom(Arena& arena, std::size_t bytes) {
 
 bool Engine::Defined(TensorId t) const { return impl_->tensors[t].defined; }
 StorageIndex Engine::StorageOf(TensorId t) const { return impl_->tensors[t].storage; }
+TensorId Engine::StorageRoot(StorageIndex s) const { return impl_->storages[s].tensors[0]; }
 bool Engine::Resident(StorageIndex s) const { return impl_->storages[s].material; }
 std::int64_t Engine::StorageBytes(StorageIndex s) const { return impl_->storages[s].size; }
 std::uintptr_t Engine::StorageAddress(StorageIndex s) const { return impl_->storages[s].address; }

@@ -115,6 +115,7 @@ class Engine final : public PressureHandler, private StorageView {
   std::int64_t clock() const { return stats_.clock; }
   bool Defined(TensorId t) const;
   StorageIndex StorageOf(TensorId t) const;
+  TensorId StorageRoot(StorageIndex s) const;  // the tensor that created the storage
   bool Resident(StorageIndex s) const;
   std::int64_t StorageBytes(StorageIndex s) const;
   std::uintptr_t StorageAddress(StorageIndex s) const;
