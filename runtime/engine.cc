@@ -75,7 +75,8 @@ struct Engine::Impl {
     std::int64_t value = 0;
   };
   struct Frame {
-    TensorId t;
+    TensorId t;  // the tensor to (re)compute, or kNone: only gather and lock `op`'s inputs (BeginOp)
+    OpId op;
     bool remat;
     std::uint8_t stage;
     std::uint32_t list_begin, list_end, next;
@@ -294,11 +295,8 @@ absl::StatusOr<TensorId> Engine::Constant(std::int64_t bytes, std::string_view n
   return t;
 }
 
-absl::StatusOr<std::span<const TensorId>> Engine::Call(std::span<const TensorId> inputs,
-                                                       std::span<const OutputSpec> outputs, std::int64_t cost,
-                                                       std::string_view name) {
+OpId Engine::NewOp(std::span<const TensorId> inputs, std::int64_t cost, std::string_view name) {
   Impl& m = *impl_;
-  OpId op_id = static_cast<OpId>(m.ops.size());
   Impl::Op op;
   op.cost = cost;
   op.name = m.Name(name);
@@ -306,6 +304,21 @@ absl::StatusOr<std::span<const TensorId>> Engine::Call(std::span<const TensorId>
   op.in_begin = static_cast<std::uint32_t>(m.op_inputs.size());
   op.in_count = static_cast<std::uint32_t>(inputs.size());
   m.op_inputs.insert(m.op_inputs.end(), inputs.begin(), inputs.end());
+  op.out_begin = static_cast<std::uint32_t>(m.op_outputs.size());
+  m.ops.push_back(op);
+  return static_cast<OpId>(m.ops.size() - 1);
+}
+
+absl::Status Engine::AddOutputs(OpId op_id, std::span<const OutputSpec> outputs) {
+  Impl& m = *impl_;
+  Impl::Op& op = m.ops[op_id];
+  std::span<const TensorId> inputs = m.Inputs(op);
+  for (const OutputSpec& spec : outputs) {
+    if (spec.alias >= static_cast<std::int32_t>(inputs.size())) {
+      return absl::InvalidArgumentError(absl::StrCat("op '", m.names[op.name], "': alias index ", spec.alias,
+                                                     " out of range"));
+    }
+  }
   op.out_begin = static_cast<std::uint32_t>(m.op_outputs.size());
   op.out_count = static_cast<std::uint32_t>(outputs.size());
   for (std::size_t i = 0; i < outputs.size(); ++i) {
@@ -317,10 +330,6 @@ absl::StatusOr<std::span<const TensorId>> Engine::Call(std::span<const TensorId>
     tensor.ext_refs = 1;
     StorageIndex s;
     if (spec.alias >= 0) {
-      if (spec.alias >= static_cast<std::int32_t>(inputs.size())) {
-        return absl::InvalidArgumentError(absl::StrCat("op '", std::string(name), "': alias index ", spec.alias,
-                                                       " out of range"));
-      }
       s = m.tensors[inputs[spec.alias]].storage;
       tensor.alias = true;
       tensor.size = 0;
@@ -342,7 +351,7 @@ absl::StatusOr<std::span<const TensorId>> Engine::Call(std::span<const TensorId>
     Impl::Storage& st = m.storages[s];
     bool op_seen = false;
     for (TensorId u : st.tensors) op_seen = op_seen || m.tensors[u].op == op_id;
-    if (!op_seen) st.compute += cost;
+    if (!op_seen) st.compute += op.cost;
     st.tensors.push_back(t);
     st.ext_refs += 1;
     m.tensors.push_back(std::move(tensor));
@@ -362,19 +371,76 @@ absl::StatusOr<std::span<const TensorId>> Engine::Call(std::span<const TensorId>
       }
     }
   }
-  m.ops.push_back(op);
-  std::span<const TensorId> outs = m.Outputs(m.ops.back());
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::span<const TensorId>> Engine::Call(std::span<const TensorId> inputs,
+                                                       std::span<const OutputSpec> outputs, std::int64_t cost,
+                                                       std::string_view name) {
+  Impl& m = *impl_;
+  OpId op_id = NewOp(inputs, cost, name);
+  if (absl::Status s = AddOutputs(op_id, outputs); !s.ok()) return s;
+  std::span<const TensorId> outs = m.Outputs(m.ops[op_id]);
   if (outs.empty()) {
     // An op without outputs only advances the clock (its inputs still count as accessed).
-    for (TensorId p : m.Inputs(m.ops.back())) m.storages[m.tensors[p].storage].last_access = stats_.clock;
+    for (TensorId p : m.Inputs(m.ops[op_id])) m.storages[m.tensors[p].storage].last_access = stats_.clock;
     stats_.clock += cost;
     stats_.model_compute += cost;
     return outs;
   }
-  m.stack.push_back({outs[0], false, 0, 0, 0, 0});  // a first execution, driven like a replay
+  m.stack.push_back({outs[0], op_id, false, 0, 0, 0, 0});  // a first execution, driven like a replay
   if (absl::Status run = RunFrames(); !run.ok()) return run;
   for (TensorId t : outs) m.storages[m.tensors[t].storage].last_access = stats_.clock;
   return outs;
+}
+
+absl::StatusOr<OpId> Engine::BeginOp(std::span<const TensorId> inputs, std::string_view name) {
+  Impl& m = *impl_;
+  OpId op_id = NewOp(inputs, 0, name);
+  m.stack.push_back({kNone, op_id, false, 0, 0, 0, 0});  // gather and lock the inputs only
+  if (absl::Status run = RunFrames(); !run.ok()) return run;
+  return op_id;
+}
+
+absl::StatusOr<std::span<const TensorId>> Engine::EndOp(OpId op_id, std::span<const OutputSpec> outputs,
+                                                        std::int64_t cost) {
+  Impl& m = *impl_;
+  if (op_id + 1 != m.ops.size() || m.ops[op_id].out_count != 0) {
+    return absl::FailedPreconditionError("EndOp must close the most recent BeginOp");
+  }
+  m.ops[op_id].cost = cost;
+  if (absl::Status s = AddOutputs(op_id, outputs); !s.ok()) return s;
+  std::span<const TensorId> outs = m.Outputs(m.ops[op_id]);
+  stats_.clock += cost;
+  stats_.model_compute += cost;
+  m.remat_storages.clear();
+  for (std::size_t i = 0; i < outs.size(); ++i) {
+    Impl::Tensor& t = m.tensors[outs[i]];
+    t.defined = true;
+    if (t.alias) continue;
+    Impl::Storage& st = m.storages[t.storage];
+    st.material = st.computed = true;
+    if (outputs[i].address != 0) {
+      st.address = outputs[i].address;
+      st.has_address = true;
+    }
+    stats_.used_bytes += st.size;
+    m.remat_storages.push_back(t.storage);
+  }
+  if (options_.mode == AccountingMode::kArena && options_.arena != nullptr) {
+    stats_.peak_bytes = std::max<std::int64_t>(stats_.peak_bytes, options_.arena->Stats().peak_allocated_bytes);
+  } else {
+    stats_.peak_bytes = std::max(stats_.peak_bytes, stats_.used_bytes);
+  }
+  AfterCompute();
+  for (TensorId p : m.Inputs(m.ops[op_id])) m.Unlock(m.tensors[p].storage);
+  for (TensorId t : outs) m.storages[m.tensors[t].storage].last_access = stats_.clock;
+  return outs;
+}
+
+void Engine::AbortOp(OpId op_id) {
+  Impl& m = *impl_;
+  for (TensorId p : m.Inputs(m.ops[op_id])) m.Unlock(m.tensors[p].storage);
 }
 
 void Engine::Retain(TensorId t) {
@@ -452,7 +518,7 @@ absl::Status Engine::Rematerialize(TensorId target) {
   Impl& m = *impl_;
   if (m.tensors[target].defined) return absl::OkStatus();
   if (!options_.replay_views) target = m.storages[m.tensors[target].storage].tensors[0];
-  m.stack.push_back({target, true, 0, 0, 0, 0});
+  m.stack.push_back({target, m.tensors[target].op, true, 0, 0, 0, 0});
   return RunFrames();
 }
 
@@ -461,7 +527,7 @@ absl::Status Engine::RunFrames() {
   const std::size_t base = m.stack.size() - 1;
   while (m.stack.size() > base) {
     Impl::Frame& f = m.stack.back();
-    const Impl::Op& op = m.ops[m.tensors[f.t].op];
+    const Impl::Op& op = m.ops[f.op];
     std::span<const TensorId> inputs = m.Inputs(op);
     if (f.stage == 0) {
       for (TensorId p : inputs) m.storages[m.tensors[p].storage].last_access = stats_.clock;
@@ -489,7 +555,7 @@ absl::Status Engine::RunFrames() {
           f.stage = 2;
           // Without view replay, a view comes back with its storage: replay the storage's producer instead.
           TensorId producer = options_.replay_views ? p : m.storages[m.tensors[p].storage].tensors[0];
-          m.stack.push_back({producer, true, 0, 0, 0, 0});  // invalidates f
+          m.stack.push_back({producer, m.tensors[producer].op, true, 0, 0, 0, 0});  // invalidates f
           pushed = true;
           break;
         }
@@ -500,8 +566,13 @@ absl::Status Engine::RunFrames() {
     }
     // All inputs resident and locked: make room and execute.
     Impl::Frame frame = m.stack.back();
+    if (frame.t == kNone) {  // BeginOp: the caller runs the op; inputs stay locked until EndOp/AbortOp
+      m.scratch.resize(frame.list_begin);
+      m.stack.pop_back();
+      continue;
+    }
     const TensorId t = frame.t;
-    const OpId op_id = m.tensors[t].op;
+    const OpId op_id = frame.op;
     std::span<const TensorId> outs = m.Outputs(m.ops[op_id]);
     const std::int64_t total = m.ops[op_id].total_size;
     if (options_.mode == AccountingMode::kCounter) {
@@ -575,30 +646,7 @@ absl::Status Engine::RunFrames() {
     if (options_.mode == AccountingMode::kCounter) {
       for (TensorId u : m.dup) stats_.used_bytes -= m.tensors[u].size;
     }
-    for (StorageIndex s : m.remat_storages) m.PoolAppend(s);
-    if (m.regions) {
-      m.affected.clear();
-      m.affected_rev.clear();
-      for (StorageIndex s : m.remat_storages) {
-        m.Rebuild(s, false);
-        m.Rebuild(s, true);
-        for (StorageIndex x : m.rev[s].frontier) m.affected.insert(x);
-        for (StorageIndex x : m.fwd[s].frontier) m.affected_rev.insert(x);
-      }
-      for (StorageIndex x : m.affected) {
-        if (!m.storages[x].pinned) m.Rebuild(x, false);
-      }
-      for (StorageIndex x : m.affected_rev) {
-        if (!m.storages[x].pinned) m.Rebuild(x, true);
-      }
-    }
-    if (m.eq_classes) {
-      for (StorageIndex s : m.remat_storages) {
-        Impl::Storage& st = m.storages[s];
-        if (st.ecn >= 0) m.eq[m.Find(st.ecn)].value -= st.compute;
-        st.ecn = -1;
-      }
-    }
+    AfterCompute();
     for (TensorId p : m.Inputs(m.ops[op_id])) m.Unlock(m.tensors[p].storage);
     m.scratch.resize(frame.list_begin);
     m.stack.pop_back();
@@ -608,6 +656,36 @@ absl::Status Engine::RunFrames() {
     }
   }
   return absl::OkStatus();
+}
+
+// The storages in impl_->remat_storages just became resident: they join the pool and the incremental structures
+// learn it (regions rebuilt around them, their union-find classes lose their cost).
+void Engine::AfterCompute() {
+  Impl& m = *impl_;
+  for (StorageIndex s : m.remat_storages) m.PoolAppend(s);
+  if (m.regions) {
+    m.affected.clear();
+    m.affected_rev.clear();
+    for (StorageIndex s : m.remat_storages) {
+      m.Rebuild(s, false);
+      m.Rebuild(s, true);
+      for (StorageIndex x : m.rev[s].frontier) m.affected.insert(x);
+      for (StorageIndex x : m.fwd[s].frontier) m.affected_rev.insert(x);
+    }
+    for (StorageIndex x : m.affected) {
+      if (!m.storages[x].pinned) m.Rebuild(x, false);
+    }
+    for (StorageIndex x : m.affected_rev) {
+      if (!m.storages[x].pinned) m.Rebuild(x, true);
+    }
+  }
+  if (m.eq_classes) {
+    for (StorageIndex s : m.remat_storages) {
+      Impl::Storage& st = m.storages[s];
+      if (st.ecn >= 0) m.eq[m.Find(st.ecn)].value -= st.compute;
+      st.ecn = -1;
+    }
+  }
 }
 
 bool Engine::MakeRoom(Arena& arena, std::size_t bytes) {

@@ -59,8 +59,9 @@ struct EngineOptions {
 };
 
 struct OutputSpec {
-  std::int64_t bytes = 0;   // ignored for views
-  std::int32_t alias = -1;  // -1: fresh storage; k: a view of inputs[k]'s storage
+  std::int64_t bytes = 0;        // ignored for views
+  std::int32_t alias = -1;       // -1: fresh storage; k: a view of inputs[k]'s storage
+  std::uintptr_t address = 0;    // EndOp only: where the kernel put it (0 = unknown)
 };
 
 struct EngineStats {
@@ -94,6 +95,14 @@ class Engine final : public PressureHandler, private StorageView {
   absl::StatusOr<std::span<const TensorId>> Call(std::span<const TensorId> inputs,
                                                  std::span<const OutputSpec> outputs, std::int64_t cost,
                                                  std::string_view name);
+  // The same op split in two, for callers that run the kernel themselves (PyTorch): BeginOp makes the inputs
+  // resident (replaying what it must) and locks them; the caller runs the kernel, whose allocations may call
+  // MakeRoom through the arena; EndOp registers the outputs (bytes, alias, address) as resident with the measured
+  // cost and unlocks the inputs. AbortOp unlocks the inputs of an op whose kernel failed. Replays of the op later go
+  // through Executor::Execute. One op at a time: EndOp must close the latest BeginOp.
+  absl::StatusOr<OpId> BeginOp(std::span<const TensorId> inputs, std::string_view name);
+  absl::StatusOr<std::span<const TensorId>> EndOp(OpId op, std::span<const OutputSpec> outputs, std::int64_t cost);
+  void AbortOp(OpId op);
   // One more / one fewer external reference to a tensor. Releasing the last reference of a storage evicts it.
   void Retain(TensorId t);
   void Release(TensorId t);
@@ -149,6 +158,9 @@ class Engine final : public PressureHandler, private StorageView {
   bool Costly(StorageId s) const override;
 
   absl::Status RunFrames();
+  OpId NewOp(std::span<const TensorId> inputs, std::int64_t cost, std::string_view name);
+  absl::Status AddOutputs(OpId op, std::span<const OutputSpec> outputs);
+  void AfterCompute();
 
   std::unique_ptr<Impl> impl_;
   EngineOptions options_;
