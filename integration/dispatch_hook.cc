@@ -26,6 +26,12 @@
 #include "absl/strings/str_join.h"
 #include "integration/storage_eviction.h"
 
+// From ATen/autocast_mode.h, which includes ATen/ATen.h (too slow to compile here); same declarations.
+namespace at::autocast {
+TORCH_API at::ScalarType get_autocast_dtype(at::DeviceType device_type);
+TORCH_API void set_autocast_dtype(at::DeviceType device_type, at::ScalarType dtype);
+}  // namespace at::autocast
+
 namespace remat::integration {
 namespace {
 
@@ -225,6 +231,37 @@ void CaptureRng(OpRecord& record, const c10::Stack& arguments) {
   record.rng = CopyGenerator(at::detail::getDefaultCPUGenerator());
 }
 
+// Autocast is on for a device when its key is not excluded (torch excludes the autocast keys by default).
+void CaptureAutocast(OpRecord& record) {
+  if (!record.tls_keys.excluded_.has(c10::DispatchKey::AutocastCPU)) {
+    record.autocast_cpu_dtype = at::autocast::get_autocast_dtype(c10::DeviceType::CPU);
+  }
+  if (!record.tls_keys.excluded_.has(c10::DispatchKey::AutocastCUDA)) {
+    record.autocast_cuda_dtype = at::autocast::get_autocast_dtype(c10::DeviceType::CUDA);
+  }
+}
+
+// Sets the autocast dtype of a device for its lifetime.
+class AutocastDtypeGuard {
+ public:
+  AutocastDtypeGuard(c10::DeviceType device, std::optional<c10::ScalarType> dtype)
+      : device_(device), active_(dtype.has_value()) {
+    if (!active_) return;
+    saved_ = at::autocast::get_autocast_dtype(device);
+    at::autocast::set_autocast_dtype(device, *dtype);
+  }
+  ~AutocastDtypeGuard() {
+    if (active_) at::autocast::set_autocast_dtype(device_, saved_);
+  }
+  AutocastDtypeGuard(const AutocastDtypeGuard&) = delete;
+  AutocastDtypeGuard& operator=(const AutocastDtypeGuard&) = delete;
+
+ private:
+  c10::DeviceType device_;
+  bool active_;
+  c10::ScalarType saved_ = c10::ScalarType::Undefined;
+};
+
 // Calls visit(return_index, tensor) for every defined tensor among the op's returns, in order.
 template <typename Visit>
 void ForEachReturnedTensor(const c10::Stack& stack, std::size_t num_returns, Visit visit) {
@@ -304,6 +341,7 @@ void Fallback(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch::ji
     record.arguments.push_back(AliasValue((*stack)[i], &record.input_storages, &record.replayable));
   }
   if (traits.random) CaptureRng(record, record.arguments);
+  CaptureAutocast(record);
   observer->BeforeOp(record);
   const auto start = std::chrono::steady_clock::now();
   try {
@@ -417,6 +455,8 @@ absl::StatusOr<c10::Stack> ReplayWith(const OpRecord& record, c10::Stack argumen
   at::Generator default_generator = at::detail::getDefaultCPUGenerator();
   try {
     c10::impl::ForceDispatchKeyGuard capture_state(record.tls_keys);
+    AutocastDtypeGuard autocast_cpu(c10::DeviceType::CPU, record.autocast_cpu_dtype);
+    AutocastDtypeGuard autocast_cuda(c10::DeviceType::CUDA, record.autocast_cuda_dtype);
     SuspendHook suspend;
     at::AutoDispatchBelowADInplaceOrView below_autograd;
     if (swap_default_generator) {

@@ -20,8 +20,8 @@
 //     an op's internal calls are part of it, and its recomputation replays them all.
 //
 // Replays (Replay, ReplayWith) run the recorded op again with the key excluded, below autograd and
-// ADInplaceOrView (no graph is recorded, no version counters bump), under the dispatch key state of the capture
-// (autocast etc.), and with the captured generator state, so a random op reproduces its bits. The user's RNG
+// ADInplaceOrView (no graph is recorded, no version counters bump), under the dispatch key state and autocast
+// dtypes of the capture, and with the captured generator state, so a random op reproduces its bits. The user's RNG
 // stream is not advanced by a replay.
 //
 // Thread safety: the fallback runs on whatever thread runs the op (the user's, autograd's). The observer is
@@ -148,8 +148,11 @@ struct OpRecord {
   // storage (sparse, a Python subclass, a functorch wrapper: kept as is in `arguments`, not detached), or a random
   // op's generator could not be captured (a non-CPU default generator, so far).
   bool replayable = true;
-  // The thread's dispatch key state at capture (autocast and friends), restored for a replay.
+  // The thread's dispatch key state at capture (autocast on/off and friends), restored for a replay.
   c10::impl::LocalDispatchKeySet tls_keys;
+  // The autocast dtypes in effect at capture, for the devices whose autocast was on; restored for a replay.
+  std::optional<c10::ScalarType> autocast_cpu_dtype;
+  std::optional<c10::ScalarType> autocast_cuda_dtype;
   std::uint64_t duration_ns = 0;  // the op's wall time, nested calls included
 };
 

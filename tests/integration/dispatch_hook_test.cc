@@ -11,6 +11,7 @@
 #include <ATen/ops/dropout.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/max.h>
+#include <ATen/ops/mm.h>
 #include <ATen/ops/tensor.h>
 #include <ATen/ops/mul.h>
 #include <ATen/ops/ones.h>
@@ -26,6 +27,13 @@
 #include <mutex>
 #include <string>
 #include <vector>
+
+// From ATen/autocast_mode.h, which includes ATen/ATen.h; same declarations.
+namespace at::autocast {
+TORCH_API void set_autocast_enabled(at::DeviceType device_type, bool enabled);
+TORCH_API at::ScalarType get_autocast_dtype(at::DeviceType device_type);
+TORCH_API void set_autocast_dtype(at::DeviceType device_type, at::ScalarType dtype);
+}  // namespace at::autocast
 
 namespace remat::integration {
 namespace {
@@ -355,6 +363,39 @@ TEST_F(DispatchHookTest, InPlaceReplayOnSubstitutedArguments) {
   EXPECT_TRUE((*replayed)[0].toTensor().is_alias_of(old_value));
   EXPECT_FLOAT_EQ(x.const_data_ptr<float>()[2], 6.0f) << "replaying on a substitute leaves x alone";
   EXPECT_EQ(ReplayWith(*mul_, {}).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST_F(DispatchHookTest, ReplayUsesTheAutocastStateOfTheCapture) {
+  at::Tensor a = at::randn({8, 8});
+  at::Tensor b = at::randn({8, 8});
+  const at::ScalarType default_dtype = at::autocast::get_autocast_dtype(at::kCPU);
+  at::Tensor product;
+  at::autocast::set_autocast_enabled(at::kCPU, true);
+  at::autocast::set_autocast_dtype(at::kCPU, at::kBFloat16);
+  {
+    ScopedHook hook;
+    product = at::mm(a, b);
+  }
+  at::autocast::set_autocast_dtype(at::kCPU, default_dtype);
+  at::autocast::set_autocast_enabled(at::kCPU, false);
+  ASSERT_EQ(product.scalar_type(), at::kBFloat16) << "autocast ran below the hook";
+  std::shared_ptr<OpRecord> mm = observer_.Only("aten::mm");
+  ASSERT_EQ(mm->autocast_cpu_dtype, at::kBFloat16);
+
+  // Replayed with autocast off: the capture's state comes back for the replay.
+  absl::StatusOr<c10::Stack> replayed = Replay(*mm);
+  ASSERT_TRUE(replayed.ok()) << replayed.status();
+  EXPECT_TRUE(BitwiseEqual((*replayed)[0].toTensor(), product));
+  // Replayed under another autocast dtype: still the capture's.
+  at::autocast::set_autocast_enabled(at::kCPU, true);
+  at::autocast::set_autocast_dtype(at::kCPU, at::kHalf);
+  replayed = Replay(*mm);
+  at::autocast::set_autocast_dtype(at::kCPU, default_dtype);
+  at::autocast::set_autocast_enabled(at::kCPU, false);
+  ASSERT_TRUE(replayed.ok()) << replayed.status();
+  EXPECT_TRUE(BitwiseEqual((*replayed)[0].toTensor(), product));
+  EXPECT_EQ(at::autocast::get_autocast_dtype(at::kCPU), default_dtype) << "the replay restored the thread's dtype";
+  EXPECT_EQ(at::mm(a, b).scalar_type(), at::kFloat) << "the replay restored the thread's key state";
 }
 
 TEST_F(DispatchHookTest, NonStridedArgumentsMakeARecordNotReplayable) {
