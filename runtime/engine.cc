@@ -174,21 +174,19 @@ struct Engine::Impl {
     eq[r].value += eq[l].value;
   }
 
-  // Storages of s's tensors' parents and children that are not material (excluding s), deduplicated.
+  // Storages of s's tensors' parents and children that are not material (excluding s), deduplicated. Uses the
+  // storage-level adjacency (always maintained): fewer indirections than walking tensors and ops.
   void NonMaterialNeighbours(StorageIndex s, std::vector<StorageIndex>& out) const {
     out.clear();
-    for (TensorId t : storages[s].tensors) {
-      for (TensorId p : Inputs(ops[tensors[t].op])) {
-        StorageIndex ps = tensors[p].storage;
-        if (ps != s && !storages[ps].material) out.push_back(ps);
+    auto add = [&](StorageIndex n) {
+      if (n == s || storages[n].material) return;
+      for (StorageIndex x : out) {
+        if (x == n) return;
       }
-      for (TensorId c : tensors[t].children) {
-        StorageIndex cs = tensors[c].storage;
-        if (cs != s && !storages[cs].material) out.push_back(cs);
-      }
-    }
-    std::sort(out.begin(), out.end());
-    out.erase(std::unique(out.begin(), out.end()), out.end());
+      out.push_back(n);
+    };
+    for (StorageIndex n : storage_parents[s]) add(n);
+    for (StorageIndex n : storage_children[s]) add(n);
   }
 
   // Region maintenance (the prototype's Region.absorb / rebuild). Regions are unordered vectors; membership tests
@@ -339,11 +337,11 @@ absl::Status Engine::AddOutputs(OpId op_id, std::span<const OutputSpec> outputs)
       m.storages.back().size = spec.bytes;
       tensor.size = spec.bytes;
       op.total_size += spec.bytes;
+      m.storage_parents.emplace_back();
+      m.storage_children.emplace_back();
       if (m.regions) {
         m.fwd.emplace_back();
         m.rev.emplace_back();
-        m.storage_parents.emplace_back();
-        m.storage_children.emplace_back();
       }
       if (m.eq_classes) m.storages.back().ecn = m.NewNode(0);  // placeholder until first computed
     }
@@ -361,7 +359,7 @@ absl::Status Engine::AddOutputs(OpId op_id, std::span<const OutputSpec> outputs)
     std::vector<TensorId>& children = m.tensors[p].children;
     for (std::size_t i = 0; i < outputs.size(); ++i) children.push_back(m.op_outputs[op.out_begin + i]);
   }
-  if (m.regions) {
+  {
     for (std::size_t i = 0; i < outputs.size(); ++i) {
       StorageIndex su = m.tensors[m.op_outputs[op.out_begin + i]].storage;
       for (TensorId p : inputs) {
@@ -765,13 +763,16 @@ std::int64_t Engine::EqClassCompute(StorageId s) const {
   if (!m.eq_classes) return 0;
   m.NonMaterialNeighbours(static_cast<StorageIndex>(s), m.neighbours);
   m.roots.clear();
-  for (StorageIndex n : m.neighbours) {
-    if (m.storages[n].ecn >= 0) m.roots.push_back(m.Find(m.storages[n].ecn));
-  }
-  std::sort(m.roots.begin(), m.roots.end());
-  m.roots.erase(std::unique(m.roots.begin(), m.roots.end()), m.roots.end());
   std::int64_t sum = 0;
-  for (std::int32_t r : m.roots) sum += m.eq[r].value;
+  for (StorageIndex n : m.neighbours) {
+    if (m.storages[n].ecn < 0) continue;
+    std::int32_t r = m.Find(m.storages[n].ecn);
+    bool seen = false;
+    for (std::int32_t x : m.roots) seen = seen || x == r;
+    if (seen) continue;
+    m.roots.push_back(r);
+    sum += m.eq[r].value;
+  }
   return sum;
 }
 std::int64_t Engine::EvictedNeighbourCompute(StorageId s) const {

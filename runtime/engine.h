@@ -139,6 +139,8 @@ class Engine final : public PressureHandler, private StorageView {
   std::size_t tensor_count() const;
   // Evicts a specific storage now (tests, integration); it must be evictable.
   absl::Status Evict(StorageIndex s);
+  // The read-only view the policies score (benchmarks, tests, custom drivers).
+  const StorageView& view() const { return *this; }
   // Storages in eviction-pool order (resident, unlocked, not constant).
   std::vector<StorageIndex> PoolOrder() const;
 

@@ -1,0 +1,116 @@
+// Victim choice among 10,000 candidates for every policy, and Coop's window search over 10,000 arena blocks.
+//
+// The graph: a chain of 20,000 ops of 1 KiB outputs where every other storage is evicted, so each of the 10,000
+// resident candidates has evicted neighbours on both sides (the eq classes and regions are non-trivial).
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "allocator/arena.h"
+#include "benchmark/benchmark.h"
+#include "policies/registry.h"
+#include "runtime/engine.h"
+
+namespace remat {
+namespace {
+
+class NullExecutor : public Executor {
+ public:
+  explicit NullExecutor(Arena* arena = nullptr) : arena_(arena) {}
+  absl::Status Execute(Engine& e, OpId, bool, std::span<const std::uint32_t> fresh) override {
+    if (arena_ == nullptr) return absl::OkStatus();
+    for (std::uint32_t s : fresh) {
+      absl::StatusOr<std::uintptr_t> a = arena_->Allocate(e.StorageBytes(s), OwnerId{s} + 1);
+      if (!a.ok()) return a.status();
+      e.SetAddress(s, *a);
+    }
+    return absl::OkStatus();
+  }
+  void Evict(Engine& e, std::uint32_t s) override {
+    if (arena_ != nullptr) (void)arena_->Free(e.StorageAddress(s));
+  }
+
+ private:
+  Arena* arena_;
+};
+
+struct Setup {
+  Setup(const std::string& name, int chain, Arena* arena_ptr) : executor(arena_ptr) {
+    policy = *MakePolicy(name);
+    EngineOptions o;
+    o.policy = policy.get();
+    o.arena = arena_ptr;
+    o.mode = arena_ptr != nullptr ? AccountingMode::kArena : AccountingMode::kCounter;
+    engine = std::make_unique<Engine>(o, &executor);
+    TensorId prev = *engine->Constant(1024);
+    OutputSpec out{1024, -1};
+    std::vector<TensorId> all;
+    for (int i = 0; i < chain; ++i) {
+      prev = (*engine->Call(std::vector<TensorId>{prev}, {&out, 1}, 1000 + (i * 7919) % 5000, "op"))[0];
+      all.push_back(prev);
+    }
+    // Age everything so staleness is positive, then evict every other storage.
+    (void)engine->Call(std::vector<TensorId>{}, {}, 100000, "tick");
+    for (std::size_t i = 0; i + 1 < all.size(); i += 2) (void)engine->Evict(engine->StorageOf(all[i]));
+    for (StorageIndex s : engine->PoolOrder()) candidates.push_back(s);
+  }
+  std::unique_ptr<Policy> policy;
+  NullExecutor executor;
+  std::unique_ptr<Engine> engine;
+  std::vector<StorageId> candidates;
+};
+
+void BM_Choose(benchmark::State& state, std::string name, bool sample) {
+  Setup setup(name, 20000, nullptr);
+  std::mt19937_64 rng(1);
+  ChooseOptions options;
+  options.sample_sqrt = sample;
+  std::int64_t evaluations = 0;
+  ChooseContext ctx{&rng, &evaluations};
+  for (auto _ : state) {
+    std::optional<std::size_t> pick = setup.policy->Choose(setup.engine->view(), setup.candidates, options, ctx);
+    benchmark::DoNotOptimize(pick);
+  }
+  state.counters["candidates"] = static_cast<double>(setup.candidates.size());
+  state.counters["evals/choice"] = static_cast<double>(evaluations) / static_cast<double>(state.iterations());
+}
+
+void BM_CoopWindow(benchmark::State& state) {
+  ArenaOptions ao;
+  ao.capacity = std::size_t{20001} * 1024 + 4096;
+  ao.alignment = 512;
+  std::unique_ptr<Arena> arena = *Arena::Create(MakeVirtualProvider(), ao);
+  Setup setup("coop", 20000, arena.get());
+  const Policy& policy = *setup.policy;
+  const StorageView& view = setup.engine->view();
+  std::size_t blocks = 0;
+  arena->ForEachBlock([&](const BlockInfo&) { ++blocks; });
+  for (auto _ : state) {
+    std::optional<Window> w = arena->FindWindow(8 * 1024, [&](const BlockInfo& b) -> std::optional<double> {
+      return policy.WindowCost(view, b.owner - 1);
+    });
+    benchmark::DoNotOptimize(w);
+  }
+  state.counters["blocks"] = static_cast<double>(blocks);
+}
+
+void Register() {
+  for (const std::string& name : PolicyNames()) {
+    benchmark::RegisterBenchmark(("BM_Choose/" + name).c_str(), BM_Choose, name, false)
+        ->Unit(benchmark::kMicrosecond);
+    benchmark::RegisterBenchmark(("BM_Choose/" + name + "/sqrt").c_str(), BM_Choose, name, true)
+        ->Unit(benchmark::kMicrosecond);
+  }
+  benchmark::RegisterBenchmark("BM_CoopWindow/10k_blocks", BM_CoopWindow)->Unit(benchmark::kMicrosecond);
+}
+
+}  // namespace
+}  // namespace remat
+
+int main(int argc, char** argv) {
+  remat::Register();
+  benchmark::Initialize(&argc, argv);
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}
