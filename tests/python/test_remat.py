@@ -39,14 +39,46 @@ class SmallNet(torch.nn.Module):
         return self.head(self.drop(y.flatten(1)))
 
 
-def train(steps=3, optimizer="sgd"):
+class TinyTransformer(torch.nn.Module):
+    """Embedding, one encoder layer with dropout (attention and feed-forward), and a head."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed = torch.nn.Embedding(50, 32)
+        self.layer = torch.nn.TransformerEncoderLayer(32, 4, 64, dropout=0.2, batch_first=True)
+        self.head = torch.nn.Linear(32, 10)
+
+    def forward(self, tokens):
+        return self.head(self.layer(self.embed(tokens)).mean(1))
+
+
+class TinyLSTM(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lstm = torch.nn.LSTM(12, 16, num_layers=2, dropout=0.2, batch_first=True)
+        self.head = torch.nn.Linear(16, 10)
+
+    def forward(self, x):
+        out, _ = self.lstm(x)
+        return self.head(out[:, -1])
+
+
+MODELS = {
+    "cnn": (SmallNet, lambda: torch.randn(8, 3, 16, 16)),
+    "transformer": (TinyTransformer, lambda: torch.randint(0, 50, (8, 12))),
+    "lstm": (TinyLSTM, lambda: torch.randn(8, 10, 12)),
+}
+
+
+def train(steps=3, optimizer="sgd", model_name="cnn"):
     torch.manual_seed(0)
-    model = SmallNet()
+    make_model, make_data = MODELS[model_name]
+    model = make_model()
     if optimizer == "sgd":
         opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     else:
         opt = torch.optim.Adam(model.parameters(), lr=1e-3)
-    data = torch.randn(8, 3, 16, 16)
+    data = make_data()
     target = torch.randint(0, 10, (8,))
     losses = []
     for _ in range(steps):
@@ -65,13 +97,14 @@ def bitwise_equal(a, b):
             and torch.equal(a.reshape(-1).view(torch.uint8), b.reshape(-1).view(torch.uint8)))
 
 
-@pytest.mark.parametrize("optimizer", ["sgd", "adam"])
-def test_training_under_a_large_budget_is_bitwise_identical(optimizer):
-    reference = train(optimizer=optimizer)
+@pytest.mark.parametrize("model_name,optimizer",
+                         [("cnn", "sgd"), ("cnn", "adam"), ("transformer", "adam"), ("lstm", "sgd")])
+def test_training_under_a_large_budget_is_bitwise_identical(model_name, optimizer):
+    reference = train(optimizer=optimizer, model_name=model_name)
     budget = 256 * MiB
     with remat.enable(budget=budget):
         assert remat.is_enabled()
-        under_remat = train(optimizer=optimizer)
+        under_remat = train(optimizer=optimizer, model_name=model_name)
         s = remat.stats()
     assert not remat.is_enabled()
     for name, ref, got in zip(("losses", "grads", "params"), reference, under_remat):
