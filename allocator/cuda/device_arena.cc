@@ -1,0 +1,548 @@
+// DeviceArena: see device_arena.h for the contract.
+//
+// State under one mutex: live blocks (address -> size, requested size, stream, recorded streams), pending blocks
+// (freed, waiting for their events), the streams seen, the single-to-multi-stream barrier event, a pool of
+// reusable events and the statistics. The arena itself has its own lock; it is called under ours only for Free
+// (which never calls back), and without ours for Allocate (which may call the pressure handler, which takes ours).
+// `inflight` counts Allocate calls running without our lock, so EmptyCache never drops an arena in use.
+#include "allocator/cuda/device_arena.h"
+
+#include <algorithm>
+#include <atomic>
+#include <mutex>
+#include <string>
+#include <utility>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
+#include "absl/strings/str_cat.h"
+#include "allocator/cuda/cuda_provider.h"
+
+namespace remat::cuda {
+
+void StatCounter::Increase(std::int64_t amount) {
+  current += amount;
+  peak = std::max(peak, current);
+  allocated += amount;
+}
+
+void StatCounter::Decrease(std::int64_t amount) {
+  current -= amount;
+  freed += amount;
+}
+
+namespace {
+
+struct LiveBlock {
+  std::size_t size = 0;
+  std::size_t requested = 0;
+  cudaStream_t stream = nullptr;
+  std::vector<cudaStream_t> uses;  // recorded streams other than `stream`
+};
+
+struct PendingBlock {
+  std::uintptr_t address = 0;
+  std::size_t size = 0;
+  std::vector<cudaEvent_t> events;
+};
+
+}  // namespace
+
+struct DeviceArena::State {
+  class Reclaimer final : public PressureHandler {
+   public:
+    explicit Reclaimer(State* state) : state_(state) {}
+    bool MakeRoom(Arena& arena, std::size_t bytes) override { return state_->MakeRoom(arena, bytes); }
+
+   private:
+    State* state_;
+  };
+
+  CudaRuntime* runtime = nullptr;
+  DeviceArenaOptions options;
+  Reclaimer reclaimer{this};
+
+  mutable std::mutex mu;
+  std::shared_ptr<Arena> arena;                      // null until reserved
+  std::size_t resolved_budget = 0;                   // 0 until resolved
+  std::size_t segment_base = 0;
+  std::size_t segment_size = 0;
+  int inflight = 0;
+  absl::flat_hash_map<std::uintptr_t, LiveBlock> live;
+  std::vector<PendingBlock> pending;
+  std::size_t pending_bytes = 0;
+  absl::flat_hash_set<cudaStream_t> streams_seen;
+  bool multi_stream = false;
+  cudaEvent_t barrier = nullptr;                     // recorded on the first stream at the switch
+  std::vector<cudaEvent_t> free_events;
+  std::atomic<PressureHandler*> handler{nullptr};
+  DeviceArenaStats stats;                            // counters only; the rest is filled in by Stats()
+  std::uint64_t retired_pressure = 0;                // pressure_allocations of arenas already released
+
+  ~State() {
+    std::lock_guard<std::mutex> lock(mu);
+    (void)ReclaimLocked(/*synchronize=*/true);
+    ScopedDevice device(runtime, options.device);
+    if (barrier != nullptr) (void)runtime->EventDestroy(barrier);
+    for (cudaEvent_t event : free_events) (void)runtime->EventDestroy(event);
+    arena.reset();  // releases the segment (tensors still pointing into it are the caller's bug)
+  }
+
+  absl::StatusOr<std::size_t> ResolveBudgetLocked() {
+    if (resolved_budget != 0) return resolved_budget;
+    std::size_t bytes = options.budget;
+    if (bytes == 0) {
+      ScopedDevice device(runtime, options.device);
+      if (!device.status().ok()) return device.status();
+      absl::StatusOr<DeviceMemoryInfo> info = runtime->MemGetInfo();
+      if (!info.ok()) return info.status();
+      bytes = static_cast<std::size_t>(static_cast<double>(info->total) * options.budget_fraction);
+    }
+    bytes &= ~(options.alignment - 1);
+    if (bytes == 0) {
+      return absl::InvalidArgumentError(absl::StrCat("remat: the CUDA budget of device ", options.device,
+                                                     " comes out at 0 bytes"));
+    }
+    resolved_budget = bytes;
+    return bytes;
+  }
+
+  absl::Status EnsureArenaLocked() {
+    if (arena != nullptr) return absl::OkStatus();
+    absl::StatusOr<std::size_t> budget = ResolveBudgetLocked();
+    if (!budget.ok()) return budget.status();
+    ArenaOptions arena_options;
+    arena_options.capacity = *budget;
+    arena_options.alignment = options.alignment;
+    arena_options.grow = false;
+    absl::StatusOr<std::unique_ptr<Arena>> created =
+        Arena::Create(MakeCudaDeviceProvider(runtime, options.device), arena_options);
+    if (!created.ok()) {
+      return absl::Status(created.status().code(),
+                          absl::StrCat("remat: cannot reserve the CUDA budget of ", *budget, " bytes on device ",
+                                       options.device, ": ", created.status().message()));
+    }
+    arena = std::shared_ptr<Arena>(std::move(*created));
+    arena->SetPressureHandler(&reclaimer);
+    segment_base = 0;
+    segment_size = 0;
+    arena->ForEachBlock([&](const BlockInfo& block) {
+      if (segment_size == 0) segment_base = block.address;
+      segment_size += block.size;
+    });
+    stats.segment.Increase(1);
+    stats.reserved_bytes.Increase(static_cast<std::int64_t>(segment_size));
+    ++stats.device_mallocs;
+    return absl::OkStatus();
+  }
+
+  void ReleaseArenaLocked() {
+    if (arena == nullptr) return;
+    retired_pressure += arena->Stats().pressure_allocations;
+    {
+      ScopedDevice device(runtime, options.device);
+      arena.reset();
+    }
+    stats.segment.Decrease(1);
+    stats.reserved_bytes.Decrease(static_cast<std::int64_t>(segment_size));
+    ++stats.device_frees;
+    segment_base = 0;
+    segment_size = 0;
+  }
+
+  absl::StatusOr<cudaEvent_t> TakeEventLocked() {
+    if (!free_events.empty()) {
+      cudaEvent_t event = free_events.back();
+      free_events.pop_back();
+      return event;
+    }
+    return runtime->EventCreate();
+  }
+
+  // First sighting of `stream`: after the first stream, switch to multi-stream mode (see the header).
+  absl::Status NoteStreamLocked(cudaStream_t stream) {
+    if (streams_seen.contains(stream)) return absl::OkStatus();
+    if (streams_seen.empty()) {
+      streams_seen.insert(stream);
+      return absl::OkStatus();
+    }
+    ScopedDevice device(runtime, options.device);
+    if (!device.status().ok()) return device.status();
+    if (!multi_stream) {
+      const cudaStream_t first = *streams_seen.begin();
+      absl::StatusOr<cudaEvent_t> event = runtime->EventCreate();
+      if (!event.ok()) return event.status();
+      absl::Status recorded = runtime->EventRecord(*event, first);
+      if (!recorded.ok()) {
+        (void)runtime->EventDestroy(*event);
+        return recorded;
+      }
+      barrier = *event;
+      multi_stream = true;
+    }
+    if (barrier != nullptr) {
+      absl::StatusOr<bool> done = runtime->EventQuery(barrier);
+      if (!done.ok()) return done.status();
+      if (*done) {
+        (void)runtime->EventDestroy(barrier);
+        barrier = nullptr;
+      } else {
+        absl::Status waited = runtime->StreamWaitEvent(stream, barrier);
+        if (!waited.ok()) return waited;
+      }
+    }
+    streams_seen.insert(stream);
+    return absl::OkStatus();
+  }
+
+  void ReturnToArenaLocked(std::uintptr_t address, std::size_t size) {
+    const absl::Status status = arena->Free(address);
+    (void)status;  // cannot fail: the address is a live block of this arena by construction
+    stats.active.Decrease(1);
+    stats.active_bytes.Decrease(static_cast<std::int64_t>(size));
+  }
+
+  absl::StatusOr<std::size_t> ReclaimLocked(bool synchronize) {
+    if (pending.empty()) return std::size_t{0};
+    ScopedDevice device(runtime, options.device);
+    if (!device.status().ok()) return device.status();
+    if (synchronize) ++stats.synchronizations;
+    std::size_t reclaimed = 0;
+    absl::Status first_error;
+    std::vector<PendingBlock> still;
+    for (PendingBlock& block : pending) {
+      bool done = true;
+      for (cudaEvent_t event : block.events) {
+        absl::Status status;
+        if (synchronize) {
+          status = runtime->EventSynchronize(event);
+        } else {
+          absl::StatusOr<bool> query = runtime->EventQuery(event);
+          status = query.status();
+          if (query.ok() && !*query) done = false;
+        }
+        if (!status.ok()) {
+          if (first_error.ok()) first_error = status;
+          done = false;
+        }
+        if (!done) break;
+      }
+      if (!done) {
+        still.push_back(std::move(block));
+        continue;
+      }
+      for (cudaEvent_t event : block.events) free_events.push_back(event);
+      ReturnToArenaLocked(block.address, block.size);
+      pending_bytes -= block.size;
+      ++reclaimed;
+    }
+    pending = std::move(still);
+    if (reclaimed == 0 && !first_error.ok()) return first_error;
+    return reclaimed;
+  }
+
+  bool MakeRoom(Arena& target, std::size_t bytes) {
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      absl::StatusOr<std::size_t> completed = ReclaimLocked(/*synchronize=*/false);
+      if (completed.ok() && *completed > 0) return true;
+      absl::StatusOr<std::size_t> waited = ReclaimLocked(/*synchronize=*/true);
+      if (waited.ok() && *waited > 0) return true;
+    }
+    PressureHandler* user = handler.load(std::memory_order_acquire);
+    if (user == nullptr) return false;
+    const bool evicted = user->MakeRoom(target, bytes);
+    // Frees made by the handler in multi-stream mode are pending: wait for them so the arena sees them.
+    std::lock_guard<std::mutex> lock(mu);
+    absl::StatusOr<std::size_t> after = ReclaimLocked(/*synchronize=*/true);
+    return evicted || (after.ok() && *after > 0);
+  }
+
+  std::string ExhaustedMessage(std::size_t bytes, cudaStream_t stream, const absl::Status& status) {
+    const std::size_t aligned = std::max<std::size_t>(1, (bytes + options.alignment - 1) / options.alignment) *
+                                options.alignment;
+    ArenaStats arena_stats;
+    if (arena != nullptr) arena_stats = arena->Stats();
+    return absl::StrCat("remat: CUDA memory budget exhausted on device ", options.device, ": tried to allocate ",
+                        bytes, " bytes (", aligned, " aligned) on stream ",
+                        absl::Hex(reinterpret_cast<std::uintptr_t>(stream)), "; budget ", resolved_budget,
+                        " bytes, allocated ", stats.allocated_bytes.current, ", pending frees ", pending_bytes,
+                        ", free ", arena_stats.free_bytes, ", largest free block ", arena_stats.largest_free_block,
+                        ". Raise the budget (REMAT_BUDGET) or let remat evict. (", status.message(), ")");
+  }
+};
+
+DeviceArena::DeviceArena(std::unique_ptr<State> state) : state_(std::move(state)) {}
+DeviceArena::~DeviceArena() = default;
+
+absl::StatusOr<std::unique_ptr<DeviceArena>> DeviceArena::Create(CudaRuntime* runtime, DeviceArenaOptions options) {
+  if (runtime == nullptr) return absl::InvalidArgumentError("remat: DeviceArena needs a CUDA runtime");
+  if (options.device < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("remat: invalid CUDA device ", options.device));
+  }
+  if (options.alignment == 0 || (options.alignment & (options.alignment - 1)) != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("remat: alignment ", options.alignment, " is not a power of two"));
+  }
+  if (options.budget == 0 && !(options.budget_fraction > 0 && options.budget_fraction <= 1)) {
+    return absl::InvalidArgumentError(absl::StrCat("remat: the CUDA budget of device ", options.device,
+                                                   " must be > 0 bytes or a fraction in (0, 1], got ",
+                                                   options.budget_fraction));
+  }
+  auto state = std::make_unique<State>();
+  state->runtime = runtime;
+  state->options = options;
+  return std::unique_ptr<DeviceArena>(new DeviceArena(std::move(state)));
+}
+
+absl::StatusOr<std::uintptr_t> DeviceArena::Allocate(std::size_t bytes, cudaStream_t stream, Placement placement) {
+  State& s = *state_;
+  std::shared_ptr<Arena> arena;
+  {
+    std::lock_guard<std::mutex> lock(s.mu);
+    absl::Status status = s.NoteStreamLocked(stream);
+    if (!status.ok()) return status;
+    status = s.EnsureArenaLocked();
+    if (!status.ok()) {
+      ++s.stats.ooms;
+      return status;
+    }
+    (void)s.ReclaimLocked(/*synchronize=*/false);
+    arena = s.arena;
+    ++s.inflight;
+  }
+  absl::StatusOr<std::uintptr_t> address = arena->Allocate(bytes, kNoOwner, placement);
+  std::lock_guard<std::mutex> lock(s.mu);
+  --s.inflight;
+  if (!address.ok()) {
+    ++s.stats.ooms;
+    return absl::ResourceExhaustedError(s.ExhaustedMessage(bytes, stream, address.status()));
+  }
+  absl::StatusOr<BlockInfo> block = arena->Block(*address);
+  const std::size_t size = block.ok() ? block->size : bytes;
+  s.live[*address] = LiveBlock{size, bytes, stream, {}};
+  s.stats.allocation.Increase(1);
+  s.stats.allocated_bytes.Increase(static_cast<std::int64_t>(size));
+  s.stats.requested_bytes.Increase(static_cast<std::int64_t>(bytes));
+  s.stats.active.Increase(1);
+  s.stats.active_bytes.Increase(static_cast<std::int64_t>(size));
+  return *address;
+}
+
+absl::Status DeviceArena::Free(std::uintptr_t address) {
+  State& s = *state_;
+  std::lock_guard<std::mutex> lock(s.mu);
+  auto it = s.live.find(address);
+  if (it == s.live.end()) {
+    return absl::InvalidArgumentError(absl::StrCat("remat: freeing ", absl::Hex(address),
+                                                   ", which is not a live block of CUDA device ", s.options.device));
+  }
+  LiveBlock block = std::move(it->second);
+  s.live.erase(it);
+  s.stats.allocation.Decrease(1);
+  s.stats.allocated_bytes.Decrease(static_cast<std::int64_t>(block.size));
+  s.stats.requested_bytes.Decrease(static_cast<std::int64_t>(block.requested));
+  if (!s.multi_stream) {
+    s.ReturnToArenaLocked(address, block.size);
+    return absl::OkStatus();
+  }
+  PendingBlock pending{address, block.size, {}};
+  ScopedDevice device(s.runtime, s.options.device);
+  absl::Status status = device.status();
+  block.uses.push_back(block.stream);
+  for (cudaStream_t stream : block.uses) {
+    if (!status.ok()) break;
+    absl::StatusOr<cudaEvent_t> event = s.TakeEventLocked();
+    if (!event.ok()) {
+      status = event.status();
+      break;
+    }
+    status = s.runtime->EventRecord(*event, stream);
+    if (status.ok()) {
+      pending.events.push_back(*event);
+    } else {
+      s.free_events.push_back(*event);
+    }
+  }
+  if (!status.ok()) {
+    // Without an event we cannot know when the uses end: wait for the streams instead.
+    for (cudaStream_t stream : block.uses) (void)s.runtime->StreamSynchronize(stream);
+    for (cudaEvent_t event : pending.events) s.free_events.push_back(event);
+    s.ReturnToArenaLocked(address, block.size);
+    return status;
+  }
+  s.pending_bytes += block.size;
+  s.pending.push_back(std::move(pending));
+  return absl::OkStatus();
+}
+
+absl::Status DeviceArena::RecordStream(std::uintptr_t address, cudaStream_t stream) {
+  State& s = *state_;
+  std::lock_guard<std::mutex> lock(s.mu);
+  auto it = s.live.find(address);
+  if (it == s.live.end()) {
+    return absl::InvalidArgumentError(absl::StrCat("remat: record_stream on ", absl::Hex(address),
+                                                   ", which is not a live block of CUDA device ", s.options.device));
+  }
+  LiveBlock& block = it->second;
+  if (stream == block.stream || std::find(block.uses.begin(), block.uses.end(), stream) != block.uses.end()) {
+    return absl::OkStatus();
+  }
+  absl::Status status = s.NoteStreamLocked(stream);
+  if (!status.ok()) return status;
+  block.uses.push_back(stream);
+  return absl::OkStatus();
+}
+
+bool DeviceArena::Owns(std::uintptr_t address) const {
+  std::lock_guard<std::mutex> lock(state_->mu);
+  return state_->live.contains(address);
+}
+
+absl::StatusOr<std::size_t> DeviceArena::BlockSize(std::uintptr_t address) const {
+  std::lock_guard<std::mutex> lock(state_->mu);
+  auto it = state_->live.find(address);
+  if (it == state_->live.end()) return absl::NotFoundError("remat: not a live CUDA block");
+  return it->second.size;
+}
+
+absl::StatusOr<cudaStream_t> DeviceArena::BlockStream(std::uintptr_t address) const {
+  std::lock_guard<std::mutex> lock(state_->mu);
+  auto it = state_->live.find(address);
+  if (it == state_->live.end()) return absl::NotFoundError("remat: not a live CUDA block");
+  return it->second.stream;
+}
+
+absl::StatusOr<Segment> DeviceArena::SegmentOf(std::uintptr_t pointer) const {
+  std::lock_guard<std::mutex> lock(state_->mu);
+  const State& s = *state_;
+  if (s.arena == nullptr || pointer < s.segment_base || pointer >= s.segment_base + s.segment_size) {
+    return absl::NotFoundError(absl::StrCat("remat: ", absl::Hex(pointer), " is not in CUDA device ",
+                                            s.options.device, "'s arena"));
+  }
+  return Segment{s.segment_base, s.segment_size};
+}
+
+absl::StatusOr<std::size_t> DeviceArena::ReclaimPending(bool synchronize) {
+  std::lock_guard<std::mutex> lock(state_->mu);
+  return state_->ReclaimLocked(synchronize);
+}
+
+absl::Status DeviceArena::EmptyCache() {
+  State& s = *state_;
+  std::lock_guard<std::mutex> lock(s.mu);
+  absl::StatusOr<std::size_t> reclaimed = s.ReclaimLocked(/*synchronize=*/true);
+  if (!reclaimed.ok()) return reclaimed.status();
+  if (s.live.empty() && s.pending.empty() && s.inflight == 0) s.ReleaseArenaLocked();
+  return absl::OkStatus();
+}
+
+absl::Status DeviceArena::SetBudget(std::size_t bytes) {
+  if (bytes == 0) return absl::InvalidArgumentError("remat: the CUDA budget must be > 0 bytes");
+  State& s = *state_;
+  std::lock_guard<std::mutex> lock(s.mu);
+  (void)s.ReclaimLocked(/*synchronize=*/true);
+  if (!s.live.empty() || !s.pending.empty() || s.inflight != 0) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "remat: the CUDA budget of device ", s.options.device, " can only change while nothing is allocated (",
+        s.live.size(), " blocks, ", s.stats.allocated_bytes.current, " bytes are)"));
+  }
+  s.ReleaseArenaLocked();
+  s.options.budget = bytes;
+  s.options.budget_fraction = 0;
+  s.resolved_budget = 0;
+  return absl::OkStatus();
+}
+
+absl::Status DeviceArena::SetBudgetFraction(double fraction) {
+  if (!(fraction > 0 && fraction <= 1)) {
+    return absl::InvalidArgumentError(absl::StrCat("remat: a CUDA memory fraction must be in (0, 1], got ", fraction));
+  }
+  State& s = *state_;
+  std::lock_guard<std::mutex> lock(s.mu);
+  (void)s.ReclaimLocked(/*synchronize=*/true);
+  if (!s.live.empty() || !s.pending.empty() || s.inflight != 0) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "remat: the CUDA budget of device ", s.options.device, " can only change while nothing is allocated (",
+        s.live.size(), " blocks, ", s.stats.allocated_bytes.current, " bytes are)"));
+  }
+  s.ReleaseArenaLocked();
+  s.options.budget = 0;
+  s.options.budget_fraction = fraction;
+  s.resolved_budget = 0;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::size_t> DeviceArena::Budget() {
+  std::lock_guard<std::mutex> lock(state_->mu);
+  return state_->ResolveBudgetLocked();
+}
+
+std::size_t DeviceArena::LargestFreeBlock() {
+  std::lock_guard<std::mutex> lock(state_->mu);
+  State& s = *state_;
+  if (s.arena != nullptr) return s.arena->Stats().largest_free_block;
+  absl::StatusOr<std::size_t> budget = s.ResolveBudgetLocked();
+  return budget.ok() ? *budget : 0;
+}
+
+void DeviceArena::SetPressureHandler(PressureHandler* handler) {
+  state_->handler.store(handler, std::memory_order_release);
+}
+
+Arena* DeviceArena::arena() {
+  std::lock_guard<std::mutex> lock(state_->mu);
+  return state_->arena.get();
+}
+
+std::vector<BlockInfo> DeviceArena::Blocks() const {
+  std::lock_guard<std::mutex> lock(state_->mu);
+  std::vector<BlockInfo> blocks;
+  if (state_->arena != nullptr) state_->arena->ForEachBlock([&](const BlockInfo& b) { blocks.push_back(b); });
+  return blocks;
+}
+
+DeviceArenaStats DeviceArena::Stats() const {
+  std::lock_guard<std::mutex> lock(state_->mu);
+  const State& s = *state_;
+  DeviceArenaStats out = s.stats;
+  out.budget = s.resolved_budget;
+  out.pending_blocks = s.pending.size();
+  out.pending_bytes = s.pending_bytes;
+  out.multi_stream = s.multi_stream;
+  out.pressure_allocations = static_cast<std::int64_t>(s.retired_pressure);
+  if (s.arena != nullptr) {
+    const ArenaStats a = s.arena->Stats();
+    out.free_bytes = a.free_bytes;
+    out.largest_free_block = a.largest_free_block;
+    out.pressure_allocations += static_cast<std::int64_t>(a.pressure_allocations);
+  }
+  return out;
+}
+
+void DeviceArena::ResetPeak() {
+  std::lock_guard<std::mutex> lock(state_->mu);
+  DeviceArenaStats& st = state_->stats;
+  for (StatCounter* c : {&st.allocation, &st.allocated_bytes, &st.requested_bytes, &st.active, &st.active_bytes,
+                         &st.segment, &st.reserved_bytes}) {
+    c->peak = c->current;
+  }
+  if (state_->arena != nullptr) state_->arena->ResetPeak();
+}
+
+void DeviceArena::ResetAccumulated() {
+  std::lock_guard<std::mutex> lock(state_->mu);
+  DeviceArenaStats& st = state_->stats;
+  for (StatCounter* c : {&st.allocation, &st.allocated_bytes, &st.requested_bytes, &st.active, &st.active_bytes,
+                         &st.segment, &st.reserved_bytes}) {
+    c->allocated = 0;
+    c->freed = 0;
+  }
+  st.ooms = 0;
+  st.synchronizations = 0;
+  st.device_mallocs = 0;
+  st.device_frees = 0;
+}
+
+int DeviceArena::device() const { return state_->options.device; }
+
+}  // namespace remat::cuda

@@ -1,0 +1,116 @@
+// FakeCudaRuntime: a test double of CudaRuntime over host memory, linked only into tests.
+//
+// Model:
+//   - Devices: `device_count` devices of `device_bytes` each; DeviceMalloc returns 512-byte aligned host memory
+//     and fails with ResourceExhausted when a device's allocations would exceed its size. HostAllocPinned returns
+//     host memory too. Both kinds are remembered, and MemcpyAsync checks that each side lies inside a live
+//     allocation of the kind the copy names (a stray copy is an error, not silent corruption).
+//   - Streams are ordered queues of work (copies, event records, waits on events, test "kernels"). A stream runs
+//     its work as soon as it is enqueued, unless the test holds it (HoldStream): then work queues up until
+//     ReleaseStream. A wait on an event that has not completed blocks its stream's queue until it does. The legacy
+//     default stream (nullptr) is a stream like any other.
+//   - Events complete when their stream reaches the record. Synchronize (stream or event) models the host waiting
+//     for the GPU: it runs the held queues it depends on to the point waited for, and counts as a synchronization.
+//   - Launch(stream, fn) enqueues a host function as a kernel, so tests can model uses of memory in stream order.
+// Thread-safe (one recursive mutex); kernels run under it and may call back into the runtime.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "allocator/cuda/cuda_runtime.h"
+
+namespace remat::cuda {
+
+struct FakeCudaOptions {
+  int device_count = 1;
+  std::size_t device_bytes = std::size_t{1} << 30;
+};
+
+struct FakeCudaCounters {
+  std::uint64_t device_mallocs = 0;
+  std::uint64_t device_frees = 0;
+  std::uint64_t host_allocs = 0;
+  std::uint64_t host_frees = 0;
+  std::uint64_t copies = 0;
+  std::uint64_t synchronizations = 0;  // StreamSynchronize + EventSynchronize calls
+  std::uint64_t events_created = 0;
+  std::uint64_t events_destroyed = 0;
+  std::uint64_t stream_waits = 0;
+};
+
+class FakeCudaRuntime final : public CudaRuntime {
+ public:
+  explicit FakeCudaRuntime(FakeCudaOptions options = {});
+  ~FakeCudaRuntime() override;
+
+  // CudaRuntime
+  absl::StatusOr<int> DeviceCount() override;
+  absl::StatusOr<int> GetDevice() override;
+  absl::Status SetDevice(int device) override;
+  absl::StatusOr<DeviceMemoryInfo> MemGetInfo() override;
+  absl::StatusOr<void*> DeviceMalloc(std::size_t bytes) override;
+  absl::Status DeviceFree(void* pointer) override;
+  absl::StatusOr<void*> HostAllocPinned(std::size_t bytes) override;
+  absl::Status HostFreePinned(void* pointer) override;
+  absl::Status MemcpyAsync(void* dst, const void* src, std::size_t bytes, CopyKind kind,
+                           cudaStream_t stream) override;
+  absl::StatusOr<cudaStream_t> StreamCreate() override;
+  absl::Status StreamDestroy(cudaStream_t stream) override;
+  absl::Status StreamSynchronize(cudaStream_t stream) override;
+  absl::StatusOr<bool> StreamQuery(cudaStream_t stream) override;
+  absl::Status StreamWaitEvent(cudaStream_t stream, cudaEvent_t event) override;
+  absl::StatusOr<cudaEvent_t> EventCreate() override;
+  absl::Status EventRecord(cudaEvent_t event, cudaStream_t stream) override;
+  absl::StatusOr<bool> EventQuery(cudaEvent_t event) override;
+  absl::Status EventSynchronize(cudaEvent_t event) override;
+  absl::Status EventDestroy(cudaEvent_t event) override;
+
+  // Test controls.
+  void HoldStream(cudaStream_t stream);     // queue work instead of running it
+  void ReleaseStream(cudaStream_t stream);  // run what is queued (as far as waits allow), then run on enqueue
+  void Launch(cudaStream_t stream, std::function<void()> kernel);
+  std::size_t PendingWork(cudaStream_t stream) const;
+  void FailNextDeviceMalloc(std::string message = "injected cudaErrorMemoryAllocation");
+  FakeCudaCounters counters() const;
+  std::size_t live_device_allocations() const;
+  std::size_t live_host_allocations() const;
+  std::size_t live_events() const;
+  std::size_t device_bytes_in_use(int device) const;
+
+ private:
+  struct Event;
+  struct Work;
+  struct Stream;
+  struct Allocation {
+    std::size_t bytes = 0;
+    int device = -1;  // -1: pinned host
+  };
+
+  Stream* StreamOf(cudaStream_t stream) const;  // nullptr for an unknown handle
+  Event* EventOf(cudaEvent_t event) const;
+  void Enqueue(Stream* stream, Work work);
+  bool RunReady(Stream* stream);  // runs queued work until empty or blocked; true if anything ran
+  void Pump();                    // runs every released stream until nothing more can run
+  absl::Status SyncUntil(const std::function<bool()>& done);
+  bool InAllocation(const void* pointer, std::size_t bytes, bool device) const;
+
+  FakeCudaOptions options_;
+  mutable std::recursive_mutex mu_;
+  std::map<std::uintptr_t, Allocation> allocations_;
+  std::vector<std::size_t> device_used_;
+  std::vector<std::unique_ptr<Stream>> streams_;  // [0] is the legacy default stream
+  std::vector<std::unique_ptr<Event>> events_;
+  FakeCudaCounters counters_;
+  std::string fail_next_malloc_;
+  static thread_local int current_device_;
+};
+
+}  // namespace remat::cuda

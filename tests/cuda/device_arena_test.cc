@@ -1,0 +1,259 @@
+// DeviceArena over the test double: budget and stats, lazy reservation and empty_cache, stream-ordered reuse
+// (pending frees, record_stream, the single-to-multi-stream barrier), pressure and out-of-memory.
+#include "allocator/cuda/device_arena.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <vector>
+
+#include "allocator/cuda/fake_cuda_runtime.h"
+
+namespace remat::cuda {
+namespace {
+
+using ::testing::HasSubstr;
+
+std::unique_ptr<DeviceArena> MakeArena(FakeCudaRuntime& rt, std::size_t budget) {
+  DeviceArenaOptions options;
+  options.budget = budget;
+  absl::StatusOr<std::unique_ptr<DeviceArena>> arena = DeviceArena::Create(&rt, options);
+  EXPECT_TRUE(arena.ok()) << arena.status();
+  return std::move(*arena);
+}
+
+TEST(CudaDeviceArena, ReservesTheBudgetLazilyAndCountsStats) {
+  FakeCudaRuntime rt;
+  auto arena = MakeArena(rt, 1 << 20);
+  EXPECT_EQ(rt.live_device_allocations(), 0u);
+  EXPECT_EQ(arena->LargestFreeBlock(), 1u << 20);  // what cacheInfo reports before the first allocation
+  std::uintptr_t a = *arena->Allocate(1000, nullptr);
+  std::uintptr_t b = *arena->Allocate(3000, nullptr);
+  EXPECT_EQ(a % 512, 0u);
+  EXPECT_EQ(rt.live_device_allocations(), 1u);
+  DeviceArenaStats st = arena->Stats();
+  EXPECT_EQ(st.budget, 1u << 20);
+  EXPECT_EQ(st.allocated_bytes.current, 1024 + 3072);
+  EXPECT_EQ(st.requested_bytes.current, 4000);
+  EXPECT_EQ(st.reserved_bytes.current, 1 << 20);
+  EXPECT_EQ(st.allocation.current, 2);
+  EXPECT_EQ(st.segment.current, 1);
+  ASSERT_TRUE(arena->Free(b).ok());
+  st = arena->Stats();
+  EXPECT_EQ(st.allocated_bytes.current, 1024);
+  EXPECT_EQ(st.allocated_bytes.peak, 4096);
+  arena->ResetPeak();
+  EXPECT_EQ(arena->Stats().allocated_bytes.peak, 1024);
+  EXPECT_EQ(*arena->BlockSize(a), 1024u);
+  EXPECT_EQ(arena->SegmentOf(a + 100)->size, 1u << 20);
+  EXPECT_FALSE(arena->SegmentOf(12345).ok());
+
+  // empty_cache keeps the segment while a block lives, releases it when none does.
+  ASSERT_TRUE(arena->EmptyCache().ok());
+  EXPECT_EQ(rt.live_device_allocations(), 1u);
+  ASSERT_TRUE(arena->Free(a).ok());
+  ASSERT_TRUE(arena->EmptyCache().ok());
+  EXPECT_EQ(rt.live_device_allocations(), 0u);
+  EXPECT_EQ(arena->Stats().reserved_bytes.current, 0);
+  EXPECT_EQ(arena->arena(), nullptr);
+  EXPECT_TRUE(arena->Allocate(512, nullptr).ok());  // reserves again
+  EXPECT_EQ(arena->Stats().device_mallocs, 2);
+}
+
+TEST(CudaDeviceArena, BudgetAsAFractionOfDeviceMemory) {
+  FakeCudaRuntime rt(FakeCudaOptions{1, 1 << 20});
+  DeviceArenaOptions options;
+  options.budget_fraction = 0.25;
+  auto arena = std::move(*DeviceArena::Create(&rt, options));
+  EXPECT_EQ(*arena->Budget(), 1u << 18);
+  options.budget_fraction = 1.5;
+  EXPECT_FALSE(DeviceArena::Create(&rt, options).ok());
+}
+
+TEST(CudaDeviceArena, BudgetChangesOnlyWhenEmpty) {
+  FakeCudaRuntime rt;
+  auto arena = MakeArena(rt, 1 << 20);
+  std::uintptr_t a = *arena->Allocate(512, nullptr);
+  absl::Status status = arena->SetBudget(2 << 20);
+  EXPECT_EQ(status.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(status.message(), HasSubstr("only change while nothing is allocated"));
+  ASSERT_TRUE(arena->Free(a).ok());
+  ASSERT_TRUE(arena->SetBudget(2 << 20).ok());
+  EXPECT_EQ(*arena->Budget(), 2u << 20);
+}
+
+TEST(CudaDeviceArena, SingleStreamReusesAtOnce) {
+  FakeCudaRuntime rt;
+  auto arena = MakeArena(rt, 4096);
+  cudaStream_t s = *rt.StreamCreate();
+  rt.HoldStream(s);  // the GPU is behind: the freed block's last use has not run
+  std::uintptr_t a = *arena->Allocate(4096, s);
+  ASSERT_TRUE(arena->Free(a).ok());
+  // Same stream: stream order makes immediate reuse safe, and nothing waits.
+  EXPECT_EQ(*arena->Allocate(4096, s), a);
+  EXPECT_FALSE(arena->Stats().multi_stream);
+  EXPECT_EQ(rt.counters().synchronizations, 0u);
+}
+
+TEST(CudaDeviceArena, BlockWithPendingUseOnAnotherStreamIsNotReusedUntilItsEventCompletes) {
+  FakeCudaRuntime rt;
+  auto arena = MakeArena(rt, 4096);
+  cudaStream_t s1 = *rt.StreamCreate();
+  cudaStream_t s2 = *rt.StreamCreate();
+  std::uintptr_t x = *arena->Allocate(2048, s1);
+  ASSERT_TRUE(arena->RecordStream(x, s2).ok());  // torch's record_stream: s2 uses x too
+  EXPECT_TRUE(arena->Stats().multi_stream);
+  rt.HoldStream(s2);
+  bool use_done = false;
+  rt.Launch(s2, [&] { use_done = true; });  // the recorded use, still queued
+  ASSERT_TRUE(arena->Free(x).ok());
+  DeviceArenaStats st = arena->Stats();
+  EXPECT_EQ(st.pending_blocks, 1u);
+  EXPECT_EQ(st.allocated_bytes.current, 0);
+  EXPECT_EQ(st.active_bytes.current, 2048);
+
+  // Plenty of room elsewhere: the other half is handed out, not x.
+  std::uintptr_t y = *arena->Allocate(2048, s1);
+  EXPECT_NE(y, x);
+  EXPECT_FALSE(use_done);
+  EXPECT_EQ(arena->Stats().pending_blocks, 1u);
+
+  // The use finishes on the GPU: the next allocation finds the event complete and reuses x without waiting.
+  rt.ReleaseStream(s2);
+  EXPECT_TRUE(use_done);
+  const auto syncs = rt.counters().synchronizations;
+  EXPECT_EQ(*arena->Allocate(2048, s1), x);
+  EXPECT_EQ(rt.counters().synchronizations, syncs);
+  EXPECT_EQ(arena->Stats().pending_blocks, 0u);
+}
+
+TEST(CudaDeviceArena, UnderPressureWaitsForPendingUsesBeforeReusing) {
+  FakeCudaRuntime rt;
+  auto arena = MakeArena(rt, 2048);
+  cudaStream_t s1 = *rt.StreamCreate();
+  cudaStream_t s2 = *rt.StreamCreate();
+  std::uintptr_t x = *arena->Allocate(2048, s1);
+  ASSERT_TRUE(arena->RecordStream(x, s2).ok());
+  rt.HoldStream(s2);
+  bool use_done = false;
+  rt.Launch(s2, [&] { use_done = true; });
+  ASSERT_TRUE(arena->Free(x).ok());
+  // The budget is full of x: the allocation must wait for x's use to finish (EventSynchronize), then reuse it.
+  absl::StatusOr<std::uintptr_t> again = arena->Allocate(2048, s1);
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(*again, x);
+  EXPECT_TRUE(use_done);
+  EXPECT_EQ(arena->Stats().synchronizations, 1);
+  EXPECT_EQ(arena->Stats().pressure_allocations, 1);
+}
+
+TEST(CudaDeviceArena, ANewStreamWaitsForWorkOfTheFirstStream) {
+  FakeCudaRuntime rt;
+  auto arena = MakeArena(rt, 2048);
+  cudaStream_t s1 = *rt.StreamCreate();
+  cudaStream_t s2 = *rt.StreamCreate();
+  rt.HoldStream(s1);
+  std::vector<int> order;
+  std::uintptr_t x = *arena->Allocate(2048, s1);
+  rt.Launch(s1, [&] { order.push_back(1); });  // last use of x on s1, queued
+  ASSERT_TRUE(arena->Free(x).ok());            // single-stream mode: back in the arena at once
+  // s2 appears and gets the same memory: it must not run before s1's queued use.
+  EXPECT_EQ(*arena->Allocate(2048, s2), x);
+  rt.Launch(s2, [&] { order.push_back(2); });
+  EXPECT_TRUE(order.empty());
+  rt.ReleaseStream(s1);
+  EXPECT_EQ(order, (std::vector<int>{1, 2}));
+}
+
+TEST(CudaDeviceArena, WithoutAHandlerFailsNamingTheRequest) {
+  FakeCudaRuntime rt;
+  auto arena = MakeArena(rt, 4096);
+  std::uintptr_t a = *arena->Allocate(3000, nullptr);
+  absl::StatusOr<std::uintptr_t> big = arena->Allocate(2000, nullptr);
+  ASSERT_FALSE(big.ok());
+  EXPECT_EQ(big.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(big.status().message(), HasSubstr("tried to allocate 2000 bytes (2048 aligned)"));
+  EXPECT_THAT(big.status().message(), HasSubstr("budget 4096 bytes, allocated 3072"));
+  EXPECT_EQ(arena->Stats().ooms, 1);
+  ASSERT_TRUE(arena->Free(a).ok());
+}
+
+class FreeingHandler final : public PressureHandler {
+ public:
+  FreeingHandler(DeviceArena* arena, std::vector<std::uintptr_t> victims) : arena_(arena), victims_(victims) {}
+  bool MakeRoom(Arena&, std::size_t bytes) override {
+    ++calls;
+    last_request = bytes;
+    if (victims_.empty()) return false;
+    EXPECT_TRUE(arena_->Free(victims_.back()).ok());
+    victims_.pop_back();
+    return true;
+  }
+  int calls = 0;
+  std::size_t last_request = 0;
+
+ private:
+  DeviceArena* arena_;
+  std::vector<std::uintptr_t> victims_;
+};
+
+TEST(CudaDeviceArena, CallsThePressureHandlerWhenTheBudgetIsFull) {
+  FakeCudaRuntime rt;
+  auto arena = MakeArena(rt, 4096);
+  std::uintptr_t a = *arena->Allocate(2048, nullptr);
+  std::uintptr_t b = *arena->Allocate(2048, nullptr);
+  FreeingHandler handler(arena.get(), {a});
+  arena->SetPressureHandler(&handler);
+  absl::StatusOr<std::uintptr_t> c = arena->Allocate(2048, nullptr);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(*c, a);
+  EXPECT_EQ(handler.calls, 1);
+  EXPECT_EQ(handler.last_request, 2048u);
+  // Nothing more to evict: the handler gives up and the allocation fails.
+  EXPECT_EQ(arena->Allocate(2048, nullptr).status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(handler.calls, 2);
+  arena->SetPressureHandler(nullptr);
+  ASSERT_TRUE(arena->Free(b).ok());
+  ASSERT_TRUE(arena->Free(*c).ok());
+}
+
+TEST(CudaDeviceArena, EvictionsOnBusyStreamsAreWaitedFor) {
+  FakeCudaRuntime rt;
+  auto arena = MakeArena(rt, 4096);
+  cudaStream_t s1 = *rt.StreamCreate();
+  cudaStream_t s2 = *rt.StreamCreate();
+  std::uintptr_t a = *arena->Allocate(2048, s1);
+  std::uintptr_t b = *arena->Allocate(2048, s2);  // multi-stream from here on
+  rt.HoldStream(s1);
+  bool use_done = false;
+  rt.Launch(s1, [&] { use_done = true; });
+  FreeingHandler handler(arena.get(), {a});  // the runtime evicts a, whose last use is still queued on s1
+  arena->SetPressureHandler(&handler);
+  absl::StatusOr<std::uintptr_t> c = arena->Allocate(2048, s2);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(*c, a);
+  EXPECT_TRUE(use_done);
+  arena->SetPressureHandler(nullptr);
+  ASSERT_TRUE(arena->Free(b).ok());
+  ASSERT_TRUE(arena->Free(*c).ok());
+}
+
+TEST(CudaDeviceArena, RejectsUnknownAddresses) {
+  FakeCudaRuntime rt;
+  auto arena = MakeArena(rt, 4096);
+  EXPECT_EQ(arena->Free(0x1000).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(arena->RecordStream(0x1000, nullptr).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_FALSE(arena->Owns(0x1000));
+}
+
+TEST(CudaDeviceArena, ReservationFailureIsReported) {
+  FakeCudaRuntime rt(FakeCudaOptions{1, 1 << 20});
+  auto arena = MakeArena(rt, 2 << 20);  // more than the device has
+  absl::StatusOr<std::uintptr_t> a = arena->Allocate(512, nullptr);
+  ASSERT_FALSE(a.ok());
+  EXPECT_EQ(a.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(a.status().message(), HasSubstr("cannot reserve the CUDA budget of 2097152 bytes on device 0"));
+}
+
+}  // namespace
+}  // namespace remat::cuda
