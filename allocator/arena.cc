@@ -29,7 +29,9 @@
 // Each block's cost is read once and parked in its node so the left end can subtract it again. The running sum
 // is only a filter (add/subtract drifts by rounding): a window whose running sum comes within a rounding bound of
 // the best is re-summed in address order, and windows are compared on those exact sums. So ties are real ties,
-// the result equals a brute-force search bit for bit, and the re-summing is rare unless many windows tie.
+// and the result equals a brute-force search bit for bit. While every cost in the run is a multiple of 2^-10
+// (integers, halves...; sums below 2^43) the running sum is exact and nothing is re-summed, so the usual
+// many-ties case (equal costs) stays O(blocks); many near-ties among other fractions cost O(blocks x window).
 #include "allocator/arena.h"
 
 #include <algorithm>
@@ -498,18 +500,23 @@ std::optional<Window> Arena::FindWindow(std::size_t bytes, BlockCost cost) const
   absl::StatusOr<std::size_t> aligned_or = s.Align(bytes);
   if (!aligned_or.ok()) return std::nullopt;
   const std::size_t aligned = *aligned_or;
-  std::lock_guard<std::mutex> lock(s.mu);  
+  std::lock_guard<std::mutex> lock(s.mu);
   ScopedTimer timer(&s.search_ticks);
 
   const Node* best_l = nullptr;
   const Node* best_r = nullptr;
   double best_cost = 0;  // summed in address order, exactly as a caller would sum the window
+  // Multiples of 2^-10 whose sums stay below 2^43 add and subtract exactly (they are integers below 2^53 once
+  // scaled by 2^10, an exact scaling). Integer costs and halves, quarters... take the exact path.
+  constexpr double kScale = 1024;
+  constexpr double kExactBelow = 8796093022208.0;  // 2^43
   for (const auto& seg : s.segments) {
     if (seg->usable < aligned) continue;
     const Node* l = seg->first;
     std::size_t sum_size = 0;
-    double sum_cost = 0;    // running sum: a filter, off by rounding
+    double sum_cost = 0;    // running sum: a filter, off by rounding unless `integral`
     double max_sum = 0;     // largest running sum since the last reset, which bounds that rounding
+    bool integral = true;   // every cost since the last reset is a multiple of 2^-10: the running sum is exact
     std::size_t owned = 0;  // allocated blocks in [l, r]
     for (const Node* r = seg->first; r != nullptr; r = r->next) {
       double c = 0;
@@ -522,10 +529,13 @@ std::optional<Window> Arena::FindWindow(std::size_t bytes, BlockCost cost) const
           sum_size = 0;
           sum_cost = 0;
           max_sum = 0;
+          integral = true;
           owned = 0;
           continue;
         }
         c = std::max(c, 0.0);
+        integral = integral && c < kExactBelow &&
+                   c * kScale == static_cast<double>(static_cast<std::int64_t>(c * kScale));
         ++owned;
       }
       r->window_cost = c;
@@ -539,16 +549,24 @@ std::optional<Window> Arena::FindWindow(std::size_t bytes, BlockCost cost) const
           owned -= l->free ? 0 : 1;
           l = l->next;
         } while (sum_size - l->size >= aligned);
-        if (owned == 0) sum_cost = 0;  // drop rounding drift whenever it is known to be exactly 0
+        if (owned == 0) {  // only free blocks left: the sum is exactly 0, whatever rounding happened before
+          sum_cost = 0;
+          max_sum = 0;
+          integral = true;
+        }
       }
       if (sum_size < aligned) continue;
-      // Each add or subtract rounds by at most max_sum * 2^-53; 1e-8 covers a run of some 10^8 of them.
-      if (best_r != nullptr && !(sum_cost < best_cost + 1e-8 * max_sum)) continue;
-      // A candidate: compare its exact sum.
-      double exact = 0;
-      for (const Node* b = l;; b = b->next) {
-        exact += b->window_cost;
-        if (b == r) break;
+      double exact = sum_cost;
+      if (!integral || max_sum >= kExactBelow) {
+        // Each add or subtract rounds by at most max_sum * 2^-53; 1e-8 covers a run of some 10^8 of them.
+        if (best_r != nullptr && !(sum_cost < best_cost + 1e-8 * max_sum)) continue;
+        // A candidate: compare its exact sum. (Many windows within rounding of each other make this
+        // O(blocks x window); costs on the exact path never get here.)
+        exact = 0;
+        for (const Node* b = l;; b = b->next) {
+          exact += b->window_cost;
+          if (b == r) break;
+        }
       }
       if (best_r == nullptr || exact < best_cost) {
         best_l = l;

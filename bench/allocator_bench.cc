@@ -137,9 +137,38 @@ void BM_FindWindow(benchmark::State& state) {
   state.counters["blocks"] = static_cast<double>(n);
 }
 
+// The same layout with every evictable block costing 1: every window of as many blocks ties, the case where a
+// careless exact-tie rule would re-sum every window.
+void BM_FindWindowEqualCosts(benchmark::State& state) {
+  const std::size_t blocks = static_cast<std::size_t>(state.range(0));
+  const Workload w = MakeWorkload(blocks);
+  ArenaOptions options;
+  options.alignment = kAlignment;
+  options.capacity = w.live_bytes + blocks * kAlignment;
+  auto arena = *Arena::Create(MakeVirtualProvider(), options);
+  std::vector<std::uintptr_t> slots(blocks);
+  for (std::size_t i = 0; i < blocks; ++i) slots[i] = *arena->Allocate(w.initial[i], i + 1);
+  std::mt19937_64 rng(7);
+  std::vector<std::optional<double>> cost(blocks + 1);
+  for (std::size_t i = 0; i < blocks; ++i) {
+    const int roll = static_cast<int>(rng() % 100);
+    if (roll < 20) {
+      (void)arena->Free(slots[i]);
+    } else if (roll >= 25) {
+      cost[i + 1] = 1.0;
+    }
+  }
+  const std::size_t request = 64 * (w.live_bytes / blocks);
+  for (auto _ : state) {
+    auto win = arena->FindWindow(request, [&](const BlockInfo& b) { return cost[b.owner]; });
+    benchmark::DoNotOptimize(win);
+  }
+}
+
 BENCHMARK(BM_ArenaPair)->Arg(1000)->Arg(10000)->Arg(100000);
 BENCHMARK(BM_GlibcPair)->Arg(1000)->Arg(10000)->Arg(100000);
 BENCHMARK(BM_FindWindow)->Arg(10000)->Arg(100000)->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_FindWindowEqualCosts)->Arg(10000)->Unit(benchmark::kMicrosecond);
 
 }  // namespace
 }  // namespace remat
