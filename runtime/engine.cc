@@ -63,6 +63,7 @@ struct Engine::Impl {
     bool material = false;
     bool computed = false;  // has been computed at least once (evicted vs never produced)
     bool pinned = false;
+    bool dead = false;  // free_dead: no reference and nothing alive can ever need it; out of the graph for good
     bool in_pool = false;
     bool has_address = false;
     std::uintptr_t address = 0;
@@ -179,7 +180,7 @@ struct Engine::Impl {
   void NonMaterialNeighbours(StorageIndex s, std::vector<StorageIndex>& out) const {
     out.clear();
     auto add = [&](StorageIndex n) {
-      if (n == s || storages[n].material) return;
+      if (n == s || storages[n].material || storages[n].dead) return;
       for (StorageIndex x : out) {
         if (x == n) return;
       }
@@ -254,7 +255,7 @@ struct Engine::Impl {
       StorageIndex s = dfs.back();
       dfs.pop_back();
       for (StorageIndex us : adjacency[s]) {
-        if (mark[us] == st) continue;
+        if (mark[us] == st || storages[us].dead) continue;
         if (storages[us].material) {
           if (us != base) {
             mark[us] = st;
@@ -460,6 +461,32 @@ void Engine::Release(TensorId t) {
     st.material = false;
     stats_.used_bytes -= st.size;
     for (TensorId u : st.tensors) m.tensors[u].defined = false;
+  }
+  if (options_.free_dead && st.ext_refs == 0) FreeDead(s);
+}
+
+// A storage is dead when it has no external reference and every storage computed from it is dead: no future op
+// can read it and no replay can need it. Dead storages leave the graph (they no longer count in neighbourhood
+// costs); a resident one would be freed, but eager eviction on release has already dropped its memory.
+void Engine::FreeDead(StorageIndex start) {
+  Impl& m = *impl_;
+  std::vector<StorageIndex> work = {start};
+  while (!work.empty()) {
+    StorageIndex x = work.back();
+    work.pop_back();
+    Impl::Storage& st = m.storages[x];
+    if (st.dead || st.ext_refs > 0 || st.pinned || st.locks > 0 || !st.computed) continue;
+    bool children_dead = true;
+    for (StorageIndex c : m.storage_children[x]) children_dead = children_dead && (c == x || m.storages[c].dead);
+    if (!children_dead) continue;
+    if (st.material) {
+      (void)Evict(x);
+      stats_.evictions -= 1;
+      stats_.release_evictions += 1;
+    }
+    st.dead = true;
+    ++stats_.freed_storages;
+    for (StorageIndex p : m.storage_parents[x]) work.push_back(p);
   }
 }
 

@@ -55,6 +55,9 @@ struct EngineOptions {
   std::int64_t remat_limit = -1;           // thrash limit on summed replay cost; < 0 disables
   bool replay_views = true;                // see the contract above
   bool free_released_constants = false;    // a constant whose last reference dies is freed (baseline runs)
+  // Free storages for good once nothing can need them (no reference, every storage computed from them dead):
+  // they leave the neighbourhood costs. Off in the prototype's model (simrd keeps them forever).
+  bool free_dead = false;
   Arena* arena = nullptr;                  // arena mode: the arena the executor allocates from (for windows, stats)
 };
 
@@ -70,6 +73,7 @@ struct EngineStats {
   std::int64_t remat_compute = 0;      // cost of replays
   std::int64_t evictions = 0;          // by the policy (pressure)
   std::int64_t release_evictions = 0;  // because the last external reference died
+  std::int64_t freed_storages = 0;     // free_dead: storages out of the graph for good
   std::int64_t rematerializations = 0; // ops replayed
   std::int64_t heuristic_evaluations = 0;
   std::int64_t search_ns = 0;
@@ -163,6 +167,7 @@ class Engine final : public PressureHandler, private StorageView {
   OpId NewOp(std::span<const TensorId> inputs, std::int64_t cost, std::string_view name);
   absl::Status AddOutputs(OpId op, std::span<const OutputSpec> outputs);
   void AfterCompute();
+  void FreeDead(StorageIndex s);
 
   std::unique_ptr<Impl> impl_;
   EngineOptions options_;

@@ -210,6 +210,7 @@ ReplayResult Replayer::Run(const ReplayOptions& options) {
                                                    static_cast<double>(impl_->baseline.compute_ns))
                        : -1;
   eo.replay_views = options.simrd_compat;
+  eo.free_dead = !options.simrd_compat;
   eo.arena = arena.get();
   SimExecutor executor(arena.get(), options.cheap_tensor_partitioning);
   Engine engine(eo, &executor);

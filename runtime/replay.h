@@ -15,7 +15,9 @@
 //     the engine rejects (message says why). Overhead, peak and counters are still filled in up to the failure.
 //   - `simrd_compat` (default true) reproduces the DTR prototype simulator's choices exactly (README "What simrd
 //     does exactly"): a released storage is evicted but kept for neighbourhood costs even when nothing can need
-//     it any more. With false, such storages are freed for good (the engine's own behaviour).
+//     it any more, and an evicted view is brought back by replaying its view op. With false (the engine's own
+//     behaviour, as in PyTorch), such storages are freed for good (EngineOptions::free_dead) and views come back
+//     with their storage (no view-op replay).
 //   - Runs are independent and deterministic (random policy: seeded by `seed`). A Replayer is not thread-safe;
 //     use one per thread (the Trace may be shared).
 #pragma once

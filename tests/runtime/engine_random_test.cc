@@ -162,6 +162,8 @@ TEST(EngineRandomTest, EveryPolicyEveryModeRecomputesExactly) {
           o.seed = seed;
           o.arena = arena.get();
           o.choose.sample_sqrt = b == 2;
+          o.free_dead = b == 1;      // the engine's own model: dead storages leave the graph,
+          o.replay_views = b != 1;   // views come back with their storage
           Engine e(o, &ex);
           if (arena) arena->SetPressureHandler(&e);
           absl::Status s = RunGraph(seed, e, ex, nullptr);

@@ -327,3 +327,28 @@ TEST(EngineSplitTest, BeginEndOpWithArenaPressure) {
 
 }  // namespace
 }  // namespace remat
+
+namespace remat {
+namespace {
+
+TEST(EngineDeadTest, StoragesNothingCanNeedAreFreedForGood) {
+  std::unique_ptr<Policy> policy = *MakePolicy("dtr-eq");
+  RecordingExecutor ex;
+  EngineOptions o;
+  o.policy = policy.get();
+  o.free_dead = true;
+  Engine e(o, &ex);
+  TensorId a = *e.Constant(10);
+  OutputSpec out{100, -1};
+  TensorId b = (*e.Call(std::vector<TensorId>{a}, {&out, 1}, 1, "b"))[0];
+  TensorId c = (*e.Call(std::vector<TensorId>{b}, {&out, 1}, 1, "c"))[0];
+  e.Release(b);  // c may still need b: evicted, not dead
+  EXPECT_EQ(e.stats().freed_storages, 0);
+  EXPECT_FALSE(e.Resident(e.StorageOf(b)));
+  e.Release(c);  // now nothing can need c, nor b
+  EXPECT_EQ(e.stats().freed_storages, 2);
+  EXPECT_EQ(e.stats().used_bytes, 10);
+}
+
+}  // namespace
+}  // namespace remat
