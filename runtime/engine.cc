@@ -195,6 +195,14 @@ struct Engine::Impl {
   // evicted), so they are not maintained. Traversal uses the storage-level adjacency (parents/children storages of
   // any tensor of the storage, with repeats), which visits exactly what the prototype's tensor-level walk does.
   std::vector<std::vector<StorageIndex>> storage_parents, storage_children;
+  // Compact mirrors of Storage::material/dead and Storage::compute for the region walks (cache-friendly).
+  enum : std::uint8_t { kMaterial = 1, kDead = 2 };
+  std::vector<std::uint8_t> state;
+  std::vector<std::int64_t> costs;
+  void SetMaterial(StorageIndex s, bool material) {
+    storages[s].material = material;
+    state[s] = static_cast<std::uint8_t>((state[s] & ~kMaterial) | (material ? kMaterial : 0));
+  }
   std::vector<std::uint32_t> mark;
   std::uint32_t stamp = 0;
 
@@ -228,7 +236,7 @@ struct Engine::Impl {
     // interior |= other.interior | {s}; compute += c(s) + c(other.interior - interior - {s})
     st = NextStamp();
     for (StorageIndex i : region.interior) mark[i] = st;
-    std::int64_t added = storages[s].compute;
+    std::int64_t added = costs[s];
     if (mark[s] != st) {
       mark[s] = st;
       region.interior.push_back(s);
@@ -237,7 +245,7 @@ struct Engine::Impl {
       if (mark[i] != st) {
         mark[i] = st;
         region.interior.push_back(i);
-        added += storages[i].compute;
+        added += costs[i];
       }
     }
     region.compute += added;
@@ -255,8 +263,10 @@ struct Engine::Impl {
       StorageIndex s = dfs.back();
       dfs.pop_back();
       for (StorageIndex us : adjacency[s]) {
-        if (mark[us] == st || storages[us].dead) continue;
-        if (storages[us].material) {
+        if (mark[us] == st) continue;
+        const std::uint8_t flags = state[us];
+        if (flags & kDead) continue;
+        if (flags & kMaterial) {
           if (us != base) {
             mark[us] = st;
             region.frontier.push_back(us);
@@ -265,7 +275,7 @@ struct Engine::Impl {
         }
         mark[us] = st;
         region.interior.push_back(us);
-        region.compute += storages[us].compute;
+        region.compute += costs[us];
         dfs.push_back(us);
       }
     }
@@ -340,6 +350,8 @@ absl::Status Engine::AddOutputs(OpId op_id, std::span<const OutputSpec> outputs)
       op.total_size += spec.bytes;
       m.storage_parents.emplace_back();
       m.storage_children.emplace_back();
+      m.state.push_back(0);
+      m.costs.push_back(0);
       if (m.regions) {
         m.fwd.emplace_back();
         m.rev.emplace_back();
@@ -350,7 +362,10 @@ absl::Status Engine::AddOutputs(OpId op_id, std::span<const OutputSpec> outputs)
     Impl::Storage& st = m.storages[s];
     bool op_seen = false;
     for (TensorId u : st.tensors) op_seen = op_seen || m.tensors[u].op == op_id;
-    if (!op_seen) st.compute += op.cost;
+    if (!op_seen) {
+      st.compute += op.cost;
+      m.costs[s] += op.cost;
+    }
     st.tensors.push_back(t);
     st.ext_refs += 1;
     m.tensors.push_back(std::move(tensor));
@@ -418,7 +433,8 @@ absl::StatusOr<std::span<const TensorId>> Engine::EndOp(OpId op_id, std::span<co
     t.defined = true;
     if (t.alias) continue;
     Impl::Storage& st = m.storages[t.storage];
-    st.material = st.computed = true;
+    m.SetMaterial(t.storage, true);
+    st.computed = true;
     if (outputs[i].address != 0) {
       st.address = outputs[i].address;
       st.has_address = true;
@@ -458,7 +474,7 @@ void Engine::Release(TensorId t) {
     stats_.evictions -= 1;
     stats_.release_evictions += 1;
   } else if (st.ext_refs == 0 && st.material && st.pinned && options_.free_released_constants) {
-    st.material = false;
+    m.SetMaterial(s, false);
     stats_.used_bytes -= st.size;
     for (TensorId u : st.tensors) m.tensors[u].defined = false;
   }
@@ -485,6 +501,7 @@ void Engine::FreeDead(StorageIndex start) {
       stats_.release_evictions += 1;
     }
     st.dead = true;
+    m.state[x] |= Impl::kDead;
     ++stats_.freed_storages;
     for (StorageIndex p : m.storage_parents[x]) work.push_back(p);
   }
@@ -509,7 +526,7 @@ absl::Status Engine::Evict(StorageIndex s) {
   if (!st.material || st.locks != 0 || st.pinned) {
     return absl::FailedPreconditionError(absl::StrCat("storage ", s, " is not evictable"));
   }
-  st.material = false;
+  m.SetMaterial(s, false);
   stats_.used_bytes -= st.size;
   m.PoolRemove(s);
   for (TensorId t : st.tensors) m.tensors[t].defined = false;
@@ -654,12 +671,12 @@ absl::Status Engine::RunFrames() {
         stats_.peak_bytes = std::max(stats_.peak_bytes, stats_.used_bytes);
       }
     }
-    m.storages[m.tensors[t].storage].material = true;
+    m.SetMaterial(m.tensors[t].storage, true);
     m.storages[m.tensors[t].storage].computed = true;
     m.tensors[t].defined = true;
     for (TensorId u : outs) {
       if (u == t || m.tensors[u].defined) continue;
-      m.storages[m.tensors[u].storage].material = true;
+      m.SetMaterial(m.tensors[u].storage, true);
       m.storages[m.tensors[u].storage].computed = true;
       m.tensors[u].defined = true;
     }
