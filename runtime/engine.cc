@@ -257,28 +257,38 @@ struct Engine::Impl {
     // Interior and frontier are disjoint (material vs not), so one stamp serves both.
     const std::uint32_t st = NextStamp();
     const std::vector<std::vector<StorageIndex>>& adjacency = reverse ? storage_parents : storage_children;
+    // Raw pointers: the compiler cannot prove the vectors below do not alias the region's vectors.
+    std::uint32_t* const mk = mark.data();
+    const std::uint8_t* const flags_of = state.data();
+    const std::int64_t* const cost_of = costs.data();
+    std::int64_t compute = 0;
     dfs.clear();
     dfs.push_back(base);
     while (!dfs.empty()) {
       StorageIndex s = dfs.back();
       dfs.pop_back();
-      for (StorageIndex us : adjacency[s]) {
-        if (mark[us] == st) continue;
-        const std::uint8_t flags = state[us];
+      const std::vector<StorageIndex>& next = adjacency[s];
+      const StorageIndex* it = next.data();
+      const StorageIndex* const end = it + next.size();
+      for (; it != end; ++it) {
+        const StorageIndex us = *it;
+        if (mk[us] == st) continue;
+        const std::uint8_t flags = flags_of[us];
         if (flags & kDead) continue;
         if (flags & kMaterial) {
           if (us != base) {
-            mark[us] = st;
+            mk[us] = st;
             region.frontier.push_back(us);
           }
           continue;
         }
-        mark[us] = st;
+        mk[us] = st;
         region.interior.push_back(us);
-        region.compute += costs[us];
+        compute += cost_of[us];
         dfs.push_back(us);
       }
     }
+    region.compute = compute;
   }
 };
 
@@ -380,8 +390,15 @@ absl::Status Engine::AddOutputs(OpId op_id, std::span<const OutputSpec> outputs)
       StorageIndex su = m.tensors[m.op_outputs[op.out_begin + i]].storage;
       for (TensorId p : inputs) {
         StorageIndex sp = m.tensors[p].storage;
-        m.storage_parents[su].push_back(sp);
-        m.storage_children[sp].push_back(su);
+        // Repeats change nothing in the walks (marks), so skip the obvious ones (same input twice, many views).
+        auto add = [](std::vector<StorageIndex>& v, StorageIndex x) {
+          for (std::size_t k = v.size(), n = 0; k > 0 && n < 4; --k, ++n) {
+            if (v[k - 1] == x) return;
+          }
+          v.push_back(x);
+        };
+        add(m.storage_parents[su], sp);
+        add(m.storage_children[sp], su);
       }
     }
   }
