@@ -47,6 +47,10 @@ constexpr const char* kGeneratorlessRandomOps[] = {
     "aten::alpha_dropout_",        "aten::feature_alpha_dropout", "aten::feature_alpha_dropout_",
 };
 
+// Ops whose effect is more than their outputs (collectives, profiler ranges): running one again is not a
+// recomputation.
+constexpr const char* kSideEffectNamespaces[] = {"c10d::", "_c10d_functional::", "c10d_functional::", "profiler::"};
+
 // ---- Traits ----
 
 bool IsGeneratorType(const c10::TypePtr& type) {
@@ -100,6 +104,9 @@ std::unique_ptr<OpTraits> ComputeTraits(const c10::FunctionSchema& schema) {
   auto traits = std::make_unique<OpTraits>();
   traits->name = schema.overload_name().empty() ? schema.name() : absl::StrCat(schema.name(), ".", schema.overload_name());
   traits->tracked = !absl::StartsWith(schema.name(), "remat::");
+  for (const char* prefix : kSideEffectNamespaces) {
+    if (absl::StartsWith(schema.name(), prefix)) traits->replayable = false;
+  }
   const auto& arguments = schema.arguments();
   std::vector<std::vector<c10::Symbol>> argument_sets(arguments.size());
   for (std::size_t i = 0; i < arguments.size(); ++i) {
@@ -335,6 +342,7 @@ void Fallback(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch::ji
   }
   DepthGuard depth;
   OpRecord record(op, traits);
+  record.replayable = traits.replayable;
   const std::size_t num_arguments = op.schema().arguments().size();
   record.arguments.reserve(num_arguments);
   for (std::size_t i = stack->size() - num_arguments; i < stack->size(); ++i) {

@@ -93,6 +93,8 @@ struct OpTraits {
   std::string name;  // "aten::add_.Tensor"
   // Recorded at all (false for remat:: ops, which pass through).
   bool tracked = true;
+  // Running it again recomputes its outputs and nothing else (false for collectives and profiler ops).
+  bool replayable = true;
   // Draws random numbers: has a Generator argument, or is one of the known generator-less random ops (dropout).
   bool random = false;
   int generator_argument = -1;  // index of its `Generator?` argument, or -1
@@ -144,7 +146,8 @@ struct OpRecord {
   std::vector<CapturedOutput> outputs;
   // Random ops: a copy of the generator the op drew from, as it was before the op ran.
   std::optional<at::Generator> rng;
-  // False when a replay could not reproduce the op: a tensor argument is not a plain strided tensor with a
+  // False when a replay could not reproduce the op: the op has side effects (OpTraits::replayable), a tensor
+  // argument is not a plain strided tensor with a
   // storage (sparse, a Python subclass, a functorch wrapper: kept as is in `arguments`, not detached), or a random
   // op's generator could not be captured (a non-CPU default generator, so far).
   bool replayable = true;

@@ -131,6 +131,18 @@ TEST(DispatchHookKey, ThreadLocalSwitch) {
   EXPECT_FALSE(HookEnabledOnThisThread());
 }
 
+TEST(DispatchHookTraits, CollectivesAndProfilerOpsAreNotReplayable) {
+  auto& dispatcher = c10::Dispatcher::singleton();
+  for (const char* name : {"c10d::allreduce_", "profiler::_record_function_enter_new"}) {
+    std::optional<c10::OperatorHandle> op = dispatcher.findSchema({name, ""});
+    if (!op) continue;  // a torch build without distributed or the profiler
+    EXPECT_FALSE(TraitsOf(*op).replayable) << name;
+    EXPECT_TRUE(TraitsOf(*op).tracked) << name;
+  }
+  EXPECT_TRUE(TraitsOf(dispatcher.findSchemaOrThrow("aten::relu", "")).replayable);
+  EXPECT_TRUE(dispatcher.findSchema({"c10d::allreduce_", ""}).has_value()) << "expected in the 2.14 wheel";
+}
+
 TEST_F(DispatchHookTest, NothingIsRecordedWithoutTheKeyOrWithoutAnObserver) {
   at::Tensor x = at::ones({4});
   at::Tensor y = at::tanh(x);

@@ -1,0 +1,43 @@
+"""One rank of the DistributedDataParallel test (test_remat.py): trains the same small model 3 steps without
+remat and then under remat.enable, and saves both runs' losses and parameters for the parent to compare."""
+
+import os
+import sys
+
+import torch
+import torch.distributed as dist
+
+
+def train(model_seed, rank):
+    torch.manual_seed(model_seed)
+    model = torch.nn.Sequential(
+        torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Dropout(0.2), torch.nn.Linear(32, 4))
+    ddp = torch.nn.parallel.DistributedDataParallel(model)
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.1, momentum=0.9)
+    torch.manual_seed(100 + rank)  # each rank its own data and dropout masks
+    data, target = torch.randn(8, 16), torch.randint(0, 4, (8,))
+    losses = []
+    for _ in range(3):
+        opt.zero_grad()
+        loss = torch.nn.functional.cross_entropy(ddp(data), target)
+        loss.backward()
+        opt.step()
+        losses.append(loss.detach().clone())
+    return losses, [p.detach().clone() for p in model.parameters()]
+
+
+def main(rank, world_size, port, out_dir):
+    import remat
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size)
+    reference = train(0, rank)
+    with remat.enable(budget="64MiB"):
+        under_remat = train(0, rank)
+        stats = remat.stats()
+    torch.save({"reference": reference, "remat": under_remat, "stats": stats},
+               os.path.join(out_dir, f"rank{rank}.pt"))
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main(int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4])
