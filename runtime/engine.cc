@@ -678,7 +678,10 @@ absl::Status Engine::RunFrames() {
       stats_.peak_bytes = std::max(stats_.peak_bytes, stats_.used_bytes);
     }
     m.fresh.assign(m.remat_storages.begin(), m.remat_storages.end());
-    if (absl::Status s = executor_->Execute(*this, op_id, frame.remat, m.fresh); !s.ok()) return s;
+    if (absl::Status s = executor_->Execute(*this, op_id, frame.remat, m.fresh); !s.ok()) {
+      if (!absl::IsResourceExhausted(s)) return s;
+      return absl::ResourceExhaustedError(absl::StrCat(s.message(), "; ", MemoryReport()));
+    }
     if (options_.mode == AccountingMode::kArena) {
       for (StorageIndex s : m.remat_storages) stats_.used_bytes += m.storages[s].size;
       if (options_.arena != nullptr) {
@@ -745,6 +748,28 @@ void Engine::AfterCompute() {
       st.ecn = -1;
     }
   }
+}
+
+// Budget, bytes in use, locked and constant bytes, and in arena mode the largest run of free or evictable blocks
+// (the largest window any eviction could have made).
+std::string Engine::MemoryReport() const {
+  const Impl& m = *impl_;
+  std::int64_t locked = 0;
+  for (const Impl::Storage& st : m.storages) {
+    if (st.material && st.locks > 0 && !st.pinned) locked += st.size;
+  }
+  std::string report = absl::StrFormat("budget %d, in use %d (locked by the running ops %d, constant %d)",
+                                       options_.budget, stats_.used_bytes, locked, m.constant_bytes);
+  if (options_.arena != nullptr) {
+    std::size_t run = 0, largest = 0;
+    options_.arena->ForEachBlock([&](const BlockInfo& b) {
+      bool usable = b.free || (b.owner != kNoOwner && b.owner - 1 < m.storages.size() && m.storages[b.owner - 1].in_pool);
+      run = usable ? run + b.size : 0;
+      largest = std::max(largest, run);
+    });
+    absl::StrAppend(&report, ", largest window of free or evictable blocks ", largest, " bytes");
+  }
+  return report;
 }
 
 bool Engine::MakeRoom(Arena& arena, std::size_t bytes) {

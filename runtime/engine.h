@@ -168,6 +168,7 @@ class Engine final : public PressureHandler, private StorageView {
   absl::Status AddOutputs(OpId op, std::span<const OutputSpec> outputs);
   void AfterCompute();
   void FreeDead(StorageIndex s);
+  std::string MemoryReport() const;
 
   std::unique_ptr<Impl> impl_;
   EngineOptions options_;

@@ -352,3 +352,35 @@ TEST(EngineDeadTest, StoragesNothingCanNeedAreFreedForGood) {
 
 }  // namespace
 }  // namespace remat
+
+namespace remat {
+namespace {
+
+TEST(EngineSplitTest, ArenaOutOfMemoryNamesTheLargestWindow) {
+  ArenaOptions ao;
+  ao.capacity = 1024;
+  ao.alignment = 64;
+  std::unique_ptr<Arena> arena = *Arena::Create(MakeVirtualProvider(), ao);
+  std::unique_ptr<Policy> policy = *MakePolicy("coop");
+  ArenaExecutor ex(arena.get());
+  EngineOptions o;
+  o.mode = AccountingMode::kArena;
+  o.budget = 1024;
+  o.policy = policy.get();
+  o.arena = arena.get();
+  Engine e(o, &ex);
+  arena->SetPressureHandler(&e);
+  TensorId a = *e.Constant(512);
+  OutputSpec out{768, -1};
+  absl::StatusOr<std::span<const TensorId>> r = e.Call(std::vector<TensorId>{a}, {&out, 1}, 1, "big");
+  arena->SetPressureHandler(nullptr);
+  ASSERT_FALSE(r.ok());
+  EXPECT_TRUE(absl::IsResourceExhausted(r.status()));
+  std::string m(r.status().message());
+  EXPECT_THAT(m, ::testing::HasSubstr("768"));
+  EXPECT_THAT(m, ::testing::HasSubstr("constant 512"));
+  EXPECT_THAT(m, ::testing::HasSubstr("largest window of free or evictable blocks 512 bytes"));
+}
+
+}  // namespace
+}  // namespace remat
