@@ -187,6 +187,33 @@ class ScopedTimer {
 // lookups are timed one in kLookupSample and the sample is scaled; window searches are always timed.
 constexpr std::uint64_t kLookupSample = 16;
 
+// The arena whose lock this thread holds while it runs a caller's callback (FindWindow's cost function,
+// ForEachBlock's visitor). A call back into that arena from the callback skips the lock instead of deadlocking;
+// a call that would change the block list under the running pass fails instead.
+thread_local const void* t_in_callback = nullptr;
+
+class CallbackScope {
+ public:
+  explicit CallbackScope(const void* arena) : saved_(t_in_callback) { t_in_callback = arena; }
+  ~CallbackScope() { t_in_callback = saved_; }
+  CallbackScope(const CallbackScope&) = delete;
+  CallbackScope& operator=(const CallbackScope&) = delete;
+
+ private:
+  const void* saved_;
+};
+
+std::unique_lock<std::mutex> LockUnlessInCallback(std::mutex& mu, const void* arena) {
+  if (t_in_callback == arena) return std::unique_lock<std::mutex>();
+  return std::unique_lock<std::mutex>(mu);
+}
+
+absl::Status InCallbackError(std::string_view what) {
+  return absl::FailedPreconditionError(absl::StrCat(
+      "remat arena: ", std::string(what),
+      " called from a FindWindow or ForEachBlock callback of the same arena; only queries are allowed there"));
+}
+
 constexpr std::size_t kMinGrowth = std::size_t{2} << 20;  // smallest segment a growing arena reserves
 
 }  // namespace
@@ -389,6 +416,7 @@ Arena::~Arena() = default;
 
 absl::StatusOr<std::uintptr_t> Arena::TryAllocate(std::size_t bytes, OwnerId owner, Placement placement) {
   State& s = *state_;
+  if (t_in_callback == &s) return InCallbackError("TryAllocate");
   absl::StatusOr<std::size_t> aligned = s.Align(bytes);
   if (!aligned.ok()) return aligned.status();
   std::lock_guard<std::mutex> lock(s.mu);
@@ -398,6 +426,7 @@ absl::StatusOr<std::uintptr_t> Arena::TryAllocate(std::size_t bytes, OwnerId own
 
 absl::StatusOr<std::uintptr_t> Arena::Allocate(std::size_t bytes, OwnerId owner, Placement placement) {
   State& s = *state_;
+  if (t_in_callback == &s) return InCallbackError("Allocate");
   absl::StatusOr<std::size_t> aligned = s.Align(bytes);
   if (!aligned.ok()) return aligned.status();
   bool counted = false;
@@ -434,6 +463,7 @@ absl::StatusOr<std::uintptr_t> Arena::Allocate(std::size_t bytes, OwnerId owner,
 
 absl::Status Arena::Free(std::uintptr_t address) {
   State& s = *state_;
+  if (t_in_callback == &s) return InCallbackError("Free");
   std::lock_guard<std::mutex> lock(s.mu);
   auto it = s.live.find(address);
   if (it == s.live.end()) {
@@ -472,7 +502,7 @@ absl::Status Arena::Free(std::uintptr_t address) {
 
 absl::Status Arena::SetOwner(std::uintptr_t address, OwnerId owner) {
   State& s = *state_;
-  std::lock_guard<std::mutex> lock(s.mu);
+  const auto lock = LockUnlessInCallback(s.mu, &s);
   Node* b = s.FindLive(address);
   if (b == nullptr) {
     return absl::InvalidArgumentError(
@@ -484,7 +514,7 @@ absl::Status Arena::SetOwner(std::uintptr_t address, OwnerId owner) {
 
 absl::StatusOr<BlockInfo> Arena::Block(std::uintptr_t address) const {
   const State& s = *state_;
-  std::lock_guard<std::mutex> lock(s.mu);
+  const auto lock = LockUnlessInCallback(s.mu, &s);
   if (const auto* b = s.FindLive(address)) return InfoOf(b);
   // A free block: walk its segment (free blocks are not indexed by address).
   if (const SegmentRec* seg = s.SegmentOf(address)) {
@@ -500,8 +530,10 @@ std::optional<Window> Arena::FindWindow(std::size_t bytes, BlockCost cost) const
   absl::StatusOr<std::size_t> aligned_or = s.Align(bytes);
   if (!aligned_or.ok()) return std::nullopt;
   const std::size_t aligned = *aligned_or;
+  if (t_in_callback == &s) return std::nullopt;  // a nested pass would overwrite this one's costs
   std::lock_guard<std::mutex> lock(s.mu);
   ScopedTimer timer(&s.search_ticks);
+  CallbackScope scope(&s);
 
   const Node* best_l = nullptr;
   const Node* best_r = nullptr;
@@ -591,7 +623,7 @@ std::optional<Window> Arena::FindWindow(std::size_t bytes, BlockCost cost) const
 
 std::size_t Arena::AdjacentFreeBytes(std::uintptr_t address) const {
   const State& s = *state_;
-  std::lock_guard<std::mutex> lock(s.mu);
+  const auto lock = LockUnlessInCallback(s.mu, &s);
   const Node* b = s.FindLive(address);
   if (b == nullptr) return 0;
   std::size_t bytes = 0;
@@ -601,13 +633,13 @@ std::size_t Arena::AdjacentFreeBytes(std::uintptr_t address) const {
 }
 
 void Arena::SetPressureHandler(PressureHandler* handler) {
-  std::lock_guard<std::mutex> lock(state_->mu);
+  const auto lock = LockUnlessInCallback(state_->mu, state_.get());
   state_->handler = handler;
 }
 
 ArenaStats Arena::Stats() const {
   const State& s = *state_;
-  std::lock_guard<std::mutex> lock(s.mu);
+  const auto lock = LockUnlessInCallback(s.mu, &s);
   ArenaStats st;
   st.allocated_bytes = s.allocated;
   st.reserved_bytes = s.reserved;
@@ -623,13 +655,14 @@ ArenaStats Arena::Stats() const {
 }
 
 void Arena::ResetPeak() {
-  std::lock_guard<std::mutex> lock(state_->mu);
+  const auto lock = LockUnlessInCallback(state_->mu, state_.get());
   state_->peak = state_->allocated;
 }
 
 void Arena::ForEachBlock(const std::function<void(const BlockInfo&)>& visit) const {
   const State& s = *state_;
-  std::lock_guard<std::mutex> lock(s.mu);
+  const auto lock = LockUnlessInCallback(s.mu, &s);
+  CallbackScope scope(&s);
   for (const auto& seg : s.segments) {
     for (const Node* b = seg->first; b != nullptr; b = b->next) visit(InfoOf(b));
   }

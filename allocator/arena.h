@@ -16,7 +16,9 @@
 // handler concurrently.
 //
 // Thread safety: every public method may be called from any thread (autograd runs backward on its own thread).
-// The callbacks passed to FindWindow run under the arena's lock and must not call back into the arena.
+// The callbacks passed to FindWindow and ForEachBlock run under the arena's lock. From inside them the same
+// arena answers queries (Block, AdjacentFreeBytes, Stats, ForEachBlock) and SetOwner without locking again;
+// Allocate, TryAllocate and Free fail with FailedPrecondition there, and a nested FindWindow returns nullopt.
 #pragma once
 
 #include <cstddef>

@@ -8,11 +8,11 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <algorithm>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
@@ -46,8 +46,9 @@ class HostProvider final : public MemoryProvider {
     void* p = nullptr;
     if (bytes < kMmapThreshold) {
       rec.kind = Kind::kMalloc;
-      rec.size = (bytes + alignment - 1) & ~(alignment - 1);
-      p = std::aligned_alloc(std::max(alignment, sizeof(void*)), rec.size);
+      const std::size_t a = std::max(alignment, sizeof(void*));  // aligned_alloc wants the size a multiple of it
+      rec.size = (bytes + a - 1) & ~(a - 1);
+      p = std::aligned_alloc(a, rec.size);
     } else {
       rec.kind = Kind::kMmap;
       rec.size = (bytes + page - 1) & ~(page - 1);

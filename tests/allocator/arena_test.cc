@@ -351,6 +351,45 @@ TEST(ArenaTest, WindowPicksTheCheapestRunAndStopsAtBarriers) {
   EXPECT_TRUE(w2->owners.empty());
 }
 
+TEST(ArenaTest, CallbacksMayQueryTheArenaButNotChangeItsBlocks) {
+  auto arena = MakeArena(4 * kA);
+  std::vector<std::uintptr_t> a;
+  for (std::size_t units : {1, 2, 1}) a.push_back(*arena->Allocate(units * kA, a.size() + 1));
+  ASSERT_TRUE(arena->Free(a[1]).ok());  // [a0][2 free][a2]
+  int calls = 0;
+  auto w = arena->FindWindow(3 * kA, [&](const BlockInfo& b) -> std::optional<double> {
+    ++calls;
+    // A DTE-style cost needs the adjacent free bytes: answered without deadlocking on the held lock.
+    const std::size_t adjacent = arena->AdjacentFreeBytes(b.address);
+    EXPECT_EQ(arena->Block(b.address)->owner, b.owner);
+    EXPECT_EQ(arena->Stats().allocated_bytes, 2 * kA);
+    EXPECT_TRUE(arena->SetOwner(b.address, b.owner + 10).ok());
+    EXPECT_EQ(arena->Free(b.address).code(), absl::StatusCode::kFailedPrecondition);
+    EXPECT_EQ(arena->Allocate(kA, 1).status().code(), absl::StatusCode::kFailedPrecondition);
+    EXPECT_EQ(arena->TryAllocate(kA, 1).status().code(), absl::StatusCode::kFailedPrecondition);
+    EXPECT_FALSE(arena->FindWindow(kA, [](const BlockInfo&) { return std::optional<double>(0.0); }).has_value());
+    return static_cast<double>(adjacent);
+  });
+  EXPECT_EQ(calls, 2);
+  ASSERT_TRUE(w.has_value());
+  // Both a0 and a2 cost 2 units (the free block between them): [a0][free] and [free][a2] tie, the lower end wins.
+  EXPECT_EQ(w->address, a[0]);
+  EXPECT_EQ(w->cost, 2.0 * kA);
+  EXPECT_THAT(w->owners, ElementsAre(11));  // retagged inside the callback, before the window was built
+  std::size_t visited = 0;
+  arena->ForEachBlock([&](const BlockInfo& b) {
+    ++visited;
+    EXPECT_TRUE(arena->Block(b.address).ok());
+    if (!b.free) {
+      EXPECT_EQ(arena->Free(b.address).code(), absl::StatusCode::kFailedPrecondition);
+    }
+  });
+  EXPECT_EQ(visited, 3u);
+  // Outside the callbacks everything works again.
+  EXPECT_TRUE(arena->Free(a[0]).ok());
+  EXPECT_TRUE(arena->Allocate(kA, 1).ok());
+}
+
 TEST(ArenaTest, WindowTiesGoToTheLowestEnd) {
   auto arena = MakeArena(6 * kA);
   const std::uintptr_t base = Base(*arena);

@@ -61,7 +61,7 @@ TEST(HostProviderTest, SmallAndLargeSegmentsAreAlignedAndWritable) {
   EXPECT_EQ(p->Name(), "host");
   // Below and above the mmap threshold, with alignments below and above the page size.
   for (std::size_t bytes : {std::size_t{1000}, std::size_t{64} << 10, std::size_t{3} << 20}) {
-    for (std::size_t align : {64, 512, 4096, 1 << 21}) {
+    for (std::size_t align : {1, 8, 64, 512, 4096, 1 << 21}) {
       auto s = p->Reserve(bytes, align);
       ASSERT_TRUE(s.ok()) << s.status();
       EXPECT_EQ(s->base % align, 0u) << bytes << " " << align;
