@@ -150,7 +150,7 @@ struct Engine::Impl {
   }
   void Unlock(StorageIndex s) {
     Storage& st = storages[s];
-    if (--st.locks == 0) PoolAppend(s);
+    if (--st.locks == 0 && st.material) PoolAppend(s);  // an in-place op may have turned it into an old value
   }
 
   // Union-find.
@@ -440,8 +440,26 @@ absl::StatusOr<std::span<const TensorId>> Engine::EndOp(OpId op_id, std::span<co
     return absl::FailedPreconditionError("EndOp must close the most recent BeginOp");
   }
   m.ops[op_id].cost = cost;
-  if (absl::Status s = AddOutputs(op_id, outputs); !s.ok()) return s;
+  std::vector<OutputSpec> specs(outputs.begin(), outputs.end());  // in-place outputs get their bytes and address
+  std::span<const TensorId> ins = m.Inputs(m.ops[op_id]);
+  for (OutputSpec& spec : specs) {
+    if (spec.in_place_of < 0) continue;
+    if (spec.in_place_of >= static_cast<std::int32_t>(ins.size()) || spec.alias >= 0) {
+      return absl::InvalidArgumentError("in_place_of must name an input, and an in-place output is no view");
+    }
+    const Impl::Storage& old = m.storages[m.tensors[ins[spec.in_place_of]].storage];
+    spec.bytes = old.size;
+    spec.address = old.address;
+  }
+  if (absl::Status s = AddOutputs(op_id, specs); !s.ok()) return s;
   std::span<const TensorId> outs = m.Outputs(m.ops[op_id]);
+  // Recomputable in-place: the written storage's bytes (and address) now hold the new value, a fresh storage made
+  // by this op; the old value becomes a memory-less evicted storage that keeps its producer.
+  for (const OutputSpec& spec : specs) {
+    if (spec.in_place_of < 0) continue;
+    StorageIndex old = m.tensors[m.Inputs(m.ops[op_id])[spec.in_place_of]].storage;
+    if (m.storages[old].material) MarkEvicted(old);
+  }
   stats_.clock += cost;
   stats_.model_compute += cost;
   m.remat_storages.clear();
@@ -452,8 +470,8 @@ absl::StatusOr<std::span<const TensorId>> Engine::EndOp(OpId op_id, std::span<co
     Impl::Storage& st = m.storages[t.storage];
     m.SetMaterial(t.storage, true);
     st.computed = true;
-    if (outputs[i].address != 0) {
-      st.address = outputs[i].address;
+    if (specs[i].address != 0) {
+      st.address = specs[i].address;
       st.has_address = true;
     }
     stats_.used_bytes += st.size;
@@ -543,13 +561,22 @@ absl::Status Engine::Evict(StorageIndex s) {
   if (!st.material || st.locks != 0 || st.pinned) {
     return absl::FailedPreconditionError(absl::StrCat("storage ", s, " is not evictable"));
   }
+  executor_->Evict(*this, s);
+  ++stats_.evictions;
+  MarkEvicted(s);
+  return absl::OkStatus();
+}
+
+// s no longer holds memory (evicted, or its bytes now belong to an in-place op's output): it becomes an evicted
+// graph node, recomputable by its producer, and the incremental structures learn it.
+void Engine::MarkEvicted(StorageIndex s) {
+  Impl& m = *impl_;
+  Impl::Storage& st = m.storages[s];
   m.SetMaterial(s, false);
   stats_.used_bytes -= st.size;
   m.PoolRemove(s);
   for (TensorId t : st.tensors) m.tensors[t].defined = false;
-  executor_->Evict(*this, s);
   st.has_address = false;
-  ++stats_.evictions;
   if (m.regions) {
     for (StorageIndex ps : m.rev[s].frontier) {
       if (!m.storages[ps].pinned) m.Absorb(m.fwd[ps], s, false);
@@ -567,7 +594,6 @@ absl::Status Engine::Evict(StorageIndex s) {
       if (m.storages[n].ecn >= 0) m.Merge(m.storages[n].ecn, st.ecn);
     }
   }
-  return absl::OkStatus();
 }
 
 // Rematerialize pushes a replay of `target`; RunFrames runs the frames on the work stack until the one on top when

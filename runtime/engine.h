@@ -65,6 +65,10 @@ struct OutputSpec {
   std::int64_t bytes = 0;        // ignored for views
   std::int32_t alias = -1;       // -1: fresh storage; k: a view of inputs[k]'s storage
   std::uintptr_t address = 0;    // EndOp only: where the kernel put it (0 = unknown)
+  // EndOp only: the kernel wrote input k in place. The output is a fresh storage (new value) that takes over the
+  // input storage's bytes and address; the input's storage becomes the old value, memory-less and evicted, still
+  // recomputable by its producer (DESIGN.md "Recomputable in-place"). bytes/address are taken from the input.
+  std::int32_t in_place_of = -1;
 };
 
 struct EngineStats {
@@ -169,6 +173,7 @@ class Engine final : public PressureHandler, private StorageView {
   void AfterCompute();
   void FreeDead(StorageIndex s);
   std::string MemoryReport() const;
+  void MarkEvicted(StorageIndex s);
 
   std::unique_ptr<Impl> impl_;
   EngineOptions options_;

@@ -9,6 +9,8 @@
 //     that need memory now (in arena mode the executor must place them and report each address with
 //     Engine::SetAddress; in counter mode the engine has already made room against the budget). Returns an error
 //     (ResourceExhausted for memory) to abort the op.
+//   - Replaying an in-place op (OutputSpec::in_place_of) must not write into its input: the executor copies the
+//     input into the fresh output's memory and applies the op there (the input is the old value, still needed).
 //   - Evict(engine, s): drop s's memory. Never fails; s is unlocked, resident and not constant.
 //   - Paging (a later issue) will add Page/Unpage here; nothing else should change.
 #pragma once

@@ -384,3 +384,35 @@ TEST(EngineSplitTest, ArenaOutOfMemoryNamesTheLargestWindow) {
 
 }  // namespace
 }  // namespace remat
+
+namespace remat {
+namespace {
+
+TEST(EngineInPlaceTest, OldValueBecomesAMemorylessEvictedStorageWithItsProducer) {
+  Fixture f("dtr-eq", 1000);
+  TensorId a = f.Const("a", 10);
+  TensorId b = f.Op("b", {a}, 100, 4);
+  std::int64_t used = f.engine->stats().used_bytes;
+  absl::StatusOr<OpId> op = f.engine->BeginOp(std::vector<TensorId>{b, a}, "add_");
+  ASSERT_TRUE(op.ok());
+  OutputSpec out;
+  out.in_place_of = 0;
+  absl::StatusOr<std::span<const TensorId>> r = f.engine->EndOp(*op, {&out, 1}, 3);
+  ASSERT_TRUE(r.ok()) << r.status();
+  TensorId b2 = (*r)[0];
+  f.Name(b2, "b'");
+  EXPECT_NE(f.engine->StorageOf(b2), f.engine->StorageOf(b));
+  EXPECT_FALSE(f.engine->Resident(f.engine->StorageOf(b)));  // the old value: no memory, recomputable
+  EXPECT_TRUE(f.engine->Resident(f.engine->StorageOf(b2)));
+  EXPECT_EQ(f.engine->StorageBytes(f.engine->StorageOf(b2)), 100);
+  EXPECT_EQ(f.engine->stats().used_bytes, used);  // same bytes, new owner
+  EXPECT_EQ(f.engine->stats().evictions, 0);
+  // The new value can be evicted and replayed: the old value first (by its producer), then the in-place op.
+  ASSERT_TRUE(f.engine->Evict(f.engine->StorageOf(b2)).ok());
+  f.executor.events.clear();
+  ASSERT_TRUE(f.engine->Rematerialize(b2).ok());
+  EXPECT_THAT(f.executor.events, ElementsAre("replay b", "replay add_"));
+}
+
+}  // namespace
+}  // namespace remat
