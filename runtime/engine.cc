@@ -81,6 +81,7 @@ struct Engine::Impl {
     bool remat;
     std::uint8_t stage;
     std::uint32_t list_begin, list_end, next;
+    std::uint32_t lock_begin = 0;  // this frame's entries in lock_log
   };
 
   std::vector<Op> ops;
@@ -95,6 +96,7 @@ struct Engine::Impl {
   std::size_t pool_size = 0;
   std::vector<Frame> stack;
   std::vector<TensorId> scratch;
+  std::vector<StorageIndex> lock_log;  // locks taken by running frames, released in bulk if a call fails
   std::vector<StorageId> candidates;
   std::vector<std::uint32_t> fresh;
   std::vector<TensorId> dup;
@@ -610,14 +612,33 @@ absl::Status Engine::Rematerialize(TensorId target) {
 absl::Status Engine::RunFrames() {
   Impl& m = *impl_;
   const std::size_t base = m.stack.size() - 1;
+  const std::size_t scratch_begin = m.scratch.size();
+  const std::size_t log_begin = m.lock_log.size();
+  absl::Status status = RunFramesFrom(base);
+  if (!status.ok()) {
+    // Leave the engine usable (a caught OOM must not poison it): release the locks the unfinished frames hold.
+    for (std::size_t i = m.lock_log.size(); i > log_begin; --i) m.Unlock(m.lock_log[i - 1]);
+    m.lock_log.resize(log_begin);
+    m.scratch.resize(scratch_begin);
+    m.stack.resize(base);
+  }
+  return status;
+}
+
+absl::Status Engine::RunFramesFrom(std::size_t base) {
+  Impl& m = *impl_;
   while (m.stack.size() > base) {
     Impl::Frame& f = m.stack.back();
     const Impl::Op& op = m.ops[f.op];
     std::span<const TensorId> inputs = m.Inputs(op);
     if (f.stage == 0) {
+      f.lock_begin = static_cast<std::uint32_t>(m.lock_log.size());
       for (TensorId p : inputs) m.storages[m.tensors[p].storage].last_access = stats_.clock;
       for (TensorId p : inputs) {
-        if (m.tensors[p].defined) m.Lock(m.tensors[p].storage);
+        if (m.tensors[p].defined) {
+          m.Lock(m.tensors[p].storage);
+          m.lock_log.push_back(m.tensors[p].storage);
+        }
       }
       f.list_begin = static_cast<std::uint32_t>(m.scratch.size());
       for (TensorId p : inputs) {
@@ -629,6 +650,7 @@ absl::Status Engine::RunFrames() {
     }
     if (f.stage == 2) {  // a child frame just made scratch[next] defined
       m.Lock(m.tensors[m.scratch[f.next]].storage);
+      m.lock_log.push_back(m.tensors[m.scratch[f.next]].storage);
       ++f.next;
       f.stage = 1;
     }
@@ -645,6 +667,7 @@ absl::Status Engine::RunFrames() {
           break;
         }
         m.Lock(m.tensors[p].storage);
+        m.lock_log.push_back(m.tensors[p].storage);
         ++f.next;
       }
       if (pushed) continue;
@@ -653,6 +676,7 @@ absl::Status Engine::RunFrames() {
     Impl::Frame frame = m.stack.back();
     if (frame.t == kNone) {  // BeginOp: the caller runs the op; inputs stay locked until EndOp/AbortOp
       m.scratch.resize(frame.list_begin);
+      m.lock_log.resize(frame.lock_begin);
       m.stack.pop_back();
       continue;
     }
@@ -736,6 +760,7 @@ absl::Status Engine::RunFrames() {
     }
     AfterCompute();
     for (TensorId p : m.Inputs(m.ops[op_id])) m.Unlock(m.tensors[p].storage);
+    m.lock_log.resize(frame.lock_begin);
     m.scratch.resize(frame.list_begin);
     m.stack.pop_back();
     if (options_.remat_limit >= 0 && stats_.remat_compute > options_.remat_limit) {

@@ -19,7 +19,8 @@
 //   - Releasing the last external reference of a storage evicts it at once; it stays in the graph, recomputable.
 //   - Thrash: once the summed cost of replays exceeds `remat_limit` (>= 0), the running call fails with Aborted.
 //   - No memory: the call fails with ResourceExhausted naming requested, budget, used, locked and constant bytes
-//     and the largest free block. After any error the engine must not be used again (locks are left held).
+//     and (arena) the largest window. A failed call releases the locks it took and leaves the engine usable: what
+//     it replayed stays resident, the failed op's outputs stay unproduced (a later use replays them).
 //
 // Policies are consulted through a read-only StorageView; the engine maintains the incremental structures a policy
 // asks for (PolicyFeatures): forward/backward evicted regions (e*) and union-find classes of evicted storages.
@@ -168,6 +169,7 @@ class Engine final : public PressureHandler, private StorageView {
   bool Costly(StorageId s) const override;
 
   absl::Status RunFrames();
+  absl::Status RunFramesFrom(std::size_t base);
   OpId NewOp(std::span<const TensorId> inputs, std::int64_t cost, std::string_view name);
   absl::Status AddOutputs(OpId op, std::span<const OutputSpec> outputs);
   void AfterCompute();

@@ -1,6 +1,7 @@
 // Hand-built graphs with the exact eviction and replay sequence of each policy (counter mode, prototype semantics).
 #include "runtime/engine.h"
 
+#include <algorithm>
 #include <memory>
 #include <string>
 #include <vector>
@@ -380,6 +381,11 @@ TEST(EngineSplitTest, ArenaOutOfMemoryNamesTheLargestWindow) {
   EXPECT_THAT(m, ::testing::HasSubstr("768"));
   EXPECT_THAT(m, ::testing::HasSubstr("constant 512"));
   EXPECT_THAT(m, ::testing::HasSubstr("largest window of free or evictable blocks 512 bytes"));
+  // The engine goes on after a caught OOM: a smaller op fits.
+  arena->SetPressureHandler(&e);
+  OutputSpec small{256, -1};
+  EXPECT_TRUE(e.Call(std::vector<TensorId>{a}, {&small, 1}, 1, "small").ok());
+  arena->SetPressureHandler(nullptr);
 }
 
 }  // namespace
@@ -412,6 +418,30 @@ TEST(EngineInPlaceTest, OldValueBecomesAMemorylessEvictedStorageWithItsProducer)
   f.executor.events.clear();
   ASSERT_TRUE(f.engine->Rematerialize(b2).ok());
   EXPECT_THAT(f.executor.events, ElementsAre("replay b", "replay add_"));
+}
+
+}  // namespace
+}  // namespace remat
+
+namespace remat {
+namespace {
+
+TEST(EngineRecoveryTest, FailedCallReleasesItsLocksAndTheEngineGoesOn) {
+  Fixture f("dtr-eq", 210);
+  TensorId a = f.Const("a", 10);
+  TensorId x1 = f.Op("x1", {a}, 100, 1);
+  TensorId x2 = f.Op("x2", {x1}, 100, 1);
+  ASSERT_TRUE(f.engine->Evict(f.engine->StorageOf(x2)).ok());
+  ASSERT_TRUE(f.engine->Evict(f.engine->StorageOf(x1)).ok());
+  OutputSpec big{150, -1};
+  absl::StatusOr<std::span<const TensorId>> r = f.engine->Call(std::vector<TensorId>{x2}, {&big, 1}, 1, "big");
+  ASSERT_TRUE(absl::IsResourceExhausted(r.status())) << r.status();
+  // x2 was replayed and locked for "big"; the failure unlocked it, so it is evictable again.
+  std::vector<StorageIndex> pool = f.engine->PoolOrder();
+  EXPECT_NE(std::find(pool.begin(), pool.end(), f.engine->StorageOf(x2)), pool.end());
+  EXPECT_TRUE(f.engine->Defined(x2));
+  TensorId y = f.Op("y", {x2}, 50, 1);
+  EXPECT_TRUE(f.engine->Defined(y));
 }
 
 }  // namespace
