@@ -522,6 +522,42 @@ TEST(ArenaTest, ConcurrentFreesAndSearchesUnderPressure) {
   EXPECT_EQ(pooled, st.allocated_bytes);
 }
 
+TEST(ArenaTest, SearchTimeIsCounted) {
+  auto arena = MakeArena(std::size_t{1} << 30);
+  for (int i = 0; i < 5000; ++i) ASSERT_TRUE(arena->Allocate(kA, i + 1).ok());
+  const std::uint64_t before = arena->Stats().search_ns;
+  for (int i = 0; i < 20; ++i) {
+    ASSERT_TRUE(arena->FindWindow(std::size_t{1} << 30, [](const BlockInfo& b) {
+                       return std::optional<double>(static_cast<double>(b.owner % 3));
+                     }).has_value());
+  }
+  // 20 passes over 5001 blocks take well over a microsecond.
+  EXPECT_GT(arena->Stats().search_ns, before + 1000);
+}
+
+TEST(ArenaTest, GrowingHostArenaUsesSeveralSegments) {
+  ArenaOptions options;
+  options.alignment = 64;
+  options.capacity = std::size_t{1} << 20;
+  options.grow = true;
+  auto arena = *Arena::Create(MakeHostProvider(), options);
+  std::vector<std::uintptr_t> a;
+  for (int i = 0; i < 6; ++i) {
+    auto p = arena->Allocate(std::size_t{3} << 19, i + 1);  // 1.5 MiB: each needs a new 2 MiB segment
+    ASSERT_TRUE(p.ok()) << p.status();
+    std::memset(reinterpret_cast<void*>(*p), i, std::size_t{3} << 19);
+    a.push_back(*p);
+  }
+  ArenaStats st = arena->Stats();
+  EXPECT_EQ(st.allocated_bytes, 6 * (std::size_t{3} << 19));
+  EXPECT_EQ(st.reserved_bytes, (std::size_t{1} << 20) + 6 * (std::size_t{2} << 20));
+  for (int i = 0; i < 6; ++i) {
+    EXPECT_EQ(reinterpret_cast<unsigned char*>(a[i])[12345], static_cast<unsigned char>(i));
+    ASSERT_TRUE(arena->Free(a[i]).ok());
+  }
+  EXPECT_EQ(arena->Stats().free_blocks, 7u);  // one per segment
+}
+
 TEST(ArenaTest, HostArenaMemoryIsUsable) {
   ArenaOptions options;
   options.capacity = std::size_t{4} << 20;
