@@ -6,6 +6,8 @@
 #include <torch/headeronly/version.h>
 #include <torch/library.h>
 
+#include <unistd.h>
+
 #include <cstdint>
 #include <string>
 
@@ -14,6 +16,7 @@
 #include "integration/cpu_allocator.h"
 #include "integration/dispatch_hook.h"
 #include "integration/session.h"
+#include "runtime/config.h"
 
 namespace remat::integration {
 namespace {
@@ -55,6 +58,19 @@ c10::Dict<std::string, int64_t> Stats() {
 
 void ResetPeak() { ThrowIfError(ResetCpuArenaPeak()); }
 
+// The budget as users write it (runtime/config.h: "512MiB", "4096", or a fraction such as "0.5"), in bytes. On
+// CPU a fraction is of the machine's physical memory.
+int64_t ParseBudgetBytes(const std::string& text) {
+  absl::StatusOr<BudgetSetting> budget = ParseBudget(text);
+  ThrowIfError(budget.status());
+  const std::uint64_t physical =
+      static_cast<std::uint64_t>(sysconf(_SC_PHYS_PAGES)) * static_cast<std::uint64_t>(sysconf(_SC_PAGESIZE));
+  const std::uint64_t bytes = budget->Resolve(physical);
+  TORCH_CHECK(bytes > 0 && bytes <= static_cast<std::uint64_t>(INT64_MAX), "remat: budget \"", text,
+              "\" resolves to ", bytes, " bytes");
+  return static_cast<int64_t>(bytes);
+}
+
 std::string TorchVersion() { return absl::StrCat(TORCH_VERSION_MAJOR, ".", TORCH_VERSION_MINOR); }
 
 std::string HookKeyName() {
@@ -73,6 +89,7 @@ TORCH_LIBRARY(remat, m) {
   m.def("is_enabled() -> bool", &IsEnabled);
   m.def("stats() -> Dict(str, int)", &Stats);
   m.def("reset_peak() -> ()", &ResetPeak);
+  m.def("parse_budget(str text) -> int", &ParseBudgetBytes);
   m.def("torch_version() -> str", &TorchVersion);
   m.def("hook_key() -> str", &HookKeyName);
 }

@@ -180,12 +180,16 @@ def test_switch_misuse_is_a_clear_error():
         remat.reset_peak()
 
 
-def test_parse_size():
+def test_parse_size_is_the_runtimes_parser():
     assert remat.parse_size(4096) == 4096
+    assert remat.parse_size("4096") == 4096
     assert remat.parse_size("64MiB") == 64 * MiB
     assert remat.parse_size("1.5 GB") == 1_500_000_000
     assert remat.parse_size("2gib") == 2 << 30
-    for bad in ("", "12 parsecs", "-1", "0", 0, -5, 0.5, True, None, "1e9"):
+    assert remat.parse_size("2G") == 2 << 30
+    physical = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    assert abs(remat.parse_size("0.5") - physical // 2) <= 1, "a fraction is of the machine's memory on CPU"
+    for bad in ("", "12 parsecs", "-1", "0", "0.5B", "1.5", 0, -5, 0.5, True, None):
         with pytest.raises(ValueError):
             remat.parse_size(bad)
 

@@ -19,8 +19,9 @@ Finding the library, in order: the ``REMAT_LIBRARY`` environment variable (a pat
 The library only works with the torch minor version it was compiled against; importing it with another one
 raises ImportError.
 
-Environment: ``REMAT_BUDGET`` (bytes, or a size such as ``6GiB``) enables remat on the importing thread when
-the package is imported.
+Environment: ``REMAT_BUDGET`` (bytes, a size such as ``6GiB``, or a fraction of physical memory such as
+``0.5``; parsed by the same C++ code as everywhere in remat) enables remat on the importing thread when the
+package is imported.
 """
 
 from __future__ import annotations
@@ -103,33 +104,20 @@ def library_path() -> Path:
     return _library_path
 
 
-_UNITS = {
-    "": 1, "b": 1,
-    "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
-    "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40,
-}
-
-
 def parse_size(size: Union[int, str]) -> int:
-    """Bytes from an int or a string such as "1536", "512MiB", "1.5GB". Raises ValueError otherwise."""
+    """Bytes from an int, or from a string in the form remat's C++ side and REMAT_BUDGET accept: bytes with an
+    optional unit ("4096", "512MiB", "1.5GB", "2G") or a fraction of the machine's memory with a decimal point
+    ("0.5"). Raises ValueError otherwise."""
     if isinstance(size, bool) or not isinstance(size, (int, str)):
-        raise ValueError(
-            f"remat: a budget is an int (bytes) or a string such as '512MiB', got {size!r}; "
-            "fractions of device memory are not supported on CPU yet"
-        )
+        raise ValueError(f"remat: a budget is an int (bytes) or a string such as '512MiB' or '0.5', got {size!r}")
     if isinstance(size, int):
-        value = size
-    else:
-        match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([A-Za-z]*)\s*", size)
-        if not match or match.group(2).lower() not in _UNITS:
-            raise ValueError(
-                f"remat: cannot parse the size {size!r}; use bytes or a number with one of the units "
-                "B, KB, MB, GB, TB, KiB, MiB, GiB, TiB"
-            )
-        value = int(float(match.group(1)) * _UNITS[match.group(2).lower()])
-    if value <= 0:
-        raise ValueError(f"remat: a budget must be > 0 bytes, got {size!r}")
-    return value
+        if size <= 0:
+            raise ValueError(f"remat: a budget must be > 0 bytes, got {size}")
+        return size
+    try:
+        return int(torch.ops.remat.parse_budget(size))
+    except RuntimeError as error:
+        raise ValueError(f"remat: {error}") from None
 
 
 class _Enabled:
