@@ -407,6 +407,27 @@ absl::Status Engine::AddOutputs(OpId op_id, std::span<const OutputSpec> outputs)
   return absl::OkStatus();
 }
 
+TensorId Engine::AdoptConstant(std::int64_t bytes, std::uintptr_t address, std::string_view name) {
+  Impl& m = *impl_;
+  OpId op_id = NewOp({}, 0, name);
+  OutputSpec out{bytes, -1, address};
+  (void)AddOutputs(op_id, {&out, 1});  // cannot fail: no aliases
+  TensorId t = m.Outputs(m.ops[op_id])[0];
+  StorageIndex s = m.tensors[t].storage;
+  m.tensors[t].defined = true;
+  m.SetMaterial(s, true);
+  m.storages[s].computed = true;
+  m.storages[s].last_access = stats_.clock;
+  m.storages[s].ecn = -1;
+  if (address != 0) SetAddress(s, address);
+  m.storages[s].locks = 1;
+  m.storages[s].pinned = true;
+  m.constant_bytes += bytes;
+  stats_.used_bytes += bytes;
+  stats_.peak_bytes = std::max(stats_.peak_bytes, stats_.used_bytes);
+  return t;
+}
+
 absl::StatusOr<std::span<const TensorId>> Engine::Call(std::span<const TensorId> inputs,
                                                        std::span<const OutputSpec> outputs, std::int64_t cost,
                                                        std::string_view name) {

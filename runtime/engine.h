@@ -99,6 +99,9 @@ class Engine final : public PressureHandler, private StorageView {
 
   // A constant (weight, input): computed at cost 0, then pinned.
   absl::StatusOr<TensorId> Constant(std::int64_t bytes, std::string_view name = "constant");
+  // A constant that already exists in memory (a parameter, an input the caller allocated): registered resident and
+  // pinned without running anything.
+  TensorId AdoptConstant(std::int64_t bytes, std::uintptr_t address, std::string_view name = "constant");
   // Runs an op on `inputs`; returns its output tensors (valid until the next call). Each output starts with one
   // external reference.
   absl::StatusOr<std::span<const TensorId>> Call(std::span<const TensorId> inputs,

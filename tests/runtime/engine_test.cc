@@ -314,7 +314,9 @@ TEST(EngineSplitTest, BeginEndOpWithArenaPressure) {
       EXPECT_TRUE(outs.ok()) << outs.status();
       return (*outs)[0];
     };
-    std::vector<TensorId> chain = {run({})};
+    TensorId weight = e.AdoptConstant(512, *arena->Allocate(512, OwnerId{e.storage_count()} + 1));
+    EXPECT_TRUE(e.Resident(e.StorageOf(weight)));
+    std::vector<TensorId> chain = {run({weight})};
     for (int i = 0; i < 7; ++i) chain.push_back(run({chain.back()}));  // 8 x 1 KiB through a 4 KiB arena
     EXPECT_GT(ex.evictions, 0) << name;
     EXPECT_LE(arena->Stats().allocated_bytes, 4096u);
