@@ -1,0 +1,132 @@
+// The C entry points of libremat_cuda.so (DESIGN.md, "PyTorch integration": CUDA).
+//
+// 1. remat_install_cuda_allocator: makes remat PyTorch's CUDA allocator (the full c10 interface: stats,
+//    empty_cache, record_stream, ...). Call it through ctypes after `import torch` and before CUDA initializes:
+//        lib = ctypes.CDLL(path); err = ctypes.create_string_buffer(1024)
+//        lib.remat_install_cuda_allocator(b"6GiB", None, err, 1024)  # 0 on success, else err holds the message
+//    `budget` is bytes with a unit or a fraction of device memory ("0.5"); NULL or "" reads REMAT_BUDGET.
+//    `host_budget` (pinned host memory for paging) NULL or "" reads REMAT_HOST_BUDGET (unset: no paging).
+//
+// 2. The functions torch.cuda.memory.CUDAPluggableAllocator loads (torch 2.14 signatures):
+//        void* remat_malloc(size_t size, int device, cudaStream_t stream)
+//        void  remat_free(void* ptr, size_t size, int device, cudaStream_t stream)
+//    and the optional hooks of torch's C++ CUDAPluggableAllocator (set_init_fn, set_reset_fn,
+//    set_memory_fraction_fn, set_base_alloc_fn, set_record_stream_fn):
+//        void  remat_init(int device_count)
+//        void  remat_reset(void)                                  (empty_cache)
+//        void  remat_set_memory_fraction(double fraction, int device)
+//        void* remat_base_alloc(void* ptr, size_t* size)
+//        void  remat_record_stream(void* ptr, cudaStream_t stream)
+//    They serve from the installed remat allocator if there is one, else from one made at the first call with
+//    the budget from REMAT_BUDGET (required). Through the pluggable path torch's memory statistics are not
+//    available (torch's pluggable wrapper does not forward them); install with (1) to have them.
+//    Out of budget, remat_malloc throws c10::OutOfMemoryError as a C++ exception, which torch's wrapper lets
+//    through to Python as torch.OutOfMemoryError.
+#include <c10/cuda/CUDAStream.h>
+#include <c10/util/Exception.h>
+
+#include <cstddef>
+#include <cstdlib>
+#include <cstring>
+#include <exception>
+#include <mutex>
+#include <optional>
+#include <string>
+
+#include "integration/cuda/cuda_allocator.h"
+#include "runtime/byte_size.h"
+#include "runtime/config.h"
+
+namespace remat::integration {
+namespace {
+
+void CopyError(const std::string& message, char* error, std::size_t error_size) {
+  if (error == nullptr || error_size == 0) return;
+  const std::size_t n = std::min(message.size(), error_size - 1);
+  std::memcpy(error, message.data(), n);
+  error[n] = '\0';
+}
+
+absl::StatusOr<CudaAllocatorOptions> OptionsFrom(const char* budget, const char* host_budget) {
+  absl::StatusOr<Settings> env = SettingsFromEnvironment();
+  if (!env.ok()) return env.status();
+  CudaAllocatorOptions options;
+  std::optional<BudgetSetting> setting = env->budget;
+  if (budget != nullptr && budget[0] != '\0') {
+    absl::StatusOr<BudgetSetting> parsed = ParseBudget(budget);
+    if (!parsed.ok()) return parsed.status();
+    setting = *parsed;
+  }
+  if (!setting.has_value()) {
+    return absl::InvalidArgumentError(
+        "remat: no CUDA budget: pass one (e.g. \"6GiB\" or \"0.5\" of device memory) or set REMAT_BUDGET");
+  }
+  if (setting->bytes.has_value()) options.budget = static_cast<std::size_t>(*setting->bytes);
+  if (setting->fraction.has_value()) options.budget_fraction = *setting->fraction;
+  if (host_budget != nullptr && host_budget[0] != '\0') {
+    absl::StatusOr<std::uint64_t> parsed = ParseByteSize(host_budget);
+    if (!parsed.ok()) return parsed.status();
+    options.host_budget = static_cast<std::size_t>(*parsed);
+  } else if (env->host_budget.has_value()) {
+    options.host_budget = static_cast<std::size_t>(*env->host_budget);
+  }
+  return options;
+}
+
+RematCudaAllocator* Pluggable() {
+  if (RematCudaAllocator* installed = InstalledCudaAllocator()) return installed;
+  static std::mutex mu;
+  static RematCudaAllocator* own = nullptr;
+  std::lock_guard<std::mutex> lock(mu);
+  if (own == nullptr) {
+    absl::StatusOr<CudaAllocatorOptions> options = OptionsFrom(nullptr, nullptr);
+    TORCH_CHECK(options.ok(), std::string(options.status().message()));
+    own = new RematCudaAllocator(cuda::RealCudaRuntime(), *options, TorchCudaStreams());
+  }
+  return own;
+}
+
+}  // namespace
+}  // namespace remat::integration
+
+extern "C" {
+
+int remat_install_cuda_allocator(const char* budget, const char* host_budget, char* error, std::size_t error_size) {
+  using namespace remat::integration;
+  try {
+    absl::StatusOr<CudaAllocatorOptions> options = OptionsFrom(budget, host_budget);
+    absl::Status status = options.ok() ? InstallRematCudaAllocator(*options) : options.status();
+    if (status.ok()) return 0;
+    CopyError(std::string(status.message()), error, error_size);
+  } catch (const std::exception& e) {
+    CopyError(e.what(), error, error_size);
+  }
+  return 1;
+}
+
+void* remat_malloc(std::size_t size, int device, cudaStream_t stream) {
+  if (size == 0) return nullptr;
+  return remat::integration::Pluggable()->Malloc(size, static_cast<c10::DeviceIndex>(device), stream);
+}
+
+void remat_free(void* ptr, std::size_t size, int device, cudaStream_t stream) {
+  remat::integration::Pluggable()->Free(ptr);
+}
+
+void remat_init(int device_count) { remat::integration::Pluggable()->init(device_count); }
+
+void remat_reset() { remat::integration::Pluggable()->emptyCache(); }
+
+void remat_set_memory_fraction(double fraction, int device) {
+  remat::integration::Pluggable()->setMemoryFraction(fraction, static_cast<c10::DeviceIndex>(device));
+}
+
+void* remat_base_alloc(void* ptr, std::size_t* size) {
+  return remat::integration::Pluggable()->getBaseAllocation(ptr, size);
+}
+
+void remat_record_stream(void* ptr, cudaStream_t stream) {
+  remat::integration::Pluggable()->RecordStream(ptr, stream);
+}
+
+}  // extern "C"

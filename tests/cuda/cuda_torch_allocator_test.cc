@@ -1,0 +1,321 @@
+// RematCudaAllocator (remat as torch's CUDA allocator) over the test double: c10's allocator interface, stats as
+// torch.cuda reads them, stream-ordered reuse through recordStream, OutOfMemoryError, eviction through the
+// pressure handler, paging round trip, installation into c10, and the unsupported features' messages.
+// Streams are the double's handles wrapped with c10::cuda::getStreamFromExternal (which touches no driver); the
+// allocator gets their handles back through the injected CudaStreams, never through CUDAStream::stream().
+#include "integration/cuda/cuda_allocator.h"
+
+#include <c10/cuda/CUDAStream.h>
+#include <c10/util/Exception.h>
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <map>
+#include <vector>
+
+#include "allocator/cuda/fake_cuda_runtime.h"
+
+namespace remat::integration {
+namespace {
+
+using ::testing::HasSubstr;
+namespace cca = c10::cuda::CUDACachingAllocator;
+
+constexpr std::size_t kBudget = 1 << 20;
+
+struct Fixture {
+  cuda::FakeCudaRuntime rt{cuda::FakeCudaOptions{2, std::size_t{64} << 20}};
+  cudaStream_t current = nullptr;  // what torch would call the current stream
+  std::map<c10::StreamId, cudaStream_t> handles;
+  c10::cuda::CUDAStream Wrap(cudaStream_t stream) {
+    c10::cuda::CUDAStream wrapped = c10::cuda::getStreamFromExternal(stream, 0);
+    handles[wrapped.id()] = stream;
+    return wrapped;
+  }
+  std::unique_ptr<RematCudaAllocator> allocator;
+  explicit Fixture(std::size_t budget = kBudget, std::size_t host_budget = 8 << 20) {
+    CudaAllocatorOptions options;
+    options.budget = budget;
+    options.host_budget = host_budget;
+    CudaStreams streams;
+    streams.current = [this](c10::DeviceIndex) { return current; };
+    // CUDAStream::stream() would initialize the driver: the test maps c10 stream ids to the double's handles.
+    streams.handle = [this](const c10::cuda::CUDAStream& s) { return handles.at(s.id()); };
+    allocator = std::make_unique<RematCudaAllocator>(&rt, options, std::move(streams));
+  }
+  std::int64_t Allocated(c10::DeviceIndex device = 0) {
+    return allocator->getDeviceStats(device).allocated_bytes[0].current;
+  }
+};
+
+template <typename F>
+std::string ErrorOf(F&& f) {
+  try {
+    f();
+  } catch (const c10::Error& e) {
+    return e.what_without_backtrace();
+  }
+  return "";
+}
+
+TEST(CudaTorchAllocator, AllocateAndFreeWithStats) {
+  Fixture f;
+  EXPECT_EQ(f.allocator->name(), "remat");
+  {
+    c10::DataPtr a = f.allocator->allocate(1000);
+    c10::DataPtr b = f.allocator->allocate(5000);
+    ASSERT_NE(a.get(), nullptr);
+    EXPECT_EQ(a.get(), a.get_context());
+    EXPECT_EQ(a.device(), c10::Device(c10::DeviceType::CUDA, 0));
+    EXPECT_EQ(a.get_deleter(), f.allocator->raw_deleter());
+    const auto stats = f.allocator->getDeviceStats(0);
+    EXPECT_EQ(stats.allocated_bytes[0].current, 1024 + 5120);   // memory_allocated
+    EXPECT_EQ(stats.reserved_bytes[0].current, kBudget);         // memory_reserved: the budget, one segment
+    EXPECT_EQ(stats.requested_bytes[0].current, 6000);
+    EXPECT_EQ(stats.allocation[0].current, 2);
+    EXPECT_EQ(stats.segment[0].current, 1);
+    std::size_t largest = 0;
+    f.allocator->cacheInfo(0, &largest);
+    EXPECT_EQ(largest, kBudget - 6144);
+  }
+  const auto stats = f.allocator->getDeviceStats(0);
+  EXPECT_EQ(stats.allocated_bytes[0].current, 0);
+  EXPECT_EQ(stats.allocated_bytes[0].peak, 6144);                // max_memory_allocated
+  f.allocator->resetPeakStats(0);                                // reset_peak_memory_stats
+  EXPECT_EQ(f.allocator->getDeviceStats(0).allocated_bytes[0].peak, 0);
+  f.allocator->resetAccumulatedStats(0);
+  EXPECT_EQ(f.allocator->getDeviceStats(0).allocation[0].allocated, 0);
+  f.allocator->emptyCache();                                     // empty_cache: nothing allocated, segment goes
+  EXPECT_EQ(f.allocator->getDeviceStats(0).reserved_bytes[0].current, 0);
+  EXPECT_EQ(f.rt.live_device_allocations(), 0u);
+  std::size_t largest = 0;
+  f.allocator->cacheInfo(0, &largest);
+  EXPECT_EQ(largest, kBudget);
+}
+
+TEST(CudaTorchAllocator, ZeroBytesAndRawAlloc) {
+  Fixture f;
+  c10::DataPtr empty = f.allocator->allocate(0);
+  EXPECT_EQ(empty.get(), nullptr);
+  void* p = f.allocator->raw_alloc(4096);
+  void* q = f.allocator->raw_alloc_with_stream(4096, nullptr);
+  EXPECT_EQ(f.Allocated(), 8192);
+  std::size_t size = 0;
+  EXPECT_EQ(f.allocator->getBaseAllocation(static_cast<char*>(q) + 10, &size), f.allocator->getBaseAllocation(p, nullptr));
+  EXPECT_EQ(size, kBudget);
+  f.allocator->raw_delete(p);
+  f.allocator->raw_delete(q);
+  EXPECT_EQ(f.Allocated(), 0);
+}
+
+TEST(CudaTorchAllocator, AllocatesOnTheCurrentDevice) {
+  Fixture f;
+  ASSERT_TRUE(f.rt.SetDevice(1).ok());
+  c10::DataPtr a = f.allocator->allocate(512);
+  EXPECT_EQ(a.device().index(), 1);
+  EXPECT_EQ(f.Allocated(1), 512);
+  EXPECT_EQ(f.Allocated(0), 0);
+  ASSERT_TRUE(f.rt.SetDevice(0).ok());
+  EXPECT_THAT(ErrorOf([&] { f.allocator->getDeviceStats(5); }), HasSubstr("invalid CUDA device 5"));
+}
+
+TEST(CudaTorchAllocator, RecordStreamDelaysReuseUntilTheUseFinishes) {
+  Fixture f(4096);
+  cudaStream_t side = *f.rt.StreamCreate();
+  c10::cuda::CUDAStream side_stream = f.Wrap(side);
+  void* x = nullptr;
+  bool use_done = false;
+  {
+    c10::DataPtr a = f.allocator->allocate(2048);
+    x = a.get();
+    f.allocator->recordStream(a, side_stream);  // tensor.record_stream(side)
+    f.rt.HoldStream(side);
+    f.rt.Launch(side, [&] { use_done = true; });
+  }  // freed on the current stream while side still uses it
+  EXPECT_EQ(f.allocator->getDeviceStats(0).active_bytes[0].current, 2048);
+  c10::DataPtr b = f.allocator->allocate(2048);
+  EXPECT_NE(b.get(), x);  // the other half of the budget, not the block in use
+  EXPECT_FALSE(use_done);
+  // Only x's memory is left: the allocator waits for side's use, then reuses it.
+  c10::DataPtr c = f.allocator->allocate(2048);
+  EXPECT_EQ(c.get(), x);
+  EXPECT_TRUE(use_done);
+  EXPECT_EQ(f.allocator->getDeviceStats(0).num_sync_all_streams, 1);
+  // A DataPtr that is not ours is ignored, as PyTorch's allocator does.
+  c10::DataPtr foreign(reinterpret_cast<void*>(0x1000), c10::Device(c10::DeviceType::CUDA, 0));
+  f.allocator->recordStream(foreign, side_stream);
+}
+
+TEST(CudaTorchAllocator, OutOfBudgetRaisesOutOfMemoryErrorNamingTheRequest) {
+  Fixture f(4096);
+  c10::DataPtr a = f.allocator->allocate(3000);
+  int observed = 0;
+  f.allocator->attachOutOfMemoryObserver([&](std::int64_t device, std::size_t allocated, std::size_t total,
+                                             std::size_t) {
+    ++observed;
+    EXPECT_EQ(device, 0);
+    EXPECT_EQ(allocated, 3072u);
+    EXPECT_EQ(total, 4096u);
+  });
+  try {
+    (void)f.allocator->allocate(2000);
+    FAIL() << "expected OutOfMemoryError";
+  } catch (const c10::OutOfMemoryError& e) {
+    EXPECT_THAT(e.what_without_backtrace(), HasSubstr("tried to allocate 2000 bytes (2048 aligned)"));
+    EXPECT_THAT(e.what_without_backtrace(), HasSubstr("budget 4096 bytes"));
+  }
+  EXPECT_EQ(observed, 1);
+  EXPECT_EQ(f.allocator->getDeviceStats(0).num_ooms, 1);
+}
+
+class EvictOne final : public PressureHandler {
+ public:
+  explicit EvictOne(std::vector<c10::DataPtr>* victims) : victims_(victims) {}
+  bool MakeRoom(Arena&, std::size_t) override {
+    ++calls;
+    if (victims_->empty()) return false;
+    victims_->pop_back();  // dropping the DataPtr frees the block, as evicting a storage does
+    return true;
+  }
+  int calls = 0;
+
+ private:
+  std::vector<c10::DataPtr>* victims_;
+};
+
+TEST(CudaTorchAllocator, PressureHandlerEvictsWhenTheBudgetIsFull) {
+  Fixture f(4096);
+  std::vector<c10::DataPtr> evictable;
+  evictable.push_back(f.allocator->allocate(2048));
+  evictable.push_back(f.allocator->allocate(2048));
+  EvictOne handler(&evictable);
+  f.allocator->SetPressureHandler(0, &handler);
+  c10::DataPtr fresh = f.allocator->allocate(2048);
+  EXPECT_EQ(handler.calls, 1);
+  EXPECT_EQ(evictable.size(), 1u);
+  EXPECT_EQ(f.allocator->getDeviceStats(0).num_alloc_retries, 1);
+  f.allocator->SetPressureHandler(0, nullptr);
+}
+
+TEST(CudaTorchAllocator, PagingRoundTripIsByteIdentical) {
+  Fixture f;
+  cudaStream_t s = *f.rt.StreamCreate();
+  f.current = s;
+  const std::size_t bytes = 6000;
+  c10::DataPtr a = f.allocator->allocate(bytes);
+  const auto address = reinterpret_cast<std::uintptr_t>(a.get());
+  f.rt.Launch(s, [&] {
+    for (std::size_t i = 0; i < bytes; ++i) static_cast<unsigned char*>(a.get())[i] = static_cast<unsigned char>(i * 7);
+  });
+  std::vector<unsigned char> expected(bytes);
+  std::memcpy(expected.data(), a.get(), bytes);
+
+  absl::StatusOr<cuda::CudaPager*> pager = f.allocator->Pager(0);
+  ASSERT_TRUE(pager.ok()) << pager.status();
+  cuda::PageId page = *(*pager)->PageOut(address, bytes, s);
+  a.clear();  // the storage's device memory goes
+  c10::DataPtr scribble = f.allocator->allocate(kBudget);  // all of it, including a's old block
+  f.rt.Launch(s, [&] { std::memset(scribble.get(), 0x5A, kBudget); });
+  scribble.clear();
+  absl::StatusOr<std::uintptr_t> back = (*pager)->PageIn(page, s);
+  ASSERT_TRUE(back.ok()) << back.status();
+  ASSERT_TRUE((*pager)->WaitForPage(page, s).ok());
+  ASSERT_TRUE(f.rt.StreamSynchronize(s).ok());
+  EXPECT_EQ(std::memcmp(reinterpret_cast<void*>(*back), expected.data(), bytes), 0);
+  ASSERT_TRUE((*pager)->Release(page).ok());
+  f.allocator->raw_delete(reinterpret_cast<void*>(*back));
+}
+
+TEST(CudaTorchAllocator, PagingNeedsAHostBudget) {
+  Fixture f(kBudget, 0);
+  EXPECT_THAT(f.allocator->Pager(0).status().message(), HasSubstr("pinned host budget"));
+}
+
+TEST(CudaTorchAllocator, MemoryFractionAndInfoGoThroughTheRuntime) {
+  Fixture f;
+  const auto [free_bytes, total] = f.allocator->getMemoryInfo(0);
+  EXPECT_EQ(total, std::size_t{64} << 20);
+  EXPECT_EQ(free_bytes, total);
+  EXPECT_DOUBLE_EQ(f.allocator->getMemoryFraction(0), 1.0 / 64);
+  f.allocator->setMemoryFraction(0.5, 0);
+  EXPECT_DOUBLE_EQ(f.allocator->getMemoryFraction(0), 0.5);
+  c10::DataPtr a = f.allocator->allocate(512);
+  EXPECT_THAT(ErrorOf([&] { f.allocator->setMemoryFraction(0.25, 0); }),
+              HasSubstr("can only change while nothing is allocated"));
+  EXPECT_THAT(ErrorOf([&] { f.allocator->setMemoryFraction(1.5, 0); }), HasSubstr("(0, 1]"));
+}
+
+TEST(CudaTorchAllocator, SnapshotListsTheArenaBlocks) {
+  Fixture f;
+  c10::DataPtr a = f.allocator->allocate(1024);
+  cca::SnapshotInfo info = f.allocator->snapshot();
+  ASSERT_EQ(info.segments.size(), 1u);
+  EXPECT_EQ(info.segments[0].total_size, kBudget);
+  EXPECT_EQ(info.segments[0].allocated_size, 1024u);
+  EXPECT_EQ(info.segments[0].blocks.size(), 2u);
+}
+
+TEST(CudaTorchAllocator, UnsupportedFeaturesSaySo) {
+  Fixture f;
+  const c10::MempoolId_t pool{1, 0};
+  EXPECT_THAT(ErrorOf([&] { f.allocator->beginAllocateToPool(0, pool, [](cudaStream_t) { return true; }); }),
+              HasSubstr("remat does not support CUDA graph private memory pools"));
+  EXPECT_THAT(ErrorOf([&] { f.allocator->endAllocateToPool(0, pool); }), HasSubstr("remat does not support"));
+  EXPECT_THAT(ErrorOf([&] { f.allocator->releasePool(0, pool); }), HasSubstr("remat does not support"));
+  EXPECT_THAT(ErrorOf([&] { f.allocator->shareIpcHandle(nullptr); }), HasSubstr("remat does not support CUDA IPC"));
+  EXPECT_THAT(ErrorOf([&] { f.allocator->getIpcDevPtr("x"); }), HasSubstr("remat does not support CUDA IPC"));
+  EXPECT_THAT(ErrorOf([&] { f.allocator->recordHistory(true, nullptr, 0, cca::RecordContext::ALL, false, {}); }),
+              HasSubstr("remat does not support memory history recording"));
+  EXPECT_EQ(ErrorOf([&] { f.allocator->recordHistory(false, nullptr, 0, cca::RecordContext::NEVER, false, {}); }),
+            "");
+  EXPECT_FALSE(f.allocator->isHistoryEnabled());
+  EXPECT_THAT(ErrorOf([&] { f.allocator->getCheckpointState(0, pool); }), HasSubstr("remat does not support"));
+  EXPECT_THAT(ErrorOf([&] { f.allocator->setCheckpointPoolState(0, nullptr); }), HasSubstr("remat does not support"));
+  EXPECT_THAT(ErrorOf([&] { f.allocator->attachAllocatorTraceTracker([](const auto&) {}); }),
+              HasSubstr("remat does not support"));
+  EXPECT_THAT(ErrorOf([&] { f.allocator->emptyCache(pool); }), HasSubstr("remat does not support"));
+  EXPECT_THAT(ErrorOf([&] { f.allocator->snapshot(pool); }), HasSubstr("remat does not support"));
+  EXPECT_THAT(ErrorOf([&] { f.allocator->getPoolUseCount(0, pool); }), HasSubstr("remat does not yet support"));
+  EXPECT_TRUE(f.allocator->getExpandableSegmentSizes(0).empty());
+}
+
+TEST(CudaTorchAllocator, InstallsIntoC10AndServesItsCudaAllocator) {
+  Fixture f;
+  cca::CUDAAllocator* native = cca::allocator.load();
+  ASSERT_FALSE(cca::allocator.load() != nullptr && cca::allocator.load()->initialized())
+      << "this process has no GPU; torch's allocator must be uninitialized";
+  ASSERT_TRUE(InstallCudaAllocator(f.allocator.get()).ok());
+  EXPECT_EQ(InstalledCudaAllocator(), f.allocator.get());
+  EXPECT_EQ(cca::get(), f.allocator.get());
+  EXPECT_EQ(c10::GetAllocator(c10::DeviceType::CUDA), f.allocator.get());
+  EXPECT_EQ(InstallCudaAllocator(f.allocator.get()).code(), absl::StatusCode::kAlreadyExists);
+  {
+    c10::DataPtr a = c10::GetAllocator(c10::DeviceType::CUDA)->allocate(4096);
+    EXPECT_EQ(cca::getDeviceStats(0).allocated_bytes[0].current, 4096);  // what torch.cuda.memory_allocated reads
+  }
+  cca::init(2);  // torch's CUDA lazy init calls this on the installed allocator
+  EXPECT_TRUE(f.allocator->initialized());
+  ASSERT_TRUE(UninstallCudaAllocator().ok());
+  EXPECT_NE(cca::get(), f.allocator.get());
+  EXPECT_EQ(InstalledCudaAllocator(), nullptr);
+
+  // Once CUDA is initialized (the installed allocator says so), another install fails with a clear message.
+  Fixture other;
+  ASSERT_TRUE(InstallCudaAllocator(f.allocator.get()).ok());  // f's allocator is initialized now
+  ASSERT_TRUE(UninstallCudaAllocator().ok());
+  cca::allocator.store(f.allocator.get());  // as if torch had initialized CUDA with it
+  const absl::Status status = InstallCudaAllocator(other.allocator.get());
+  EXPECT_EQ(status.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(status.message(), HasSubstr("CUDA is already initialized"));
+  ASSERT_TRUE(InstallCudaAllocator(f.allocator.get()).ok());  // same allocator: allowed
+  ASSERT_TRUE(UninstallCudaAllocator().ok());
+  cca::allocator.store(native);  // leave c10 as we found it (at the lowest priority c10 accepts)
+  for (int p = 0; p < 256 && c10::GetAllocator(c10::DeviceType::CUDA) != native; ++p) {
+    c10::SetAllocator(c10::DeviceType::CUDA, native, static_cast<std::uint8_t>(p));
+  }
+  EXPECT_EQ(c10::GetAllocator(c10::DeviceType::CUDA), native);
+}
+
+}  // namespace
+}  // namespace remat::integration
