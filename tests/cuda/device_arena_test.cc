@@ -5,6 +5,9 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <atomic>
+#include <random>
+#include <thread>
 #include <vector>
 
 #include "allocator/cuda/fake_cuda_runtime.h"
@@ -253,6 +256,45 @@ TEST(CudaDeviceArena, ReservationFailureIsReported) {
   ASSERT_FALSE(a.ok());
   EXPECT_EQ(a.status().code(), absl::StatusCode::kResourceExhausted);
   EXPECT_THAT(a.status().message(), HasSubstr("cannot reserve the CUDA budget of 2097152 bytes on device 0"));
+}
+
+TEST(CudaDeviceArena, ThreadsOnTheirOwnStreamsShareTheBudget) {
+  FakeCudaRuntime rt;
+  auto arena = MakeArena(rt, 64 << 10);
+  std::vector<std::thread> threads;
+  std::atomic<int> failures{0};
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&, t] {
+      cudaStream_t stream = *rt.StreamCreate();
+      std::mt19937 rng(static_cast<unsigned>(t));
+      std::vector<std::uintptr_t> held;
+      for (int i = 0; i < 500; ++i) {
+        if (held.size() < 4 && rng() % 3 != 0) {
+          absl::StatusOr<std::uintptr_t> a = arena->Allocate(512 + rng() % 4096, stream);
+          if (a.ok()) {
+            held.push_back(*a);
+          } else if (a.status().code() != absl::StatusCode::kResourceExhausted) {
+            ++failures;
+          }
+        } else if (!held.empty()) {
+          if (!arena->Free(held.back()).ok()) ++failures;
+          held.pop_back();
+        }
+      }
+      for (std::uintptr_t a : held) {
+        if (!arena->Free(a).ok()) ++failures;
+      }
+    });
+  }
+  for (auto& thread : threads) thread.join();
+  EXPECT_EQ(failures.load(), 0);
+  ASSERT_TRUE(arena->EmptyCache().ok());
+  const DeviceArenaStats st = arena->Stats();
+  EXPECT_EQ(st.allocated_bytes.current, 0);
+  EXPECT_EQ(st.active_bytes.current, 0);
+  EXPECT_EQ(st.pending_blocks, 0u);
+  EXPECT_EQ(st.reserved_bytes.current, 0);
+  EXPECT_TRUE(st.multi_stream);
 }
 
 }  // namespace

@@ -1,0 +1,42 @@
+// The C entry points of libremat_cuda.so (DESIGN.md, "PyTorch integration": CUDA).
+//
+// 1. remat_install_cuda_allocator: makes remat PyTorch's CUDA allocator (the full c10 interface: stats,
+//    empty_cache, record_stream, ...). Call it through ctypes after `import torch` and before CUDA initializes:
+//        lib = ctypes.CDLL(path); err = ctypes.create_string_buffer(1024)
+//        lib.remat_install_cuda_allocator(b"6GiB", None, err, 1024)  # 0 on success, else err holds the message
+//    `budget` is bytes with a unit or a fraction of device memory ("0.5"); NULL or "" reads REMAT_BUDGET.
+//    `host_budget` (pinned host memory for paging) NULL or "" reads REMAT_HOST_BUDGET (unset: no paging).
+//
+// 2. The functions torch.cuda.memory.CUDAPluggableAllocator loads (torch 2.14 signatures):
+//        void* remat_malloc(size_t size, int device, cudaStream_t stream)
+//        void  remat_free(void* ptr, size_t size, int device, cudaStream_t stream)
+//    and the optional hooks of torch's C++ CUDAPluggableAllocator (set_init_fn, set_reset_fn,
+//    set_memory_fraction_fn, set_base_alloc_fn, set_record_stream_fn):
+//        void  remat_init(int device_count)
+//        void  remat_reset(void)                                  (empty_cache)
+//        void  remat_set_memory_fraction(double fraction, int device)
+//        void* remat_base_alloc(void* ptr, size_t* size)
+//        void  remat_record_stream(void* ptr, cudaStream_t stream)
+//    They serve from the installed remat allocator if there is one, else from one made at the first call with
+//    the budget from REMAT_BUDGET (required). Through the pluggable path torch's memory statistics are not
+//    available (torch's pluggable wrapper does not forward them); install with (1) to have them.
+//    Out of budget, remat_malloc throws c10::OutOfMemoryError as a C++ exception, which torch's wrapper lets
+//    through to Python as torch.OutOfMemoryError.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+
+extern "C" {
+
+int remat_install_cuda_allocator(const char* budget, const char* host_budget, char* error, std::size_t error_size);
+void* remat_malloc(std::size_t size, int device, cudaStream_t stream);
+void remat_free(void* ptr, std::size_t size, int device, cudaStream_t stream);
+void remat_init(int device_count);
+void remat_reset();
+void remat_set_memory_fraction(double fraction, int device);
+void* remat_base_alloc(void* ptr, std::size_t* size);
+void remat_record_stream(void* ptr, cudaStream_t stream);
+
+}  // extern "C"
