@@ -525,6 +525,7 @@ void Engine::Release(TensorId t) {
   Impl& m = *impl_;
   StorageIndex s = m.tensors[t].storage;
   Impl::Storage& st = m.storages[s];
+  if (m.tensors[t].ext_refs <= 0) return;  // already released: a second release is a no-op
   m.tensors[t].ext_refs -= 1;
   st.ext_refs -= 1;
   if (st.ext_refs == 0 && st.material && !st.pinned && st.locks == 0) {

@@ -1,10 +1,14 @@
 #include "runtime/trace.h"
 
 #include <cstdlib>
+#include <fstream>
+#include <random>
 #include <string>
+#include <vector>
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "runtime/replay.h"
 
 namespace remat {
 namespace {
@@ -62,6 +66,52 @@ TEST(TraceTest, ReadsTheSharedTraces) {
   absl::StatusOr<Trace> t = ReadTrace(dir + "resnet32-56-9000000000.0-2020-10-1-13-3-30-default.log");
   ASSERT_TRUE(t.ok()) << t.status() << " (is REMAT_SHARED_DIR set to the shared directory?)";
   EXPECT_EQ(t->call_count, 286);
+}
+
+}  // namespace
+}  // namespace remat
+
+namespace remat {
+namespace {
+
+// Mangled traces (lines dropped, duplicated, truncated, characters replaced) either parse or fail with
+// "<path>:<line>: <reason>"; what parses replays to a result (any status), never a crash.
+TEST(TraceFuzzTest, MangledTracesNeverCrash) {
+  const char* env = std::getenv("REMAT_SHARED_DIR");
+  std::string dir = std::string(env != nullptr && *env ? env : "/work/main/../shared") + "/traces/dtr/";
+  std::ifstream in(dir + "unet-6-8000000000.0-2020-10-1-10-57-18-default.log");
+  ASSERT_TRUE(in.good()) << "set REMAT_SHARED_DIR to the shared directory";
+  std::vector<std::string> lines;
+  for (std::string l; std::getline(in, l);) lines.push_back(l);
+  std::mt19937_64 rng(42);
+  int parsed = 0, rejected = 0;
+  for (int round = 0; round < 60; ++round) {
+    std::vector<std::string> m = lines;
+    for (int k = 0; k < 3; ++k) {
+      std::size_t i = rng() % m.size();
+      switch (rng() % 4) {
+        case 0: m.erase(m.begin() + static_cast<std::ptrdiff_t>(i)); break;
+        case 1: m.insert(m.begin() + static_cast<std::ptrdiff_t>(i), m[rng() % m.size()]); break;
+        case 2: m[i] = m[i].substr(0, rng() % (m[i].size() + 1)); break;
+        default:
+          if (!m[i].empty()) m[i][rng() % m[i].size()] = "x\"{}[],:0-"[rng() % 10];
+      }
+    }
+    std::string text;
+    for (const std::string& l : m) text += l + "\n";
+    absl::StatusOr<Trace> t = ParseTrace(text, "mangled.log");
+    if (!t.ok()) {
+      ++rejected;
+      EXPECT_THAT(std::string(t.status().message()), ::testing::StartsWith("mangled.log:"));
+      continue;
+    }
+    ++parsed;
+    ReplayOptions o;
+    o.budget_ratio = 0.5;
+    ReplayResult r = Replay(*t, o);
+    (void)r;
+  }
+  EXPECT_GT(parsed + rejected, 0);
 }
 
 }  // namespace
