@@ -209,7 +209,8 @@ std::string FormatTable(const std::vector<SimRow>& rows) {
         absl::StrFormat(row.budget_given ? "%.4f" : "%.2f", row.ratio),
         FormatBytes(static_cast<std::uint64_t>(std::max<std::int64_t>(row.budget_bytes, 0))),
         row.result,
-        absl::StrFormat("%.4f", row.overhead),
+        // A run that did not pass stopped early: its overhead is only where it stopped.
+        absl::StrFormat(row.result == "pass" ? "%.4f" : "(%.4f)", row.overhead),
         FormatBytes(static_cast<std::uint64_t>(std::max<std::int64_t>(row.peak_bytes, 0))),
         Milliseconds(row.replayed_cost_ns),
         absl::StrCat(row.evictions),

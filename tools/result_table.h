@@ -13,6 +13,8 @@
 //   - FormatTable pads every column to its widest cell (numbers right-aligned, text left-aligned) and ends each
 //     line with '\n'. The trace column shows the fewest leading '-'-separated parts of the file name (no
 //     directory, no ".log") that still tell the table's traces apart ("resnet32", or "bert-16" and "bert-32").
+//   - In the table, the overhead of a run that did not pass is in parentheses: the run stopped early (oom,
+//     thrash), so it is the clock where it stopped, not a cost of finishing. Files keep the plain number.
 //   - Numbers are written with enough digits to round-trip what matters: overhead and ratios with 6 significant
 //     digits in files, 4 decimals in the table.
 #pragma once

@@ -131,6 +131,8 @@ TEST(ResultTableTest, TableIsAligned) {
   EXPECT_EQ(lines[1].substr(frag_end - 1, 1), "-");
   EXPECT_EQ(lines[2].substr(frag_end - 6, 6), "0.1250");
   EXPECT_THAT(lines[2], HasSubstr(" oom "));
+  // The oom run stopped early: its overhead is bracketed, still right-aligned under the header.
+  EXPECT_EQ(lines[2].substr(overhead_end - 8, 8), "(1.0123)");
 }
 
 TEST(ResultTableTest, TraceLabelsGrowUntilTheyDiffer) {
