@@ -478,10 +478,25 @@ absl::StatusOr<std::span<const TensorId>> Engine::EndOp(OpId op_id, std::span<co
   std::span<const TensorId> outs = m.Outputs(m.ops[op_id]);
   // Recomputable in-place: the written storage's bytes (and address) now hold the new value, a fresh storage made
   // by this op; the old value becomes a memory-less evicted storage that keeps its producer.
-  for (const OutputSpec& spec : specs) {
-    if (spec.in_place_of < 0) continue;
-    StorageIndex old = m.tensors[m.Inputs(m.ops[op_id])[spec.in_place_of]].storage;
-    if (m.storages[old].material) MarkEvicted(old);
+  // Writing a constant in place (an optimizer step on a parameter): the new value is a constant too, and the old
+  // value is gone for good (nothing can reproduce it), so it leaves the graph.
+  std::vector<StorageIndex> new_constants;
+  for (std::size_t i = 0; i < specs.size(); ++i) {
+    if (specs[i].in_place_of < 0) continue;
+    StorageIndex old = m.tensors[m.Inputs(m.ops[op_id])[specs[i].in_place_of]].storage;
+    if (m.storages[old].pinned) {
+      new_constants.push_back(m.tensors[outs[i]].storage);
+      Impl::Storage& st = m.storages[old];
+      m.SetMaterial(old, false);
+      stats_.used_bytes -= st.size;
+      st.has_address = false;
+      st.dead = true;
+      m.state[old] |= Impl::kDead;
+      m.constant_bytes -= st.size;
+      for (TensorId u : st.tensors) m.tensors[u].defined = false;
+    } else if (m.storages[old].material) {
+      MarkEvicted(old);
+    }
   }
   stats_.clock += cost;
   stats_.model_compute += cost;
@@ -506,6 +521,11 @@ absl::StatusOr<std::span<const TensorId>> Engine::EndOp(OpId op_id, std::span<co
     stats_.peak_bytes = std::max(stats_.peak_bytes, stats_.used_bytes);
   }
   AfterCompute();
+  for (StorageIndex c : new_constants) {
+    m.Lock(c);
+    m.storages[c].pinned = true;
+    m.constant_bytes += m.storages[c].size;
+  }
   for (TensorId p : m.Inputs(m.ops[op_id])) m.Unlock(m.tensors[p].storage);
   for (TensorId t : outs) m.storages[m.tensors[t].storage].last_access = stats_.clock;
   return outs;

@@ -69,6 +69,7 @@ struct OutputSpec {
   // EndOp only: the kernel wrote input k in place. The output is a fresh storage (new value) that takes over the
   // input storage's bytes and address; the input's storage becomes the old value, memory-less and evicted, still
   // recomputable by its producer (DESIGN.md "Recomputable in-place"). bytes/address are taken from the input.
+  // Writing a constant in place (optimizer step) makes the new value a constant and drops the old one for good.
   std::int32_t in_place_of = -1;
 };
 

@@ -448,3 +448,23 @@ TEST(EngineRecoveryTest, FailedCallReleasesItsLocksAndTheEngineGoesOn) {
 
 }  // namespace
 }  // namespace remat
+
+namespace remat {
+namespace {
+
+TEST(EngineInPlaceTest, WritingAConstantInPlaceKeepsAConstant) {
+  Fixture f("dtr-eq", 1000);
+  TensorId w = f.Const("w", 100);
+  TensorId g = f.Op("g", {w}, 100, 4);
+  absl::StatusOr<OpId> op = f.engine->BeginOp(std::vector<TensorId>{w, g}, "sub_");
+  ASSERT_TRUE(op.ok());
+  OutputSpec out;
+  out.in_place_of = 0;
+  TensorId w2 = (*f.engine->EndOp(*op, {&out, 1}, 3))[0];
+  EXPECT_TRUE(f.engine->Resident(f.engine->StorageOf(w2)));
+  EXPECT_FALSE(f.engine->Evict(f.engine->StorageOf(w2)).ok());  // pinned like any constant
+  EXPECT_EQ(f.engine->stats().used_bytes, 200);
+}
+
+}  // namespace
+}  // namespace remat
