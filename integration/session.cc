@@ -4,15 +4,19 @@
 #include <c10/util/Exception.h>
 
 #include <atomic>
+#include <memory>
 #include <mutex>
 #include <string>
+#include <utility>
 
 #include "integration/dispatch_hook.h"
+#include "integration/trace_recorder.h"
 
 namespace remat::integration {
 namespace {
 
-// The observer until the runtime exists: counts what it sees and drops the records.
+// The observer until the runtime exists: counts what it sees, hands it to the trace recorder if one is open,
+// and drops the records.
 class TrackingObserver final : public OpObserver {
  public:
   void BeforeOp(OpRecord&) override {}
@@ -20,8 +24,24 @@ class TrackingObserver final : public OpObserver {
     ops_.fetch_add(1, std::memory_order_relaxed);
     if (record.traits->random) random_ops_.fetch_add(1, std::memory_order_relaxed);
     time_ns_.fetch_add(record.duration_ns, std::memory_order_relaxed);
+    if (recording_.load(std::memory_order_acquire)) {
+      std::lock_guard<std::mutex> lock(recorder_mutex_);
+      if (recorder_ != nullptr) recorder_->OnOp(record);
+    }
   }
   void OpFailed(OpRecord&) noexcept override {}
+
+  bool Recording() { return recording_.load(std::memory_order_acquire); }
+  void SetRecorder(std::unique_ptr<TraceRecorder> recorder) {
+    std::lock_guard<std::mutex> lock(recorder_mutex_);
+    recorder_ = std::move(recorder);
+    recording_.store(recorder_ != nullptr, std::memory_order_release);
+  }
+  std::unique_ptr<TraceRecorder> TakeRecorder() {
+    std::lock_guard<std::mutex> lock(recorder_mutex_);
+    recording_.store(false, std::memory_order_release);
+    return std::move(recorder_);
+  }
 
   void Reset() {
     ops_ = 0;
@@ -36,6 +56,9 @@ class TrackingObserver final : public OpObserver {
   std::atomic<std::uint64_t> ops_{0};
   std::atomic<std::uint64_t> random_ops_{0};
   std::atomic<std::uint64_t> time_ns_{0};
+  std::atomic<bool> recording_{false};
+  std::mutex recorder_mutex_;
+  std::unique_ptr<TraceRecorder> recorder_;  // guarded by recorder_mutex_
 };
 
 std::mutex g_mutex;
@@ -70,6 +93,9 @@ absl::Status DisableRemat() {
   if (!g_enabled) return absl::FailedPreconditionError("remat: not enabled");
   absl::Status status = SetHookEnabledOnThisThread(false);
   SetObserver(nullptr);
+  if (std::unique_ptr<TraceRecorder> recorder = Tracker().TakeRecorder(); recorder != nullptr) {
+    if (absl::Status closed = recorder->Close(); !closed.ok() && status.ok()) status = closed;
+  }
   if (absl::Status uninstall = UninstallCpuArena(); !uninstall.ok() && status.ok()) status = uninstall;
   g_enabled = false;
   return status;
@@ -91,6 +117,24 @@ RematStats GetRematStats() {
   stats.random_ops_recorded = Tracker().random_ops();
   stats.op_time_ns = Tracker().time_ns();
   return stats;
+}
+
+absl::Status StartTrace(const std::string& path) {
+  std::lock_guard<std::mutex> lock(g_mutex);
+  if (!g_enabled) return absl::FailedPreconditionError("remat: enable remat before recording a trace");
+  if (Tracker().Recording()) return absl::FailedPreconditionError("remat: a trace is already being recorded");
+  absl::StatusOr<std::unique_ptr<TraceRecorder>> recorder = TraceRecorder::Open(path);
+  if (!recorder.ok()) return recorder.status();
+  Tracker().SetRecorder(std::move(*recorder));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::uint64_t> StopTrace() {
+  std::lock_guard<std::mutex> lock(g_mutex);
+  std::unique_ptr<TraceRecorder> recorder = Tracker().TakeRecorder();
+  if (recorder == nullptr) return absl::FailedPreconditionError("remat: no trace is being recorded");
+  if (absl::Status closed = recorder->Close(); !closed.ok()) return closed;
+  return recorder->ops_written();
 }
 
 RematGuard::RematGuard(const RematOptions& options) {

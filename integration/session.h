@@ -15,8 +15,10 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "integration/cpu_allocator.h"
 
 namespace remat::integration {
@@ -40,6 +42,12 @@ struct RematStats {
 };
 
 RematStats GetRematStats();
+
+// Writes the ops the hook records from now on as a trace (trace_recorder.h) to `path`. FailedPrecondition when
+// remat is not enabled or a trace is already being written. DisableRemat stops it too.
+absl::Status StartTrace(const std::string& path);
+// Closes the trace; returns the number of ops written. FailedPrecondition when no trace is being written.
+absl::StatusOr<std::uint64_t> StopTrace();
 
 // Enables remat for its lifetime; throws c10::Error when EnableRemat fails.
 class RematGuard {

@@ -71,6 +71,14 @@ int64_t ParseBudgetBytes(const std::string& text) {
   return static_cast<int64_t>(bytes);
 }
 
+void RecordStart(const std::string& path) { ThrowIfError(StartTrace(path)); }
+
+int64_t RecordStop() {
+  absl::StatusOr<std::uint64_t> ops = StopTrace();
+  ThrowIfError(ops.status());
+  return static_cast<int64_t>(*ops);
+}
+
 std::string TorchVersion() { return absl::StrCat(TORCH_VERSION_MAJOR, ".", TORCH_VERSION_MINOR); }
 
 std::string HookKeyName() {
@@ -90,6 +98,8 @@ TORCH_LIBRARY(remat, m) {
   m.def("stats() -> Dict(str, int)", &Stats);
   m.def("reset_peak() -> ()", &ResetPeak);
   m.def("parse_budget(str text) -> int", &ParseBudgetBytes);
+  m.def("record_start(str path) -> ()", &RecordStart);
+  m.def("record_stop() -> int", &RecordStop);
   m.def("torch_version() -> str", &TorchVersion);
   m.def("hook_key() -> str", &HookKeyName);
 }

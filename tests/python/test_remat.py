@@ -248,3 +248,31 @@ def test_distributed_data_parallel_two_processes_bitwise_identical(tmp_path):
     # DDP kept the replicas in sync under remat too.
     for a, b in zip(results[0]["remat"][1], results[1]["remat"][1]):
         assert bitwise_equal(a, b)
+
+
+def test_recorded_trace_replays_in_remat_sim(tmp_path):
+    trace = tmp_path / "small_net.jsonl"
+    with remat.enable(budget="256MiB"):
+        with remat.record(trace) as recording:
+            train(steps=1)
+        with pytest.raises(RuntimeError, match="no trace is being recorded"):
+            remat.stop_recording()
+    assert recording.ops > 50
+    lines = trace.read_text().splitlines()
+    assert lines[0] == '{"INSTRUCTION":"ANNOTATE","ANNOTATION":"START"}'
+    text = trace.read_text()
+    # The hook records outermost ops: conv2d as the user called it, not its decomposition.
+    for needle in ('"NAME":"aten::conv2d"', '"INSTRUCTION":"MUTATE"', '"INSTRUCTION":"RELEASE"',
+                   '"INSTRUCTION":"CONSTANT"', '"NAME":"aten::convolution_backward"'):
+        assert needle in text, needle
+    remat_sim = Path(os.environ["REMAT_LIBRARY"]).resolve().parents[1] / "tools" / "remat-sim"
+    assert remat_sim.is_file(), f"{remat_sim} not built"
+    result = subprocess.run([str(remat_sim), str(trace), "--ratios", "1.0,0.5", "--policies", "dtr-eq,lru",
+                             "--jobs", "1"], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert "small_net" in result.stdout
+
+
+def test_recording_needs_remat_enabled(tmp_path):
+    with pytest.raises(RuntimeError, match="enable remat before recording"):
+        remat.record(tmp_path / "t.jsonl")

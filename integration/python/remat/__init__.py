@@ -33,7 +33,8 @@ from typing import Dict, Optional, Union
 
 import torch
 
-__all__ = ["enable", "disable", "is_enabled", "stats", "reset_peak", "parse_size", "library_path"]
+__all__ = ["enable", "disable", "is_enabled", "stats", "reset_peak", "record", "stop_recording", "parse_size",
+           "library_path"]
 
 _LIBRARY_NAME = "libremat_torch.so"
 
@@ -168,6 +169,38 @@ def stats() -> Dict[str, int]:
 def reset_peak() -> None:
     """Restarts peak_allocated_bytes at the current allocation. Raises RuntimeError if remat is not enabled."""
     torch.ops.remat.reset_peak()
+
+
+class _Recording:
+    """What record() returns: the trace is being written; as a context manager, leaving the block closes it."""
+
+    def __init__(self, path: str):
+        self.path = path
+        self.ops: Optional[int] = None  # ops written, once closed
+
+    def __enter__(self) -> "_Recording":
+        return self
+
+    def __exit__(self, *exc_info) -> bool:
+        if self.ops is None:
+            try:
+                self.ops = stop_recording()
+            except RuntimeError:
+                pass  # already closed by stop_recording() or disable()
+        return False
+
+
+def record(path: Union[str, os.PathLike]) -> _Recording:
+    """Writes the ops remat sees from now on (this thread's, and its backward passes') to `path` as a trace in
+    the DTR prototype's format, which `remat-sim` replays. Remat must be enabled; disable() also closes the
+    trace. Usable as a context manager."""
+    torch.ops.remat.record_start(os.fspath(path))
+    return _Recording(os.fspath(path))
+
+
+def stop_recording() -> int:
+    """Closes the trace record() opened; returns the number of ops written."""
+    return int(torch.ops.remat.record_stop())
 
 
 def _enable_from_environment() -> Optional[_Enabled]:

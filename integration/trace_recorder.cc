@@ -1,0 +1,176 @@
+// Trace recorder: see trace_recorder.h for the contract.
+#include "integration/trace_recorder.h"
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+
+namespace remat::integration {
+namespace {
+
+bool Recordable(const at::Tensor& tensor) {
+  return tensor.defined() && tensor.layout() == c10::kStrided && tensor.has_storage();
+}
+
+std::size_t StorageBytes(const c10::StorageImpl& storage) {
+  return storage.sym_nbytes().is_heap_allocated() ? 0 : storage.nbytes();
+}
+
+std::string Quoted(const std::string& s) { return absl::StrCat("\"", s, "\""); }
+
+std::string QuotedList(const std::vector<std::string>& names) {
+  return absl::StrCat("[", absl::StrJoin(names, ",", [](std::string* out, const std::string& n) {
+                        absl::StrAppend(out, "\"", n, "\"");
+                      }),
+                      "]");
+}
+
+// Calls visit(argument_index, tensor) for every strided tensor among the arguments, lists flattened.
+template <typename Visit>
+void ForEachArgumentTensor(const c10::Stack& arguments, Visit visit) {
+  for (std::size_t i = 0; i < arguments.size(); ++i) {
+    const c10::IValue& value = arguments[i];
+    const int index = static_cast<int>(i);
+    if (value.isTensor()) {
+      if (Recordable(value.toTensor())) visit(index, value.toTensor());
+    } else if (value.isTensorList()) {
+      for (const at::Tensor& tensor : value.toTensorList()) {
+        if (Recordable(tensor)) visit(index, tensor);
+      }
+    } else if (value.isList()) {
+      for (const c10::IValue& element : value.toList()) {
+        if (element.isTensor() && Recordable(element.toTensor())) visit(index, element.toTensor());
+      }
+    }
+  }
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<TraceRecorder>> TraceRecorder::Open(const std::string& path) {
+  std::ofstream out(path, std::ios::out | std::ios::trunc);
+  if (!out) return absl::NotFoundError(absl::StrCat("remat: cannot create the trace file ", path));
+  out << "{\"INSTRUCTION\":\"ANNOTATE\",\"ANNOTATION\":\"START\"}\n";
+  return std::unique_ptr<TraceRecorder>(new TraceRecorder(path, std::move(out)));
+}
+
+TraceRecorder::TraceRecorder(std::string path, std::ofstream out) : path_(std::move(path)), out_(std::move(out)) {}
+
+TraceRecorder::~TraceRecorder() { (void)Close(); }
+
+std::string TraceRecorder::NewName() { return absl::StrCat("t", next_name_++); }
+
+void TraceRecorder::ReleaseDead() {
+  for (auto it = known_.begin(); it != known_.end();) {
+    if (it->second.storage.expired()) {
+      for (const std::string& name : it->second.names) {
+        out_ << "{\"INSTRUCTION\":\"RELEASE\",\"NAME\":" << Quoted(name) << "}\n";
+      }
+      known_.erase(it++);
+    } else {
+      ++it;
+    }
+  }
+}
+
+const std::string& TraceRecorder::NameOf(const at::Tensor& tensor) {
+  c10::StorageImpl* storage = tensor.storage().unsafeGetStorageImpl();
+  auto [it, inserted] = known_.try_emplace(storage);
+  if (inserted) {
+    it->second.storage = tensor.storage().getWeakStorageImpl();
+    it->second.names.push_back(NewName());
+    const std::string& name = it->second.names.front();
+    out_ << "{\"INSTRUCTION\":\"CONSTANT\",\"NAME\":" << Quoted(name) << "}\n";
+    out_ << "{\"INSTRUCTION\":\"MEMORY\",\"NAME\":" << Quoted(name) << ",\"MEMORY\":\""
+         << StorageBytes(*storage) << "\"}\n";
+  }
+  return it->second.names.front();
+}
+
+void TraceRecorder::OnOp(const OpRecord& record) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (closed_) return;
+  ReleaseDead();
+
+  std::vector<std::string> args;
+  std::vector<const c10::StorageImpl*> arg_storages;
+  std::vector<int> arg_of;  // argument index of each ARGS entry
+  ForEachArgumentTensor(record.arguments, [&](int index, const at::Tensor& tensor) {
+    args.push_back(NameOf(tensor));
+    arg_storages.push_back(tensor.storage().unsafeGetStorageImpl());
+    arg_of.push_back(index);
+  });
+  const std::string time = absl::StrCat("\"", record.duration_ns, "\"");
+  const std::string name = Quoted(record.traits->name);
+
+  if (!record.traits->written_arguments.empty()) {
+    std::vector<std::string> mutated;
+    for (std::size_t k = 0; k < args.size(); ++k) {
+      for (int written : record.traits->written_arguments) {
+        if (arg_of[k] == written) mutated.push_back(absl::StrCat(k));
+      }
+    }
+    out_ << "{\"INSTRUCTION\":\"MUTATE\",\"NAME\":" << name << ",\"ARGS\":" << QuotedList(args) << ",\"MUTATE\":["
+         << absl::StrJoin(mutated, ",") << "],\"TIME\":" << time << "}\n";
+    ++ops_written_;
+    return;
+  }
+
+  struct Result {
+    std::string name;
+    std::size_t bytes;
+    int alias;
+  };
+  std::vector<Result> results;
+  for (const CapturedOutput& output : record.outputs) {
+    c10::intrusive_ptr<c10::StorageImpl> storage = output.storage.lock();
+    if (!storage) continue;  // died before we looked: nothing to name
+    Result result{NewName(), output.storage_nbytes, -1};
+    if (output.input_storage >= 0) {
+      const c10::StorageImpl* shared = record.input_storages[output.input_storage].get();
+      for (std::size_t k = 0; k < arg_storages.size(); ++k) {
+        if (arg_storages[k] == shared) {
+          result.alias = static_cast<int>(k);
+          break;
+        }
+      }
+      std::size_t numel = 1;
+      for (std::int64_t size : output.meta.sizes) numel *= static_cast<std::size_t>(size);
+      result.bytes = numel * c10::elementSize(output.meta.dtype);
+    }
+    auto [it, inserted] = known_.try_emplace(storage.get());
+    if (inserted) it->second.storage = c10::weak_intrusive_ptr<c10::StorageImpl>(storage);
+    it->second.names.push_back(result.name);
+    results.push_back(std::move(result));
+  }
+  std::vector<std::string> result_names;
+  for (const Result& r : results) result_names.push_back(r.name);
+  out_ << "{\"INSTRUCTION\":\"CALL\",\"NAME\":" << name << ",\"ARGS\":" << QuotedList(args)
+       << ",\"RESULT\":" << QuotedList(result_names) << ",\"TIME\":" << time << "}\n";
+  for (const Result& r : results) {
+    out_ << "{\"INSTRUCTION\":\"MEMORY\",\"NAME\":" << Quoted(r.name) << ",\"MEMORY\":\"" << r.bytes << "\"}\n";
+    out_ << "{\"INSTRUCTION\":\"ALIAS\",\"NAME\":" << Quoted(r.name) << ",\"ALIAS\":\"" << r.alias << "\"}\n";
+  }
+  ++ops_written_;
+}
+
+absl::Status TraceRecorder::Close() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (closed_) return absl::OkStatus();
+  closed_ = true;
+  ReleaseDead();
+  known_.clear();
+  out_.flush();
+  const bool ok = static_cast<bool>(out_);
+  out_.close();
+  if (!ok) return absl::DataLossError(absl::StrCat("remat: writing the trace ", path_, " failed"));
+  return absl::OkStatus();
+}
+
+std::uint64_t TraceRecorder::ops_written() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return ops_written_;
+}
+
+}  // namespace remat::integration

@@ -1,0 +1,69 @@
+// Trace recorder: writes the op stream the dispatch hook sees as a trace in the DTR prototype's JSON-lines
+// format (../shared/traces/dtr/README.md), which runtime/trace.h parses and remat-sim replays.
+//
+// Mapping from torch to the trace (names are "t<N>", never reused):
+//   - a storage first seen as an argument (parameter, input, anything made before recording or outside the
+//     hook) becomes a CONSTANT with MEMORY = its bytes;
+//   - an op that writes an argument (in-place, out=) is a MUTATE whose MUTATE indices point at the written
+//     tensors in ARGS;
+//   - any other op is a CALL; each result gets MEMORY and ALIAS: -1 and its storage's bytes for a fresh storage,
+//     else the ARGS index of the argument whose storage it shares and the view's own bytes;
+//   - ARGS name storages (a view used as an argument is named by its storage), so aliasing is by storage, which
+//     is the unit remat evicts;
+//   - when a storage dies (its last tensor is gone), every name on it is RELEASEd, detected at the next op or at
+//     Close. Names alive at Close are the trace's outputs.
+// TIME is the op's measured wall time (nested calls included). Ops whose only tensors are not strided (sparse)
+// contribute only their strided tensors.
+//
+// Thread safety: OnOp may be called from any thread (autograd's engine); calls are serialized.
+#pragma once
+
+#include <cstdint>
+#include <fstream>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "integration/dispatch_hook.h"
+
+namespace remat::integration {
+
+class TraceRecorder {
+ public:
+  // Creates (truncates) the file and writes the START annotation.
+  static absl::StatusOr<std::unique_ptr<TraceRecorder>> Open(const std::string& path);
+  ~TraceRecorder();
+  TraceRecorder(const TraceRecorder&) = delete;
+  TraceRecorder& operator=(const TraceRecorder&) = delete;
+
+  void OnOp(const OpRecord& record);
+  // Writes the pending releases and closes the file; errors if any write failed. Idempotent.
+  absl::Status Close();
+  std::uint64_t ops_written() const;
+  const std::string& path() const { return path_; }
+
+ private:
+  struct Known {
+    c10::weak_intrusive_ptr<c10::StorageImpl> storage{c10::intrusive_ptr<c10::StorageImpl>()};
+    std::vector<std::string> names;  // the first is the storage's own; the rest are views on it
+  };
+
+  TraceRecorder(std::string path, std::ofstream out);
+  void ReleaseDead();
+  const std::string& NameOf(const at::Tensor& tensor);
+  std::string NewName();
+
+  mutable std::mutex mutex_;
+  std::string path_;
+  std::ofstream out_;
+  bool closed_ = false;
+  std::uint64_t next_name_ = 0;
+  std::uint64_t ops_written_ = 0;
+  absl::flat_hash_map<const c10::StorageImpl*, Known> known_;
+};
+
+}  // namespace remat::integration
