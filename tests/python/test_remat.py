@@ -223,6 +223,15 @@ def test_remat_budget_enables_at_import_and_a_bad_one_fails():
     assert "REMAT_BUDGET='lots'" in result.stderr
 
 
+def test_remat_trace_records_until_exit(tmp_path):
+    trace = tmp_path / "env.jsonl"
+    code = "import remat, torch; x = torch.ones(4, requires_grad=True); (x * 2).sum().backward()"
+    result = run_python(code, REMAT_BUDGET="16MiB", REMAT_TRACE=str(trace))
+    assert result.returncode == 0, result.stderr
+    text = trace.read_text()
+    assert '"NAME":"aten::mul.Tensor"' in text and text.endswith("\n"), "the trace was not closed at exit"
+
+
 def test_distributed_data_parallel_two_processes_bitwise_identical(tmp_path):
     import socket
     with socket.socket() as sock:

@@ -21,11 +21,12 @@ raises ImportError.
 
 Environment: ``REMAT_BUDGET`` (bytes, a size such as ``6GiB``, or a fraction of physical memory such as
 ``0.5``; parsed by the same C++ code as everywhere in remat) enables remat on the importing thread when the
-package is imported.
+package is imported; ``REMAT_TRACE=path`` then also records the op stream there (closed at exit).
 """
 
 from __future__ import annotations
 
+import atexit
 import os
 import re
 from pathlib import Path
@@ -203,17 +204,34 @@ def stop_recording() -> int:
     return int(torch.ops.remat.record_stop())
 
 
+def _close_trace_at_exit() -> None:
+    # The recorder lives in the C++ library, which is never unloaded: close an open trace so it is complete.
+    try:
+        stop_recording()
+    except RuntimeError:
+        pass
+
+
+atexit.register(_close_trace_at_exit)
+
+
 def _enable_from_environment() -> Optional[_Enabled]:
     if os.environ.get("REMAT_POLICY"):
         raise ImportError("remat: REMAT_POLICY is set, but this build has no eviction policies yet")
     budget = os.environ.get("REMAT_BUDGET")
+    trace = os.environ.get("REMAT_TRACE")
     if not budget:
+        if trace:
+            raise ImportError("remat: REMAT_TRACE is set without REMAT_BUDGET; recording needs remat enabled")
         return None
     try:
         nbytes = parse_size(budget)
     except ValueError as error:
         raise ImportError(f"remat: REMAT_BUDGET={budget!r}: {error}") from error
-    return enable(nbytes)
+    enabled = enable(nbytes)
+    if trace:
+        record(trace)
+    return enabled
 
 
 _enable_from_environment()
