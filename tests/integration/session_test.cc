@@ -2,12 +2,16 @@
 #include "integration/session.h"
 
 #include <ATen/core/Tensor.h>
+#include <ATen/ops/add.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/ones.h>
 #include <ATen/ops/relu.h>
 #include <ATen/ops/sum.h>
 #include <c10/core/CPUAllocator.h>
 #include <gtest/gtest.h>
+
+#include <thread>
+#include <vector>
 
 #include "integration/dispatch_hook.h"
 
@@ -39,6 +43,36 @@ TEST(Session, GuardEnablesArenaAndTrackingAndRestoresBoth) {
   EXPECT_EQ(DisableRemat().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THROW(RematGuard(RematOptions{0}), c10::Error) << "a zero budget";
   EXPECT_FALSE(RematEnabled());
+}
+
+}  // namespace
+}  // namespace remat::integration
+
+namespace remat::integration {
+namespace {
+
+// Ops on several threads at once: each thread switches the hook on for itself; all allocate from one arena.
+TEST(Session, ConcurrentThreadsShareTheArenaAndTheHook) {
+  RematGuard guard(RematOptions{64 << 20});
+  const std::uint64_t ops_before = GetRematStats().ops_recorded;
+  constexpr int kThreads = 4;
+  constexpr int kIterations = 300;
+  std::vector<std::thread> threads;
+  std::vector<float> sums(kThreads);
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([t, &sums] {
+      ScopedHook hook;
+      at::Tensor acc = at::ones({64});
+      for (int i = 0; i < kIterations; ++i) acc = at::relu(at::add(acc, 1.0));  // two recorded ops per iteration
+      sums[t] = acc.sum().item<float>();
+    });
+  }
+  for (std::thread& thread : threads) thread.join();
+  for (float sum : sums) EXPECT_EQ(sum, 64.0f * (1 + kIterations));
+  const RematStats stats = GetRematStats();
+  EXPECT_GE(stats.ops_recorded - ops_before, static_cast<std::uint64_t>(kThreads * kIterations * 2));
+  EXPECT_EQ(stats.arena.failed_allocations, 0u);
+  EXPECT_GT(stats.arena.allocations, static_cast<std::uint64_t>(kThreads * kIterations));
 }
 
 }  // namespace
