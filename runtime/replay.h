@@ -4,12 +4,14 @@
 // Contract:
 //   - The simulated executor advances a logical clock by each op's TIME (replays included) and places outputs:
 //     counter mode counts bytes against the budget; arena mode places every storage in an Arena over the virtual
-//     provider (capacity = budget, owner id = storage id), so fragmentation counts.
+//     provider (capacity = budget rounded down to the alignment, owner id = storage index + 1), so fragmentation
+//     counts.
 //   - The budget is `budget_bytes` when non-zero, otherwise int(budget_ratio x baseline memory).
-//   - Baseline = one unconstrained replay (storages freed for good as soon as nothing can need them): its summed
-//     op time is `baseline_compute_ns`, its peak bytes in use (constants included) `baseline_memory_bytes`.
+//   - Baseline = one unconstrained replay (a storage's memory goes when its last reference does, constants
+//     included, which is what makes its peak equal simrd's byte for byte): its summed op time is
+//     `baseline_compute_ns`, its peak bytes in use (constants included) `baseline_memory_bytes`.
 //     A Replayer computes it once and reuses it for every Run; Replay() is the one-shot convenience.
-//   - Overhead = simulated clock at the end / baseline compute. Status kThrash when the replayed time exceeds
+//   - Overhead = op time including replays (the clock's advance) / baseline compute. Status kThrash when the replayed time exceeds
 //     (overhead_limit - 1) x baseline compute (overhead_limit <= 0 disables the check); kOom when an op cannot get
 //     memory (message says how much was requested, locked, constant, and the largest window); kError for a trace
 //     the engine rejects (message says why). Overhead, peak and counters are still filled in up to the failure.
