@@ -10,6 +10,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "policies/window.h"
+#include "runtime/eq_classes.h"
+#include "runtime/regions.h"
 
 namespace remat {
 namespace {
@@ -43,17 +45,6 @@ struct Engine::Impl {
     bool alias = false;
     std::vector<TensorId> children;
   };
-  // An evicted region (the prototype's Region): sorted storage indices.
-  struct Region {
-    std::vector<StorageIndex> interior;
-    std::vector<StorageIndex> frontier;
-    std::int64_t compute = 0;
-    void Clear() {
-      interior.clear();
-      frontier.clear();
-      compute = 0;
-    }
-  };
   struct Storage {
     std::int64_t size = 0;
     std::int64_t compute = 0;
@@ -71,10 +62,6 @@ struct Engine::Impl {
     std::int32_t ecn = -1;  // union-find node, -1 = none (resident)
     std::vector<TensorId> tensors;
   };
-  struct EqNode {
-    std::int32_t parent = -1;
-    std::int64_t value = 0;
-  };
   struct Frame {
     TensorId t;  // the tensor to (re)compute, or kNone: only gather and lock `op`'s inputs (BeginOp)
     OpId op;
@@ -91,7 +78,7 @@ struct Engine::Impl {
   std::vector<std::string> names;
   absl::flat_hash_map<std::string, std::uint32_t> name_ids;
   std::vector<Region> fwd, rev;  // per storage, when regions are on
-  std::vector<EqNode> eq;
+  EqClasses eq;
   std::uint32_t pool_head = kNone, pool_tail = kNone;
   std::size_t pool_size = 0;
   std::vector<Frame> stack;
@@ -155,28 +142,6 @@ struct Engine::Impl {
     if (--st.locks == 0 && st.material) PoolAppend(s);  // an in-place op may have turned it into an old value
   }
 
-  // Union-find.
-  std::int32_t NewNode(std::int64_t value) {
-    eq.push_back({-1, value});
-    return static_cast<std::int32_t>(eq.size() - 1);
-  }
-  std::int32_t Find(std::int32_t n) {
-    std::int32_t r = n;
-    while (eq[r].parent >= 0) r = eq[r].parent;
-    while (eq[n].parent >= 0) {
-      std::int32_t next = eq[n].parent;
-      eq[n].parent = r;
-      n = next;
-    }
-    return r;
-  }
-  void Merge(std::int32_t lhs, std::int32_t rhs) {  // lhs's class joins rhs's root
-    std::int32_t l = Find(lhs), r = Find(rhs);
-    if (l == r) return;
-    eq[l].parent = r;
-    eq[r].value += eq[l].value;
-  }
-
   // Storages of s's tensors' parents and children that are not material (excluding s), deduplicated. Uses the
   // storage-level adjacency (always maintained): fewer indirections than walking tensors and ops.
   void NonMaterialNeighbours(StorageIndex s, std::vector<StorageIndex>& out) const {
@@ -192,105 +157,23 @@ struct Engine::Impl {
     for (StorageIndex n : storage_children[s]) add(n);
   }
 
-  // Region maintenance (the prototype's Region.absorb / rebuild). Regions are unordered vectors; membership tests
-  // use stamped mark arrays. Regions of pinned storages are never read (a pinned storage is never scored nor
-  // evicted), so they are not maintained. Traversal uses the storage-level adjacency (parents/children storages of
-  // any tensor of the storage, with repeats), which visits exactly what the prototype's tensor-level walk does.
+  // Regions (runtime/regions.h) over the storage-level adjacency. Regions of pinned storages are never read (a
+  // pinned storage is never scored nor evicted), so they are not maintained.
   std::vector<std::vector<StorageIndex>> storage_parents, storage_children;
-  // Compact mirrors of Storage::material/dead and Storage::compute for the region walks (cache-friendly).
-  enum : std::uint8_t { kMaterial = 1, kDead = 2 };
+  // Compact mirrors of Storage::material/dead and Storage::compute for the walks (cache-friendly).
   std::vector<std::uint8_t> state;
   std::vector<std::int64_t> costs;
+  RegionWalker walker;
   void SetMaterial(StorageIndex s, bool material) {
     storages[s].material = material;
-    state[s] = static_cast<std::uint8_t>((state[s] & ~kMaterial) | (material ? kMaterial : 0));
+    state[s] = static_cast<std::uint8_t>((state[s] & ~kRegionMaterial) | (material ? kRegionMaterial : 0));
   }
-  std::vector<std::uint32_t> mark;
-  std::uint32_t stamp = 0;
-
-  std::uint32_t NextStamp() {
-    if (mark.size() < storages.size()) mark.resize(storages.size() + storages.size() / 2 + 16, 0);
-    if (++stamp == 0) {
-      std::fill(mark.begin(), mark.end(), 0);
-      stamp = 1;
-    }
-    return stamp;
-  }
-
   void Absorb(Region& region, StorageIndex s, bool reverse) {
-    const Region& other = reverse ? rev[s] : fwd[s];
-    // frontier = (frontier - {s}) | other.frontier
-    std::uint32_t st = NextStamp();
-    for (std::size_t i = 0; i < region.frontier.size();) {
-      if (region.frontier[i] == s) {
-        region.frontier[i] = region.frontier.back();
-        region.frontier.pop_back();
-      } else {
-        mark[region.frontier[i++]] = st;
-      }
-    }
-    for (StorageIndex f : other.frontier) {
-      if (f != s && mark[f] != st) {
-        mark[f] = st;
-        region.frontier.push_back(f);
-      }
-    }
-    // interior |= other.interior | {s}; compute += c(s) + c(other.interior - interior - {s})
-    st = NextStamp();
-    for (StorageIndex i : region.interior) mark[i] = st;
-    std::int64_t added = costs[s];
-    if (mark[s] != st) {
-      mark[s] = st;
-      region.interior.push_back(s);
-    }
-    for (StorageIndex i : other.interior) {
-      if (mark[i] != st) {
-        mark[i] = st;
-        region.interior.push_back(i);
-        added += costs[i];
-      }
-    }
-    region.compute += added;
+    walker.Absorb(region, reverse ? rev[s] : fwd[s], s, costs);
   }
-
   void Rebuild(StorageIndex base, bool reverse) {
-    Region& region = reverse ? rev[base] : fwd[base];
-    region.Clear();
-    // Interior and frontier are disjoint (material vs not), so one stamp serves both.
-    const std::uint32_t st = NextStamp();
-    const std::vector<std::vector<StorageIndex>>& adjacency = reverse ? storage_parents : storage_children;
-    // Raw pointers: the compiler cannot prove the vectors below do not alias the region's vectors.
-    std::uint32_t* const mk = mark.data();
-    const std::uint8_t* const flags_of = state.data();
-    const std::int64_t* const cost_of = costs.data();
-    std::int64_t compute = 0;
-    dfs.clear();
-    dfs.push_back(base);
-    while (!dfs.empty()) {
-      StorageIndex s = dfs.back();
-      dfs.pop_back();
-      const std::vector<StorageIndex>& next = adjacency[s];
-      const StorageIndex* it = next.data();
-      const StorageIndex* const end = it + next.size();
-      for (; it != end; ++it) {
-        const StorageIndex us = *it;
-        if (mk[us] == st) continue;
-        const std::uint8_t flags = flags_of[us];
-        if (flags & kDead) continue;
-        if (flags & kMaterial) {
-          if (us != base) {
-            mk[us] = st;
-            region.frontier.push_back(us);
-          }
-          continue;
-        }
-        mk[us] = st;
-        region.interior.push_back(us);
-        compute += cost_of[us];
-        dfs.push_back(us);
-      }
-    }
-    region.compute = compute;
+    walker.Rebuild(reverse ? rev[base] : fwd[base], base, reverse ? storage_parents : storage_children, state,
+                   costs);
   }
 };
 
@@ -368,7 +251,7 @@ absl::Status Engine::AddOutputs(OpId op_id, std::span<const OutputSpec> outputs)
         m.fwd.emplace_back();
         m.rev.emplace_back();
       }
-      if (m.eq_classes) m.storages.back().ecn = m.NewNode(0);  // placeholder until first computed
+      if (m.eq_classes) m.storages.back().ecn = m.eq.Add(0);  // placeholder until first computed
     }
     tensor.storage = s;
     Impl::Storage& st = m.storages[s];
@@ -491,7 +374,7 @@ absl::StatusOr<std::span<const TensorId>> Engine::EndOp(OpId op_id, std::span<co
       stats_.used_bytes -= st.size;
       st.has_address = false;
       st.dead = true;
-      m.state[old] |= Impl::kDead;
+      m.state[old] |= kRegionDead;
       m.constant_bytes -= st.size;
       for (TensorId u : st.tensors) m.tensors[u].defined = false;
     } else if (m.storages[old].material) {
@@ -580,7 +463,7 @@ void Engine::FreeDead(StorageIndex start) {
       stats_.release_evictions += 1;
     }
     st.dead = true;
-    m.state[x] |= Impl::kDead;
+    m.state[x] |= kRegionDead;
     ++stats_.freed_storages;
     for (StorageIndex p : m.storage_parents[x]) work.push_back(p);
   }
@@ -632,10 +515,10 @@ void Engine::MarkEvicted(StorageIndex s) {
     m.rev[s].Clear();
   }
   if (m.eq_classes) {
-    st.ecn = m.NewNode(st.compute);
+    st.ecn = m.eq.Add(st.compute);
     m.NonMaterialNeighbours(s, m.neighbours);
     for (StorageIndex n : m.neighbours) {
-      if (m.storages[n].ecn >= 0) m.Merge(m.storages[n].ecn, st.ecn);
+      if (m.storages[n].ecn >= 0) m.eq.Merge(m.storages[n].ecn, st.ecn);
     }
   }
 }
@@ -837,7 +720,7 @@ void Engine::AfterCompute() {
   if (m.eq_classes) {
     for (StorageIndex s : m.remat_storages) {
       Impl::Storage& st = m.storages[s];
-      if (st.ecn >= 0) m.eq[m.Find(st.ecn)].value -= st.compute;
+      if (st.ecn >= 0) m.eq.Value(st.ecn) -= st.compute;
       st.ecn = -1;
     }
   }
@@ -945,12 +828,12 @@ std::int64_t Engine::EqClassCompute(StorageId s) const {
   std::int64_t sum = 0;
   for (StorageIndex n : m.neighbours) {
     if (m.storages[n].ecn < 0) continue;
-    std::int32_t r = m.Find(m.storages[n].ecn);
+    std::int32_t r = m.eq.Find(m.storages[n].ecn);
     bool seen = false;
     for (std::int32_t x : m.roots) seen = seen || x == r;
     if (seen) continue;
     m.roots.push_back(r);
-    sum += m.eq[r].value;
+    sum += m.eq.Value(r);
   }
   return sum;
 }
