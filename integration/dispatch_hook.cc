@@ -1,6 +1,6 @@
 // Dispatch hook: see dispatch_hook.h for the contract.
 //
-// Hot path (pass-through): a thread_local depth read and one relaxed atomic load, then redispatch below our key.
+// Hot path (pass-through): a thread_local depth read and one acquire load of the observer, then redispatch below our key.
 // Recording path: traits come from a thread_local cache keyed by the schema's address (one global lookup per
 // operator per thread); capture makes one TensorImpl per tensor argument (shallow_copy_and_detach, no dispatcher
 // call) and, for random ops, one copy of the generator.
