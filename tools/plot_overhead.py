@@ -2,8 +2,8 @@
 """Plots compute overhead against memory ratio from a remat-sim results CSV (the DTR paper's figure layout).
 
 One panel per trace, one line per policy (per policy and mode when the CSV mixes modes). Only runs that passed
-are points on a line: an OOM or a thrash has no meaningful overhead, so a line simply stops at the lowest
-feasible ratio, as in the DTR paper. The x axis runs from the loosest budget on the left to the tightest on the
+are points: an OOM or a thrash has no meaningful overhead, so a line stops at the lowest feasible ratio, as in
+the DTR paper, and has a gap where a ratio failed between two that passed. The x axis runs from the loosest budget on the left to the tightest on the
 right.
 
 Usage: plot_overhead.py --csv results.csv --out overhead.png [--title TEXT]
@@ -83,13 +83,16 @@ def main(argv):
     all_ratios = [r["ratio"] for r in rows]
     for index, trace in enumerate(traces):
         ax = axes[index // ncols][index % ncols]
+        # Every run of the policy is a point in ratio order; one that did not pass is a gap (NaN), so a line
+        # never bridges a failed ratio.
         series = collections.defaultdict(list)
         for r in rows:
-            if r["trace"] == trace and r["result"] == "pass" and not math.isnan(r["overhead"]):
-                series[(r["policy"], r["mode"])].append((r["ratio"], r["overhead"]))
+            if r["trace"] == trace:
+                passed = r["result"] == "pass" and not math.isnan(r["overhead"])
+                series[(r["policy"], r["mode"])].append((r["ratio"], r["overhead"] if passed else math.nan))
         for p in policies:
             points = sorted(series.get(p, []), reverse=True)
-            if not points:
+            if all(math.isnan(y) for _, y in points):
                 continue
             color, marker = style[p]
             ax.plot([x for x, _ in points], [y for _, y in points], marker=marker, color=color, label=label[p],
