@@ -46,6 +46,21 @@ install_virtualenv() {
   echo "$wanted" > "$stamp"
 }
 
+link_python_package() {
+  # A .pth file puts this checkout's integration/python on the venv's path, so `import remat` works in the venv
+  # and finds the library in this checkout's build/. Rewritten only when it points elsewhere (another clone).
+  local repo site pth
+  repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+  site="$("$REMAT_VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
+  pth="$site/remat.pth"
+  if [ -f "$pth" ] && [ "$(cat "$pth")" = "$repo/integration/python" ]; then
+    return
+  fi
+  echo "$repo/integration/python" > "$pth"
+  log "remat package linked into the venv from $repo/integration/python"
+}
+
 install_debian_packages
 install_virtualenv
+link_python_package
 log "done"
