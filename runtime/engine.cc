@@ -653,9 +653,20 @@ absl::Status Engine::RunFramesFrom(std::size_t base) {
       stats_.peak_bytes = std::max(stats_.peak_bytes, stats_.used_bytes);
     }
     m.fresh.assign(m.remat_storages.begin(), m.remat_storages.end());
-    if (absl::Status s = executor_->Execute(*this, op_id, frame.remat, m.fresh); !s.ok()) {
-      if (!absl::IsResourceExhausted(s)) return s;
-      return absl::ResourceExhaustedError(absl::StrCat(s.message(), "; ", MemoryReport()));
+    // Arena mode: placing the fresh outputs may make room, and the op's outputs that are still resident (replay of
+    // a multi-output op) must not be the victims. Counter mode made room above (and keeps the prototype's pool
+    // order, which locking would change).
+    const bool lock_siblings = options_.mode == AccountingMode::kArena;
+    if (lock_siblings) {
+      for (TensorId u : m.dup) m.Lock(m.tensors[u].storage);
+    }
+    absl::Status executed = executor_->Execute(*this, op_id, frame.remat, m.fresh);
+    if (lock_siblings) {
+      for (TensorId u : m.dup) m.Unlock(m.tensors[u].storage);
+    }
+    if (!executed.ok()) {
+      if (!absl::IsResourceExhausted(executed)) return executed;
+      return absl::ResourceExhaustedError(absl::StrCat(executed.message(), "; ", MemoryReport()));
     }
     if (options_.mode == AccountingMode::kArena) {
       for (StorageIndex s : m.remat_storages) stats_.used_bytes += m.storages[s].size;
