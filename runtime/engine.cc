@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
@@ -43,6 +44,7 @@ struct Engine::Impl {
     std::int32_t ext_refs = 0;
     bool defined = false;
     bool alias = false;
+    bool paged_defined = false;  // defined when its storage was paged out (restored on page-in)
     std::vector<TensorId> children;
   };
   struct Storage {
@@ -57,6 +59,9 @@ struct Engine::Impl {
     bool dead = false;  // free_dead: no reference and nothing alive can ever need it; out of the graph for good
     bool in_pool = false;
     bool has_address = false;
+    bool paged = false;     // on the second tier (not material; counts as material for regions and classes)
+    bool constant = false;  // no producer (Constant, AdoptConstant, in-place write of a constant)
+    std::int64_t ready_at = 0;  // paged in: when the copy ends
     std::uintptr_t address = 0;
     std::uint32_t pool_prev = kNone, pool_next = kNone;
     std::int32_t ecn = -1;  // union-find node, -1 = none (resident)
@@ -147,7 +152,7 @@ struct Engine::Impl {
   void NonMaterialNeighbours(StorageIndex s, std::vector<StorageIndex>& out) const {
     out.clear();
     auto add = [&](StorageIndex n) {
-      if (n == s || storages[n].material || storages[n].dead) return;
+      if (n == s || storages[n].material || storages[n].paged || storages[n].dead) return;
       for (StorageIndex x : out) {
         if (x == n) return;
       }
@@ -195,6 +200,7 @@ absl::StatusOr<TensorId> Engine::Constant(std::int64_t bytes, std::string_view n
   if (!r.ok()) return r.status();
   TensorId t = (*r)[0];
   impl_->constant_bytes += bytes;
+  impl_->storages[impl_->tensors[t].storage].constant = true;
   Pin(t);
   return t;
 }
@@ -305,6 +311,7 @@ TensorId Engine::AdoptConstant(std::int64_t bytes, std::uintptr_t address, std::
   if (address != 0) SetAddress(s, address);
   m.storages[s].locks = 1;
   m.storages[s].pinned = true;
+  m.storages[s].constant = true;
   m.constant_bytes += bytes;
   stats_.used_bytes += bytes;
   stats_.peak_bytes = std::max(stats_.peak_bytes, stats_.used_bytes);
@@ -346,6 +353,7 @@ absl::StatusOr<std::span<const TensorId>> Engine::EndOp(OpId op_id, std::span<co
     return absl::FailedPreconditionError("EndOp must close the most recent BeginOp");
   }
   m.ops[op_id].cost = cost;
+  pending_ = absl::OkStatus();
   std::vector<OutputSpec> specs(outputs.begin(), outputs.end());  // in-place outputs get their bytes and address
   std::span<const TensorId> ins = m.Inputs(m.ops[op_id]);
   for (OutputSpec& spec : specs) {
@@ -407,6 +415,7 @@ absl::StatusOr<std::span<const TensorId>> Engine::EndOp(OpId op_id, std::span<co
   for (StorageIndex c : new_constants) {
     m.Lock(c);
     m.storages[c].pinned = true;
+    m.storages[c].constant = true;
     m.constant_bytes += m.storages[c].size;
   }
   for (TensorId p : m.Inputs(m.ops[op_id])) m.Unlock(m.tensors[p].storage);
@@ -435,10 +444,18 @@ void Engine::Release(TensorId t) {
     (void)Evict(s);
     stats_.evictions -= 1;
     stats_.release_evictions += 1;
+  } else if (st.ext_refs == 0 && st.paged && !st.pinned && st.locks == 0) {
+    // Its host copy goes as a resident one's memory would; it stays recomputable.
+    DropPagedCopy(s);
+    MarkEvicted(s, /*held_memory=*/false);
+    stats_.release_evictions += 1;
   } else if (st.ext_refs == 0 && st.material && st.pinned && options_.free_released_constants) {
     m.SetMaterial(s, false);
     stats_.used_bytes -= st.size;
     for (TensorId u : st.tensors) m.tensors[u].defined = false;
+  } else if (st.ext_refs == 0 && st.paged && st.pinned && options_.free_released_constants) {
+    DropPagedCopy(s);
+    m.SetMaterial(s, false);
   }
   if (options_.free_dead && st.ext_refs == 0) FreeDead(s);
 }
@@ -461,6 +478,9 @@ void Engine::FreeDead(StorageIndex start) {
       (void)Evict(x);
       stats_.evictions -= 1;
       stats_.release_evictions += 1;
+    } else if (st.paged) {
+      DropPagedCopy(x);
+      m.SetMaterial(x, false);
     }
     st.dead = true;
     m.state[x] |= kRegionDead;
@@ -496,11 +516,11 @@ absl::Status Engine::Evict(StorageIndex s) {
 
 // s no longer holds memory (evicted, or its bytes now belong to an in-place op's output): it becomes an evicted
 // graph node, recomputable by its producer, and the incremental structures learn it.
-void Engine::MarkEvicted(StorageIndex s) {
+void Engine::MarkEvicted(StorageIndex s, bool held_memory) {
   Impl& m = *impl_;
   Impl::Storage& st = m.storages[s];
   m.SetMaterial(s, false);
-  stats_.used_bytes -= st.size;
+  if (held_memory) stats_.used_bytes -= st.size;
   m.PoolRemove(s);
   for (TensorId t : st.tensors) m.tensors[t].defined = false;
   st.has_address = false;
@@ -529,6 +549,15 @@ void Engine::MarkEvicted(StorageIndex s) {
 absl::Status Engine::Rematerialize(TensorId target) {
   Impl& m = *impl_;
   if (m.tensors[target].defined) return absl::OkStatus();
+  if (StorageIndex s = m.tensors[target].storage; m.storages[s].paged) {
+    absl::StatusOr<bool> in = PageInStorage(s, false);
+    if (!in.ok()) return in.status();
+    if (m.storages[s].ready_at > stats_.clock) {  // the caller wants it on the device now
+      stats_.stall_ns += m.storages[s].ready_at - stats_.clock;
+      stats_.clock = m.storages[s].ready_at;
+    }
+    if (m.tensors[target].defined) return absl::OkStatus();
+  }
   if (!options_.replay_views) target = m.storages[m.tensors[target].storage].tensors[0];
   m.stack.push_back({target, m.tensors[target].op, true, 0, 0, 0, 0});
   return RunFrames();
@@ -539,7 +568,12 @@ absl::Status Engine::RunFrames() {
   const std::size_t base = m.stack.size() - 1;
   const std::size_t scratch_begin = m.scratch.size();
   const std::size_t log_begin = m.lock_log.size();
+  pending_ = absl::OkStatus();
   absl::Status status = RunFramesFrom(base);
+  if (!status.ok() && !pending_.ok()) {  // an executor's paging error inside MakeRoom is the real cause
+    status = pending_;
+  }
+  pending_ = absl::OkStatus();
   if (!status.ok()) {
     // Leave the engine usable (a caught OOM must not poison it): release the locks the unfinished frames hold.
     for (std::size_t i = m.lock_log.size(); i > log_begin; --i) m.Unlock(m.lock_log[i - 1]);
@@ -583,6 +617,10 @@ absl::Status Engine::RunFramesFrom(std::size_t base) {
       bool pushed = false;
       while (f.next < f.list_end) {
         TensorId p = m.scratch[f.next];
+        if (!m.tensors[p].defined && m.storages[m.tensors[p].storage].paged) {
+          absl::StatusOr<bool> in = PageInStorage(m.tensors[p].storage, false);  // pushes no frame: f stays valid
+          if (!in.ok()) return in.status();
+        }
         if (!m.tensors[p].defined) {
           f.stage = 2;
           // Without view replay, a view comes back with its storage: replay the storage's producer instead.
@@ -597,8 +635,9 @@ absl::Status Engine::RunFramesFrom(std::size_t base) {
       }
       if (pushed) continue;
     }
-    // All inputs resident and locked: make room and execute.
+    // All inputs resident and locked: wait for their page-ins, make room and execute.
     Impl::Frame frame = m.stack.back();
+    WaitForInputs(frame.op);
     if (frame.t == kNone) {  // BeginOp: the caller runs the op; inputs stay locked until EndOp/AbortOp
       m.scratch.resize(frame.list_begin);
       m.lock_log.resize(frame.lock_begin);
@@ -610,26 +649,7 @@ absl::Status Engine::RunFramesFrom(std::size_t base) {
     std::span<const TensorId> outs = m.Outputs(m.ops[op_id]);
     const std::int64_t total = m.ops[op_id].total_size;
     if (options_.mode == AccountingMode::kCounter) {
-      while (stats_.used_bytes + total > options_.budget) {
-        if (m.pool_size == 0) {
-          std::int64_t locked = 0;
-          for (const Impl::Storage& st : m.storages) {
-            if (st.material && st.locks > 0 && !st.pinned) locked += st.size;
-          }
-          return absl::ResourceExhaustedError(absl::StrFormat(
-              "out of memory running '%s': requested %d bytes, budget %d, in use %d (locked by the running ops %d, "
-              "constant %d), nothing left to evict",
-              m.names[m.ops[op_id].name], total, options_.budget, stats_.used_bytes, locked, m.constant_bytes));
-        }
-        std::int64_t start = NowNs();
-        m.candidates.clear();
-        for (std::uint32_t s = m.pool_head; s != kNone; s = m.storages[s].pool_next) m.candidates.push_back(s);
-        ChooseContext ctx{&m.rng, &stats_.heuristic_evaluations};
-        std::optional<std::size_t> pick = options_.policy->Choose(*this, m.candidates, options_.choose, ctx);
-        stats_.search_ns += NowNs() - start;
-        if (!pick) return absl::InternalError("policy chose nothing from a non-empty pool");
-        if (absl::Status s = Evict(static_cast<StorageIndex>(m.candidates[*pick])); !s.ok()) return s;
-      }
+      if (absl::Status s = MakeRoomCounter(total, m.names[m.ops[op_id].name]); !s.ok()) return s;
     }
     // Execute: the op's outputs are t and its siblings.
     m.dup.clear();
@@ -676,6 +696,9 @@ absl::Status Engine::RunFramesFrom(std::size_t base) {
       } else {
         stats_.peak_bytes = std::max(stats_.peak_bytes, stats_.used_bytes);
       }
+    }
+    for (StorageIndex s : m.remat_storages) {
+      if (m.storages[s].paged) DropPagedCopy(s);  // recomputed: the host copy is stale weight
     }
     m.SetMaterial(m.tensors[t].storage, true);
     m.storages[m.tensors[t].storage].computed = true;
@@ -761,6 +784,7 @@ std::string Engine::MemoryReport() const {
 
 bool Engine::MakeRoom(Arena& arena, std::size_t bytes) {
   Impl& m = *impl_;
+  if (no_reclaim_ || !pending_.ok()) return false;
   if (!pressure_sampled_) {
     pressure_sampled_ = true;
     ArenaStats s = arena.Stats();
@@ -779,15 +803,18 @@ bool Engine::MakeRoom(Arena& arena, std::size_t bytes) {
     });
     stats_.heuristic_evaluations += evaluations;
     stats_.search_ns += NowNs() - start;
-    if (!window || window->owners.empty()) return false;
+    if (!window || window->owners.empty()) return PageLruConstant();
     for (OwnerId o : window->owners) {
-      if (!Evict(static_cast<StorageIndex>(o - 1)).ok()) return false;
+      if (absl::Status s = Reclaim(static_cast<StorageIndex>(o - 1)); !s.ok()) {
+        pending_ = s;
+        return false;
+      }
     }
     return true;
   }
   if (m.pool_size == 0) {
     stats_.search_ns += NowNs() - start;
-    return false;
+    return PageLruConstant();
   }
   m.candidates.clear();
   for (std::uint32_t s = m.pool_head; s != kNone; s = m.storages[s].pool_next) m.candidates.push_back(s);
@@ -795,7 +822,193 @@ bool Engine::MakeRoom(Arena& arena, std::size_t bytes) {
   std::optional<std::size_t> pick = options_.policy->Choose(*this, m.candidates, options_.choose, ctx);
   stats_.search_ns += NowNs() - start;
   if (!pick) return false;
-  return Evict(static_cast<StorageIndex>(m.candidates[*pick])).ok();
+  if (absl::Status s = Reclaim(static_cast<StorageIndex>(m.candidates[*pick])); !s.ok()) {
+    pending_ = s;
+    return false;
+  }
+  return true;
+}
+
+// ---- Paging ----
+
+std::int64_t Engine::TransferNs(std::int64_t bytes) const {
+  const double bw = options_.paging.bandwidth_bytes_per_s;
+  const double ns = bw > 0 ? static_cast<double>(bytes) * 1e9 / bw : std::numeric_limits<double>::infinity();
+  if (ns >= 1e18) return std::numeric_limits<std::int64_t>::max() / 4;
+  return options_.paging.latency_ns + static_cast<std::int64_t>(std::ceil(ns));
+}
+
+std::int64_t Engine::IssueCopy(std::int64_t bytes) {
+  const std::int64_t start = std::max(stats_.clock, link_free_);
+  link_free_ = start + TransferNs(bytes);
+  return link_free_;
+}
+
+bool Engine::Paged(StorageIndex s) const { return impl_->storages[s].paged; }
+std::int64_t Engine::ReadyAt(StorageIndex s) const { return impl_->storages[s].ready_at; }
+
+bool Engine::PrefersPaging(StorageIndex s) const {
+  const Impl& m = *impl_;
+  const Impl::Storage& st = m.storages[s];
+  const PagingOptions& p = options_.paging;
+  if (p.mode == OffloadMode::kOff || st.dead) return false;  // nothing can need a dead storage again
+  if (stats_.host_used_bytes > p.host_budget - st.size) return false;
+  if (p.mode == OffloadMode::kAlways) return true;
+  // Recompute cost including the evicted neighbours, as the policy sees them.
+  std::int64_t neighbourhood = m.regions ? RegionCompute(s) : m.eq_classes ? EqClassCompute(s)
+                                                                          : EvictedNeighbourCompute(s);
+  const std::int64_t recompute = st.compute + neighbourhood;
+  const std::int64_t backlog = std::max<std::int64_t>(0, link_free_ - stats_.clock);
+  const std::int64_t unhidden = backlog + 2 * TransferNs(st.size);
+  return unhidden < recompute;
+}
+
+absl::Status Engine::Reclaim(StorageIndex s) {
+  if (PrefersPaging(s)) return PageOutStorage(s);
+  return Evict(s);
+}
+
+absl::Status Engine::PageOut(StorageIndex s) {
+  if (s >= impl_->storages.size()) return absl::InvalidArgumentError(absl::StrCat("no storage ", s));
+  if (stats_.host_used_bytes > options_.paging.host_budget - impl_->storages[s].size) {
+    return absl::ResourceExhaustedError(absl::StrCat("storage ", s, " does not fit the host budget"));
+  }
+  return PageOutStorage(s);
+}
+
+absl::Status Engine::PageOutStorage(StorageIndex s) {
+  Impl& m = *impl_;
+  Impl::Storage& st = m.storages[s];
+  const bool pageable = st.material && !st.paged && !st.dead &&
+                        (st.constant ? options_.paging.page_constants && st.locks == 1 : st.locks == 0 && !st.pinned);
+  if (!pageable) return absl::FailedPreconditionError(absl::StrCat("storage ", s, " cannot be paged out"));
+  if (absl::Status x = executor_->PageOut(*this, s); !x.ok()) return x;
+  IssueCopy(st.size);
+  st.material = false;  // the region state keeps its material bit: a paged storage bounds evicted regions
+  st.paged = true;
+  m.PoolRemove(s);
+  for (TensorId t : st.tensors) {
+    m.tensors[t].paged_defined = m.tensors[t].defined;
+    m.tensors[t].defined = false;
+  }
+  st.has_address = false;
+  stats_.used_bytes -= st.size;
+  stats_.host_used_bytes += st.size;
+  stats_.host_peak_bytes = std::max(stats_.host_peak_bytes, stats_.host_used_bytes);
+  ++stats_.page_outs;
+  stats_.paged_out_bytes += st.size;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<bool> Engine::PageInStorage(StorageIndex s, bool prefetch) {
+  Impl& m = *impl_;
+  Impl::Storage& st = m.storages[s];
+  if (!st.paged) return false;
+  if (options_.mode == AccountingMode::kCounter) {
+    if (prefetch) {
+      if (stats_.used_bytes + st.size > options_.budget) return false;
+    } else if (absl::Status r = MakeRoomCounter(st.size, "page-in"); !r.ok()) {
+      return r;
+    }
+  }
+  no_reclaim_ = prefetch;
+  NoteAllocation();
+  absl::Status x = executor_->PageIn(*this, s);
+  no_reclaim_ = false;
+  if (!x.ok()) {
+    if (!pending_.ok()) return pending_;
+    if (!absl::IsResourceExhausted(x)) return x;
+    if (prefetch) return false;
+    return absl::ResourceExhaustedError(absl::StrCat(x.message(), " (paging in storage ", s, "); ", MemoryReport()));
+  }
+  st.ready_at = IssueCopy(st.size);
+  st.paged = false;
+  st.material = true;
+  for (TensorId t : st.tensors) m.tensors[t].defined = m.tensors[t].paged_defined;
+  stats_.used_bytes += st.size;
+  stats_.host_used_bytes -= st.size;
+  if (options_.mode == AccountingMode::kArena && options_.arena != nullptr) {
+    stats_.peak_bytes = std::max<std::int64_t>(stats_.peak_bytes, options_.arena->Stats().peak_allocated_bytes);
+  } else {
+    stats_.peak_bytes = std::max(stats_.peak_bytes, stats_.used_bytes);
+  }
+  ++stats_.page_ins;
+  stats_.paged_in_bytes += st.size;
+  if (prefetch) {
+    ++stats_.prefetches;
+    st.last_access = stats_.clock;  // fresh: it is about to be used
+  }
+  if (st.locks == 0) m.PoolAppend(s);
+  return true;
+}
+
+void Engine::DropPagedCopy(StorageIndex s) {
+  Impl::Storage& st = impl_->storages[s];
+  if (!st.paged) return;
+  executor_->DropPaged(*this, s);
+  st.paged = false;
+  stats_.host_used_bytes -= st.size;
+}
+
+absl::StatusOr<bool> Engine::Prefetch(TensorId t) {
+  Impl& m = *impl_;
+  if (t >= m.tensors.size()) return absl::InvalidArgumentError(absl::StrCat("no tensor ", t));
+  return PageInStorage(m.tensors[t].storage, /*prefetch=*/true);
+}
+
+void Engine::WaitForInputs(OpId op) {
+  Impl& m = *impl_;
+  std::int64_t ready = stats_.clock;
+  for (TensorId p : m.Inputs(m.ops[op])) ready = std::max(ready, m.storages[m.tensors[p].storage].ready_at);
+  if (ready > stats_.clock) {
+    stats_.stall_ns += ready - stats_.clock;
+    stats_.clock = ready;
+  }
+}
+
+absl::Status Engine::MakeRoomCounter(std::int64_t bytes, std::string_view what) {
+  Impl& m = *impl_;
+  while (stats_.used_bytes + bytes > options_.budget) {
+    if (m.pool_size == 0) {
+      if (PageLruConstant()) continue;
+      std::int64_t locked = 0;
+      for (const Impl::Storage& st : m.storages) {
+        if (st.material && st.locks > 0 && !st.pinned) locked += st.size;
+      }
+      return absl::ResourceExhaustedError(absl::StrFormat(
+          "out of memory running '%s': requested %d bytes, budget %d, in use %d (locked by the running ops %d, "
+          "constant %d), nothing left to evict",
+          what, bytes, options_.budget, stats_.used_bytes, locked, m.constant_bytes));
+    }
+    std::int64_t start = NowNs();
+    m.candidates.clear();
+    for (std::uint32_t s = m.pool_head; s != kNone; s = m.storages[s].pool_next) m.candidates.push_back(s);
+    ChooseContext ctx{&m.rng, &stats_.heuristic_evaluations};
+    std::optional<std::size_t> pick = options_.policy->Choose(*this, m.candidates, options_.choose, ctx);
+    stats_.search_ns += NowNs() - start;
+    if (!pick) return absl::InternalError("policy chose nothing from a non-empty pool");
+    if (absl::Status s = Reclaim(static_cast<StorageIndex>(m.candidates[*pick])); !s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
+bool Engine::PageLruConstant() {
+  Impl& m = *impl_;
+  const PagingOptions& p = options_.paging;
+  if (p.mode == OffloadMode::kOff || !p.page_constants) return false;
+  StorageIndex best = kNone;
+  for (StorageIndex s = 0; s < m.storages.size(); ++s) {
+    const Impl::Storage& st = m.storages[s];
+    if (!st.constant || !st.material || st.paged || st.dead || st.locks != 1) continue;
+    if (stats_.host_used_bytes > p.host_budget - st.size) continue;
+    if (best == kNone || st.last_access < m.storages[best].last_access) best = s;
+  }
+  if (best == kNone) return false;
+  if (absl::Status s = PageOutStorage(best); !s.ok()) {
+    pending_ = s;
+    return false;
+  }
+  return true;
 }
 
 bool Engine::Defined(TensorId t) const { return impl_->tensors[t].defined; }

@@ -22,6 +22,28 @@
 //     and (arena) the largest window. A failed call releases the locks it took and leaves the engine usable: what
 //     it replayed stays resident, the failed op's outputs stay unproduced (a later use replays them).
 //
+// Paging (DESIGN.md "Offloading"; off by default, and then nothing below changes the engine's behaviour):
+//   - A storage is resident, evicted (recomputable), or paged: its bytes are on a second tier (host memory) of
+//     `paging.host_budget` bytes, never exceeded. A paged storage holds no device memory, is not a victim, and for
+//     the neighbourhood costs (regions, union-find classes, evicted neighbours) counts like a resident one: a replay
+//     that needs it pages it in instead of recomputing it.
+//   - Victims are still chosen by the policy; per victim the engine then drops it (Evict) or pages it out:
+//     `off` always drops; `always` pages while the host budget lasts (then drops); `auto` pages when the transfer
+//     time that cannot be hidden, (link backlog) + 2 x (latency + bytes / bandwidth), is below the recompute cost
+//     the policy sees: c(s) + its evicted neighbourhood (regions if the policy keeps them, else the union-find
+//     classes, else the evicted direct neighbours) — Beaumont et al.'s criterion. PrefersPaging(s) answers it.
+//   - Link model: one copy link, FIFO. A copy issued at clock t starts at max(t, link free) and occupies the link
+//     for latency + bytes / bandwidth. A page-out releases device memory when it is issued (the executor orders
+//     reuse after the copy; that wait is not modelled) and never delays an op. A page-in is issued when an op (or a
+//     replay) needs a paged input, or earlier by Prefetch; an op starts at max(clock, ready time of its inputs'
+//     page-ins): the difference is transfer stall (EngineStats::stall_ns) and advances the clock. Nothing else
+//     waits for the link.
+//   - Constants are never dropped. With `paging.page_constants` they may be paged, as a last resort: when the policy
+//     finds no victim, the least recently used constant that is held only by its pin is paged out.
+//   - Prefetch(t) pages t's storage in ahead of use, only into free memory (it never evicts), and marks it fresh.
+//   - A paged storage whose last reference dies loses its host copy and becomes evicted (recomputable), as a
+//     resident one would; one that is recomputed (a sibling output of a replayed op) loses its host copy too.
+//
 // Policies are consulted through a read-only StorageView; the engine maintains the incremental structures a policy
 // asks for (PolicyFeatures): forward/backward evicted regions (e*) and union-find classes of evicted storages.
 // Not thread-safe: one engine per thread (PyTorch ops on one device are serialized by the integration).
@@ -41,11 +63,21 @@
 #include "absl/status/statusor.h"
 #include "allocator/arena.h"
 #include "policies/policy.h"
+#include "runtime/config.h"
 #include "runtime/executor.h"
 
 namespace remat {
 
 enum class AccountingMode { kCounter, kArena };
+
+// Second-tier paging (see the contract above). Times are in the clock's unit (ns).
+struct PagingOptions {
+  OffloadMode mode = OffloadMode::kOff;
+  double bandwidth_bytes_per_s = 12e9;  // V100 <-> pinned host, Beaumont et al.
+  std::int64_t latency_ns = 10'000;     // per copy: launch and synchronization, a few us on CUDA; 10 us is cautious
+  std::int64_t host_budget = std::numeric_limits<std::int64_t>::max();
+  bool page_constants = false;          // weights may leave the device (last resort)
+};
 
 struct EngineOptions {
   AccountingMode mode = AccountingMode::kCounter;
@@ -60,6 +92,7 @@ struct EngineOptions {
   // they leave the neighbourhood costs. Off in the prototype's model (simrd keeps them forever).
   bool free_dead = false;
   Arena* arena = nullptr;                  // arena mode: the arena the executor allocates from (for windows, stats)
+  PagingOptions paging;
 };
 
 struct OutputSpec {
@@ -87,6 +120,15 @@ struct EngineStats {
   std::int64_t used_bytes = 0;
   double fragmentation_sum = 0;        // arena: sum over pressured allocations of free bytes / budget
   std::int64_t fragmentation_samples = 0;
+  // Paging.
+  std::int64_t page_outs = 0;
+  std::int64_t page_ins = 0;           // prefetches included
+  std::int64_t prefetches = 0;         // page-ins issued by Prefetch
+  std::int64_t paged_out_bytes = 0;
+  std::int64_t paged_in_bytes = 0;
+  std::int64_t stall_ns = 0;           // clock time ops waited for their inputs' page-ins
+  std::int64_t host_used_bytes = 0;    // second tier in use now
+  std::int64_t host_peak_bytes = 0;
 };
 
 using StorageIndex = std::uint32_t;
@@ -157,6 +199,23 @@ class Engine final : public PressureHandler, private StorageView {
   // Storages in eviction-pool order (resident, unlocked, not constant).
   std::vector<StorageIndex> PoolOrder() const;
 
+  // Paging (see the contract above).
+  bool Paged(StorageIndex s) const;
+  // Pages a specific storage out now (tests, integration): it must be evictable (or, with page_constants, a
+  // constant held only by its pin) and fit the host budget.
+  absl::Status PageOut(StorageIndex s);
+  // Pages t's storage in ahead of use if it is paged and fits in free memory without evicting anything. Returns
+  // whether a page-in was issued; an error only when the executor fails otherwise than for lack of memory.
+  absl::StatusOr<bool> Prefetch(TensorId t);
+  // The drop-vs-page choice for victim s under the current mode, host budget and link state.
+  bool PrefersPaging(StorageIndex s) const;
+  // When paged-in storage s's bytes are (or were) on the device; 0 if never paged in.
+  std::int64_t ReadyAt(StorageIndex s) const;
+  // When the link finishes the copies issued so far.
+  std::int64_t LinkFreeAt() const { return link_free_; }
+  // Link time of one copy of `bytes`: latency + bytes / bandwidth.
+  std::int64_t TransferNs(std::int64_t bytes) const;
+
  private:
   struct Impl;
   // StorageView
@@ -179,13 +238,31 @@ class Engine final : public PressureHandler, private StorageView {
   void AfterCompute();
   void FreeDead(StorageIndex s);
   std::string MemoryReport() const;
-  void MarkEvicted(StorageIndex s);
+  void MarkEvicted(StorageIndex s, bool held_memory = true);
+  // Drops or pages out victim s as the offload mode says.
+  absl::Status Reclaim(StorageIndex s);
+  absl::Status PageOutStorage(StorageIndex s);
+  // Brings paged s back (allocating, which may reclaim others unless `prefetch`). With `prefetch`, lack of memory
+  // is not an error: returns false.
+  absl::StatusOr<bool> PageInStorage(StorageIndex s, bool prefetch);
+  void DropPagedCopy(StorageIndex s);
+  // Counter mode: reclaims until `bytes` more fit in the budget.
+  absl::Status MakeRoomCounter(std::int64_t bytes, std::string_view what);
+  // page_constants: pages the least recently used constant held only by its pin. False if none fits.
+  bool PageLruConstant();
+  // Starts a copy on the link now; returns when it ends.
+  std::int64_t IssueCopy(std::int64_t bytes);
+  // Waits (advancing the clock, counting stall) until the inputs of `op` are on the device.
+  void WaitForInputs(OpId op);
 
   std::unique_ptr<Impl> impl_;
   EngineOptions options_;
   Executor* executor_;
   EngineStats stats_;
   bool pressure_sampled_ = false;
+  std::int64_t link_free_ = 0;
+  bool no_reclaim_ = false;  // a prefetch is allocating: MakeRoom must not evict
+  absl::Status pending_;     // an executor error met inside MakeRoom (which can only answer bool)
 };
 
 }  // namespace remat

@@ -12,7 +12,20 @@
 //   - Replaying an in-place op (OutputSpec::in_place_of) must not write into its input: the executor copies the
 //     input into the fresh output's memory and applies the op there (the input is the old value, still needed).
 //   - Evict(engine, s): drop s's memory. Never fails; s is unlocked, resident and not constant.
-//   - Paging (a later issue) will add Page/Unpage here; nothing else should change.
+//   - Paging (second tier, EngineOptions::paging). The engine owns the link timeline (when a copy starts and ends,
+//     which op waits for it); the executor moves the bytes. A copy may run asynchronously as long as the executor
+//     orders it before any later use of the same memory (a copy stream and events on CUDA).
+//       PageOut(engine, s): copy s's bytes to the second tier, then release s's device memory (as Evict does). s is
+//         resident and unlocked (a constant: held only by its pin). The engine has checked the host budget. On
+//         error nothing may be lost: s must still be resident with its bytes; the engine fails the running call.
+//       PageIn(engine, s): get device memory for paged s (arena mode: place it and report the address with
+//         Engine::SetAddress, exactly as for Execute's fresh outputs; the allocation may call MakeRoom) and copy the
+//         second-tier bytes back, byte-identical; then release the host copy. ResourceExhausted when no memory can
+//         be made; the host copy must then be kept.
+//       DropPaged(engine, s): the host copy of paged s is no longer needed (s was recomputed, or its last
+//         reference died); release it.
+//     The defaults of PageOut and PageIn return Unimplemented: an executor that cannot page never loses data, and
+//     an engine configured to page with it fails its call loudly instead.
 #pragma once
 
 #include <cstdint>
@@ -31,6 +44,9 @@ class Executor {
   virtual ~Executor() = default;
   virtual absl::Status Execute(Engine& engine, OpId op, bool replay, std::span<const std::uint32_t> fresh) = 0;
   virtual void Evict(Engine& engine, std::uint32_t storage) = 0;
+  virtual absl::Status PageOut(Engine& engine, std::uint32_t storage);
+  virtual absl::Status PageIn(Engine& engine, std::uint32_t storage);
+  virtual void DropPaged(Engine& engine, std::uint32_t storage);
 };
 
 }  // namespace remat

@@ -27,4 +27,19 @@ void SimExecutor::Evict(Engine& engine, std::uint32_t storage) {
   (void)arena_->Free(engine.StorageAddress(storage));
 }
 
+absl::Status SimExecutor::PageOut(Engine& engine, std::uint32_t storage) {
+  Evict(engine, storage);
+  return absl::OkStatus();
+}
+
+absl::Status SimExecutor::PageIn(Engine& engine, std::uint32_t s) {
+  if (arena_ == nullptr) return absl::OkStatus();
+  const bool low = !partition_ || engine.OpCostly(engine.ProducerOf(engine.StorageRoot(s)));
+  absl::StatusOr<std::uintptr_t> address = arena_->Allocate(static_cast<std::size_t>(engine.StorageBytes(s)),
+                                                            OwnerId{s} + 1, low ? Placement::kLow : Placement::kHigh);
+  if (!address.ok()) return absl::ResourceExhaustedError(address.status().message());
+  engine.SetAddress(s, *address);
+  return absl::OkStatus();
+}
+
 }  // namespace remat

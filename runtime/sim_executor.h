@@ -1,7 +1,9 @@
 // SimExecutor: the executor used by trace replay. Running an op costs nothing here (the engine advances the logical
 // clock by the op's recorded cost); in arena mode it places each fresh output in the arena (owner id = storage
 // index + 1, costly ops' outputs at the low end and others at the high end when partitioning is on) and frees the
-// block on eviction. In counter mode it does nothing at all.
+// block on eviction. In counter mode it does nothing at all. Paging moves no bytes here (the engine keeps the link
+// timeline and the accounting): a page-out frees the block like an eviction, a page-in places the storage again like
+// a fresh output of its producer.
 #pragma once
 
 #include "allocator/arena.h"
@@ -16,6 +18,9 @@ class SimExecutor final : public Executor {
   SimExecutor(Arena* arena, bool cheap_tensor_partitioning) : arena_(arena), partition_(cheap_tensor_partitioning) {}
   absl::Status Execute(Engine& engine, OpId op, bool replay, std::span<const std::uint32_t> fresh) override;
   void Evict(Engine& engine, std::uint32_t storage) override;
+  absl::Status PageOut(Engine& engine, std::uint32_t storage) override;
+  absl::Status PageIn(Engine& engine, std::uint32_t storage) override;
+  void DropPaged(Engine&, std::uint32_t) override {}
 
  private:
   Arena* arena_;

@@ -1,6 +1,8 @@
 // Randomized: random op graphs where every op computes a hash of its inputs. Run unconstrained, then under random
 // budgets with every policy in both accounting modes: every op sees resident inputs, the budget is never exceeded,
-// and every value (first computed or replayed) equals the unconstrained run's.
+// and every value (first computed or replayed) equals the unconstrained run's. With paging (offload auto and always,
+// constants pageable or not, prefetch or not) the same holds, paged values come back byte-identical and the host
+// budget is never exceeded.
 #include <cstdlib>
 #include <memory>
 #include <optional>
@@ -77,10 +79,48 @@ class HashExecutor : public Executor {
     value_[s].reset();
     if (arena_ != nullptr) (void)arena_->Free(e.StorageAddress(s));
   }
+  absl::Status PageOut(Engine& e, std::uint32_t s) override {
+    if (!e.Resident(s) || !value_[s]) {
+      ++failures;
+      ADD_FAILURE() << "paging out storage " << s << " that holds no value";
+    }
+    if (host_.size() <= s) host_.resize(s + 1);
+    host_[s] = value_[s];
+    host_bytes_ += e.StorageBytes(s);
+    if (host_bytes_ > host_budget) {
+      ++failures;
+      ADD_FAILURE() << "host budget exceeded: " << host_bytes_ << " > " << host_budget;
+    }
+    Evict(e, s);
+    return absl::OkStatus();
+  }
+  absl::Status PageIn(Engine& e, std::uint32_t s) override {
+    if (s >= host_.size() || !host_[s]) {
+      ++failures;
+      ADD_FAILURE() << "paging in storage " << s << " that has no host copy";
+      return absl::InternalError("no host copy");
+    }
+    if (arena_ != nullptr) {
+      e.NoteAllocation();
+      absl::StatusOr<std::uintptr_t> a = arena_->Allocate(e.StorageBytes(s), OwnerId{s} + 1);
+      if (!a.ok()) return absl::ResourceExhaustedError(a.status().message());
+      e.SetAddress(s, *a);
+    }
+    value_[s] = host_[s];  // byte-identical by construction; the hashes of later ops check it
+    DropPaged(e, s);
+    return absl::OkStatus();
+  }
+  void DropPaged(Engine& e, std::uint32_t s) override {
+    host_[s].reset();
+    host_bytes_ -= e.StorageBytes(s);
+  }
   std::optional<std::uint64_t> Value(StorageIndex s) const { return s < value_.size() ? value_[s] : std::nullopt; }
   int failures = 0;
+  std::int64_t host_budget = std::numeric_limits<std::int64_t>::max();
 
  private:
+  std::vector<std::optional<std::uint64_t>> host_;
+  std::int64_t host_bytes_ = 0;
   Arena* arena_;
   std::int64_t budget_;
   std::vector<std::uint64_t>* golden_;
@@ -88,7 +128,9 @@ class HashExecutor : public Executor {
 };
 
 // Builds and runs a random graph (deterministic in `seed`). Returns the engine's final status.
-absl::Status RunGraph(std::uint64_t seed, Engine& e, HashExecutor& ex, std::vector<TensorId>* live_out) {
+// With `prefetch`, each op's inputs are prefetched first (a no-op unless they are paged and fit in free memory).
+absl::Status RunGraph(std::uint64_t seed, Engine& e, HashExecutor& ex, std::vector<TensorId>* live_out,
+                      bool prefetch = false) {
   std::mt19937_64 rng(seed);
   auto uniform = [&](int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng); };
   std::vector<TensorId> live;
@@ -104,6 +146,11 @@ absl::Status RunGraph(std::uint64_t seed, Engine& e, HashExecutor& ex, std::vect
     std::vector<OutputSpec> outs;
     for (int i = 0, n = uniform(1, 2); i < n; ++i) outs.push_back({uniform(1, 100), -1});
     if (uniform(0, 5) == 0) outs.push_back({0, 0});  // a view of the first input
+    if (prefetch) {
+      for (TensorId t : in) {
+        if (absl::StatusOr<bool> p = e.Prefetch(t); !p.ok()) return p.status();
+      }
+    }
     absl::StatusOr<std::span<const TensorId>> r = e.Call(in, outs, uniform(1, 20), uniform(0, 3) == 0 ? "mm" : "add");
     if (!r.ok()) return r.status();
     for (TensorId t : *r) live.push_back(t);
@@ -183,6 +230,81 @@ TEST(EngineRandomTest, EveryPolicyEveryModeRecomputesExactly) {
   }
   std::printf("random graphs: %d runs, %d completed within budget, the rest out of memory\n", runs, passed);
   EXPECT_GT(passed, runs / 3);
+}
+
+TEST(EngineRandomTest, PagingEveryPolicyEveryModeKeepsValuesAndBudgets) {
+  int runs = 0, passed = 0;
+  std::int64_t page_outs = 0, page_ins = 0, evictions = 0, prefetches = 0;
+  for (std::uint64_t seed = 1; seed <= 12; ++seed) {
+    std::vector<std::uint64_t> golden;
+    std::int64_t peak = 0;
+    {
+      std::unique_ptr<Policy> p = *MakePolicy("dtr-local");
+      HashExecutor ex(nullptr, std::numeric_limits<std::int64_t>::max(), &golden);
+      EngineOptions o;
+      o.policy = p.get();
+      Engine e(o, &ex);
+      ASSERT_TRUE(RunGraph(seed, e, ex, nullptr).ok());
+      peak = e.stats().peak_bytes;
+    }
+    std::mt19937_64 rng(seed * 104729);
+    for (const std::string& name : PolicyNames()) {
+      for (AccountingMode mode : {AccountingMode::kCounter, AccountingMode::kArena}) {
+        for (OffloadMode offload : {OffloadMode::kAuto, OffloadMode::kAlways}) {
+          std::int64_t budget =
+              static_cast<std::int64_t>(peak * std::uniform_real_distribution<double>(0.3, 1.0)(rng)) + 1;
+          const int variant = std::uniform_int_distribution<int>(0, 7)(rng);
+          std::unique_ptr<Policy> p = *MakePolicy(name);
+          std::unique_ptr<Arena> arena;
+          if (mode == AccountingMode::kArena) {
+            ArenaOptions ao;
+            ao.alignment = 8;
+            ao.capacity = static_cast<std::size_t>((budget + 7) / 8 * 8);
+            arena = *Arena::Create(MakeVirtualProvider(), ao);
+          }
+          std::vector<std::uint64_t> check = golden;
+          HashExecutor ex(arena.get(), budget, &check);
+          EngineOptions o;
+          o.policy = p.get();
+          o.mode = mode;
+          o.budget = budget;
+          o.seed = seed;
+          o.arena = arena.get();
+          o.free_dead = (variant & 1) != 0;
+          o.replay_views = (variant & 1) == 0;
+          o.paging.mode = offload;
+          // ~0.1 ns per byte and 2 ns latency: transfers cost about as much as the ops (1..20 ns), so auto goes both
+          // ways.
+          o.paging.bandwidth_bytes_per_s = 1e10;
+          o.paging.latency_ns = 2;
+          o.paging.page_constants = (variant & 2) != 0;
+          o.paging.host_budget = (variant & 4) != 0 ? peak / 4 : std::numeric_limits<std::int64_t>::max();
+          ex.host_budget = o.paging.host_budget;
+          Engine e(o, &ex);
+          if (arena) arena->SetPressureHandler(&e);
+          absl::Status s = RunGraph(seed, e, ex, nullptr, /*prefetch=*/seed % 2 == 0);
+          if (arena) arena->SetPressureHandler(nullptr);
+          ++runs;
+          EXPECT_TRUE(s.ok() || absl::IsResourceExhausted(s)) << name << " seed " << seed << ": " << s;
+          EXPECT_EQ(ex.failures, 0) << name << " seed " << seed << " budget " << budget << " variant " << variant;
+          EXPECT_LE(e.stats().host_peak_bytes, o.paging.host_budget);
+          if (s.ok()) ++passed;
+          page_outs += e.stats().page_outs;
+          page_ins += e.stats().page_ins;
+          prefetches += e.stats().prefetches;
+          evictions += e.stats().evictions;
+        }
+      }
+    }
+  }
+  std::printf("paging random graphs: %d runs, %d completed; %lld page-outs, %lld page-ins (%lld prefetched), "
+              "%lld drops\n", runs, passed, (long long)page_outs, (long long)page_ins, (long long)prefetches,
+              (long long)evictions);
+  EXPECT_GT(passed, runs / 3);
+  EXPECT_GT(page_outs, 0);
+  EXPECT_GT(page_ins, 0);
+  EXPECT_GT(prefetches, 0);
+  EXPECT_GT(evictions, 0);  // auto dropped some
 }
 
 }  // namespace
