@@ -46,7 +46,16 @@ ReplayResult Fail(ReplayResult r, ReplayStatus status, std::string message) {
 }
 
 // Runs the trace through `engine`. Returns OK, or the engine's error (ResourceExhausted / Aborted / other).
-absl::Status Drive(const Trace& trace, Engine& engine) {
+// With `prefetch_ops` > 0, before each op the paged inputs of the next prefetch_ops ops are prefetched (through
+// the names bound now; a name rebound in between only costs a useless prefetch).
+absl::Status Drive(const Trace& trace, Engine& engine, int prefetch_ops = 0) {
+  std::vector<std::size_t> calls;  // indices of CALL and MUTATE instructions
+  if (prefetch_ops > 0) {
+    for (std::size_t i = 0; i < trace.ops.size(); ++i) {
+      if (trace.ops[i].kind == TraceOpKind::kCall || trace.ops[i].kind == TraceOpKind::kMutate) calls.push_back(i);
+    }
+  }
+  std::size_t next_call = 0;  // position in `calls` of the first call not yet run
   std::vector<std::int64_t> bound(trace.names.size(), -1);  // trace name -> tensor
   std::vector<TraceName> order;                             // names in order of first binding
   order.reserve(trace.names.size());
@@ -64,7 +73,22 @@ absl::Status Drive(const Trace& trace, Engine& engine) {
     out = static_cast<TensorId>(bound[n]);
     return absl::OkStatus();
   };
+  auto prefetch = [&]() -> absl::Status {
+    for (std::size_t k = next_call + 1; k < calls.size() && k <= next_call + static_cast<std::size_t>(prefetch_ops);
+         ++k) {
+      for (TraceName a : trace.ops[calls[k]].args) {
+        if (bound[a] < 0) continue;
+        absl::StatusOr<bool> issued = engine.Prefetch(static_cast<TensorId>(bound[a]));
+        if (!issued.ok()) return issued.status();
+      }
+    }
+    ++next_call;
+    return absl::OkStatus();
+  };
   for (const TraceOp& op : trace.ops) {
+    if (!calls.empty() && (op.kind == TraceOpKind::kCall || op.kind == TraceOpKind::kMutate)) {
+      if (absl::Status s = prefetch(); !s.ok()) return s;
+    }
     switch (op.kind) {
       case TraceOpKind::kAnnotate:
         break;
@@ -212,18 +236,32 @@ ReplayResult Replayer::Run(const ReplayOptions& options) {
   eo.replay_views = options.simrd_compat;
   eo.free_dead = !options.simrd_compat;
   eo.arena = arena.get();
+  eo.paging.mode = options.offload;
+  eo.paging.bandwidth_bytes_per_s = options.bandwidth_bytes_per_s;
+  eo.paging.latency_ns = options.link_latency_ns;
+  if (options.host_budget_bytes > 0) eo.paging.host_budget = options.host_budget_bytes;
+  eo.paging.page_constants = options.page_constants;
   SimExecutor executor(arena.get(), options.cheap_tensor_partitioning);
   Engine engine(eo, &executor);
   if (arena) arena->SetPressureHandler(&engine);
-  absl::Status status = Drive(*impl_->trace, engine);
+  absl::Status status =
+      Drive(*impl_->trace, engine, options.offload == OffloadMode::kOff ? 0 : options.prefetch_ops);
   if (arena) arena->SetPressureHandler(nullptr);
 
   const EngineStats& st = engine.stats();
   r.total_compute_ns = st.model_compute + st.remat_compute;
   r.replayed_cost_ns = st.remat_compute;
+  r.transfer_stall_ns = st.stall_ns;
   r.overhead = impl_->baseline.compute_ns > 0
-                   ? static_cast<double>(r.total_compute_ns) / static_cast<double>(impl_->baseline.compute_ns)
+                   ? static_cast<double>(r.total_compute_ns + r.transfer_stall_ns) /
+                         static_cast<double>(impl_->baseline.compute_ns)
                    : 1.0;
+  r.paged_out_bytes = st.paged_out_bytes;
+  r.paged_in_bytes = st.paged_in_bytes;
+  r.page_outs = st.page_outs;
+  r.page_ins = st.page_ins;
+  r.prefetches = st.prefetches;
+  r.host_peak_bytes = st.host_peak_bytes;
   r.peak_bytes = st.peak_bytes;
   r.evictions = st.evictions;
   r.rematerializations = st.rematerializations;

@@ -20,6 +20,13 @@
 //     it any more, and an evicted view is brought back by replaying its view op. With false (the engine's own
 //     behaviour, as in PyTorch), such storages are freed for good (EngineOptions::free_dead) and views come back
 //     with their storage (no view-op replay).
+//   - Paging (`offload` != off; EngineOptions::paging and the engine's contract): a link of `bandwidth_bytes_per_s`
+//     (default 12e9, the V100 <-> pinned host figure of Beaumont et al.) with `link_latency_ns` per copy (default
+//     10 us: a cudaMemcpyAsync launch plus event synchronisation costs a few us; 10 us is on the cautious side),
+//     a second tier of `host_budget_bytes` (0 = unlimited). Prefetch: before each op, the paged inputs of the next
+//     `prefetch_ops` ops of the trace (the future is known in a replay) are paged in if they fit in free memory.
+//     With offload on, overhead = (op time including replays + transfer stall) / baseline compute; with offload
+//     off, nothing changes (stall is 0 and results are those of the engine without paging).
 //   - Runs are independent and deterministic (random policy: seeded by `seed`). A Replayer is not thread-safe;
 //     use one per thread (the Trace may be shared).
 #pragma once
@@ -30,6 +37,7 @@
 #include <string_view>
 
 #include "absl/status/statusor.h"
+#include "runtime/config.h"
 #include "runtime/engine.h"
 #include "runtime/trace.h"
 
@@ -53,6 +61,13 @@ struct ReplayOptions {
   bool simrd_compat = true;            // see the contract above
   bool cheap_tensor_partitioning = true;  // arena mode: costly ops' outputs low, others high
   std::int64_t arena_alignment = 512;  // arena mode only
+  // Paging (see the contract above).
+  OffloadMode offload = OffloadMode::kOff;
+  double bandwidth_bytes_per_s = 12e9;
+  std::int64_t link_latency_ns = 10'000;
+  std::int64_t host_budget_bytes = 0;  // 0 = unlimited
+  bool page_constants = false;
+  int prefetch_ops = 8;                // lookahead window in ops; 0 disables prefetch
 };
 
 struct ReplayResult {
@@ -73,6 +88,14 @@ struct ReplayResult {
   std::int64_t search_time_ns = 0;     // wall time spent choosing victims (policy + window search)
   double fragmentation_rate = 0;       // arena mode: mean free bytes / budget at allocations that evicted
   std::int64_t wall_time_ns = 0;       // wall time of this run (baseline excluded)
+  // Paging.
+  std::int64_t paged_out_bytes = 0;
+  std::int64_t paged_in_bytes = 0;
+  std::int64_t page_outs = 0;
+  std::int64_t page_ins = 0;           // prefetches included
+  std::int64_t prefetches = 0;
+  std::int64_t transfer_stall_ns = 0;  // clock time ops waited for page-ins (in the overhead)
+  std::int64_t host_peak_bytes = 0;
 };
 
 struct Baseline {
