@@ -12,5 +12,6 @@ if [ ! -f "$trace" ]; then
   exit 1
 fi
 echo "remat demo: replaying ResNet-32 (batch 56) op trace under budgets of 90% .. 30% of its peak memory"
-exec "$build_dir/tools/remat-sim" "$trace" --ratios 0.9,0.7,0.5,0.4,0.3 --policies dtr-eq,dtr,lru,coop \
-  --mode counter
+# Arena mode is what the PyTorch path runs: real placement, the budget a hard limit, fragmentation counted.
+exec "$build_dir/tools/remat-sim" "$trace" --ratios 0.9,0.7,0.5,0.4,0.3 --policies dtr-eq,dte,coop,lru \
+  --mode arena
