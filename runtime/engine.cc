@@ -722,9 +722,9 @@ absl::Status Engine::RunFramesFrom(std::size_t base) {
     m.lock_log.resize(frame.lock_begin);
     m.scratch.resize(frame.list_begin);
     m.stack.pop_back();
-    if (options_.remat_limit >= 0 && stats_.remat_compute > options_.remat_limit) {
-      return absl::AbortedError(absl::StrFormat("thrashing: replayed %d ns > limit %d ns", stats_.remat_compute,
-                                                options_.remat_limit));
+    if (options_.remat_limit >= 0 && stats_.remat_compute + stats_.stall_ns > options_.remat_limit) {
+      return absl::AbortedError(absl::StrFormat("thrashing: replayed %d ns + transfer stall %d ns > limit %d ns",
+                                                stats_.remat_compute, stats_.stall_ns, options_.remat_limit));
     }
   }
   return absl::OkStatus();

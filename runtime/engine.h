@@ -17,7 +17,8 @@
 //   - With `replay_views` (the prototype's model) a view tensor becomes undefined when its storage is evicted, and
 //     using it again replays its view op (cost counts); without it views come back with their storage.
 //   - Releasing the last external reference of a storage evicts it at once; it stays in the graph, recomputable.
-//   - Thrash: once the summed cost of replays exceeds `remat_limit` (>= 0), the running call fails with Aborted.
+//   - Thrash: once the summed cost of replays (plus transfer stall, when paging) exceeds `remat_limit` (>= 0), the
+//     running call fails with Aborted.
 //   - No memory: the call fails with ResourceExhausted naming requested, budget, used, locked and constant bytes
 //     and (arena) the largest window. A failed call releases the locks it took and leaves the engine usable: what
 //     it replayed stays resident, the failed op's outputs stay unproduced (a later use replays them).
@@ -85,7 +86,7 @@ struct EngineOptions {
   const Policy* policy = nullptr;          // required; not owned
   ChooseOptions choose;                    // sqrt(n) sampling, ignore small storages
   std::uint64_t seed = 0;                  // random policy and sampling
-  std::int64_t remat_limit = -1;           // thrash limit on summed replay cost; < 0 disables
+  std::int64_t remat_limit = -1;           // thrash limit on summed replay cost + stall; < 0 disables
   bool replay_views = true;                // see the contract above
   bool free_released_constants = false;    // a constant whose last reference dies is freed (baseline runs)
   // Free storages for good once nothing can need them (no reference, every storage computed from them dead):

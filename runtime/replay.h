@@ -11,8 +11,9 @@
 //     included, which is what makes its peak equal simrd's byte for byte): its summed op time is
 //     `baseline_compute_ns`, its peak bytes in use (constants included) `baseline_memory_bytes`.
 //     A Replayer computes it once and reuses it for every Run; Replay() is the one-shot convenience.
-//   - Overhead = op time including replays (the clock's advance) / baseline compute. Status kThrash when the replayed time exceeds
-//     (overhead_limit - 1) x baseline compute (overhead_limit <= 0 disables the check); kOom when an op cannot get
+//   - Overhead = op time including replays (the clock's advance) / baseline compute. Status kThrash when the
+//     replayed time (plus transfer stall when paging) exceeds (overhead_limit - 1) x baseline compute
+//     (overhead_limit <= 0 disables the check); kOom when an op cannot get
 //     memory (message says how much was requested, locked, constant, and the largest window); kError for a trace
 //     the engine rejects (message says why). Overhead, peak and counters are still filled in up to the failure.
 //   - `simrd_compat` (default true) reproduces the DTR prototype simulator's choices exactly (README "What simrd
