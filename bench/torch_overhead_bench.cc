@@ -185,10 +185,18 @@ void BM_Ops(benchmark::State& state, Mode mode, bool autograd) {
   state.counters["ops/iter"] = OpsPerIteration(kWorkload);
 }
 
+// Workload rows in registration order, for the summary (repetitions arrive in random order).
+std::vector<std::string>& SummaryRows() {
+  static auto* rows = new std::vector<std::string>();
+  return *rows;
+}
+
 template <Workload kWorkload>
 void Register(bool autograd) {
+  const std::string row = std::string(WorkloadName(kWorkload)) + (autograd ? "_autograd" : "");
+  SummaryRows().push_back(row);
   for (const Mode mode : kModes) {
-    const std::string name = std::string(WorkloadName(kWorkload)) + (autograd ? "_autograd/" : "/") + ModeName(mode);
+    const std::string name = row + "/" + ModeName(mode);
     benchmark::RegisterBenchmark(name.c_str(), BM_Ops<kWorkload>, mode, autograd)->Unit(benchmark::kNanosecond);
   }
 }
@@ -220,9 +228,7 @@ class SummaryReporter : public benchmark::ConsoleReporter {
       if (slash == std::string::npos) continue;
       const auto ops = run.counters.find("ops/iter");
       const double per_iteration = ops == run.counters.end() ? 1.0 : static_cast<double>(ops->second);
-      const std::string workload = name.substr(0, slash);
-      if (rows_.find(workload) == rows_.end()) order_.push_back(workload);
-      Cell& cell = rows_[workload][name.substr(slash + 1)];
+      Cell& cell = rows_[name.substr(0, slash)][name.substr(slash + 1)];
       cell.cpu_ns = run.GetAdjustedCPUTime() / per_iteration;
       cell.wall_ns = run.GetAdjustedRealTime() / per_iteration;
       cell.present = true;
@@ -236,7 +242,8 @@ class SummaryReporter : public benchmark::ConsoleReporter {
       Print(out, "\nPer-op cost, ns (%s time; median over repetitions):\n", cpu ? "CPU" : "wall");
       Print(out, "%-16s %9s %14s %10s %14s %10s\n", "workload", "off", "pass_through", "added", "tracking",
                    "added");
-      for (const std::string& row : order_) {
+      for (const std::string& row : SummaryRows()) {
+        if (rows_.find(row) == rows_.end()) continue;  // filtered out, or every mode failed
         std::map<std::string, Cell>& cells = rows_[row];
         const Cell& off = cells["off"];
         const Cell& pass = cells["pass_through"];
@@ -287,7 +294,6 @@ class SummaryReporter : public benchmark::ConsoleReporter {
   }
 
   std::map<std::string, std::map<std::string, Cell>> rows_;
-  std::vector<std::string> order_;
 };
 
 }  // namespace
