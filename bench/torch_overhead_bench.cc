@@ -28,6 +28,11 @@
 // on the machine) and by wall time, the added cost of pass_through and tracking over off, and the targets
 // (pass-through adds under 500 ns per op, tracking under 3000 ns).
 //
+// Paired ("<workload>/paired"): the three modes alternate every 64 iterations inside one benchmark (each round
+// enters every mode in turn, rotated per round); counters give, per op, each mode's median block (off, pass,
+// track) and the median over rounds of the paired differences (+pass, +track), by wall clock. On a loaded machine
+// these are the steadier figures: the modes see the same load within a round. The summary shows them too.
+//
 // Repetitions are randomly interleaved by default (--benchmark_enable_random_interleaving=true, put before the
 // user's flags, so the user can switch it off): the three modes of a workload then see the same drift in machine
 // load instead of running minutes apart. Output is always the console format (colored on a terminal), summary
@@ -40,6 +45,9 @@
 #include <benchmark/benchmark.h>
 #include <c10/util/Exception.h>
 
+#include <algorithm>
+#include <array>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
@@ -185,6 +193,60 @@ void BM_Ops(benchmark::State& state, Mode mode, bool autograd) {
   state.counters["ops/iter"] = OpsPerIteration(kWorkload);
 }
 
+// Paired: the three modes alternate in short blocks inside one benchmark, so they see the same machine load.
+// Each iteration is one round: every mode in turn (rotated per round) is entered, fresh inputs are made and
+// kPairedWarmup iterations run untimed, then kPairedBlock iterations are timed with the wall clock. Counters,
+// per op: the median block of each mode, and the median over rounds of the paired differences (+pass, +track).
+// The benchmark's own time is per round, mode switches (EnableRemat/DisableRemat) included: ignore it.
+constexpr int kPairedRounds = 200;
+constexpr int kPairedBlock = 64;
+constexpr int kPairedWarmup = 8;
+
+double Median(std::vector<double> values) {
+  if (values.empty()) return 0;
+  const auto middle = values.begin() + static_cast<std::ptrdiff_t>(values.size() / 2);
+  std::nth_element(values.begin(), middle, values.end());
+  return *middle;
+}
+
+template <Workload kWorkload>
+void BM_Paired(benchmark::State& state, bool autograd) {
+  std::array<std::vector<double>, 3> per_op;  // ns, indexed like kModes
+  std::size_t round = 0;
+  for (auto _ : state) {
+    bool failed = false;
+    for (std::size_t i = 0; i < 3 && !failed; ++i) {
+      const std::size_t m = (round + i) % 3;
+      const ModeScope scope(kModes[m]);
+      if (!scope.error().empty()) {
+        state.SkipWithError(scope.error().c_str());
+        failed = true;
+        break;
+      }
+      const Inputs in = MakeInputs(autograd);
+      for (int k = 0; k < kPairedWarmup; ++k) benchmark::DoNotOptimize(RunOnce<kWorkload>(in));
+      const auto start = std::chrono::steady_clock::now();
+      for (int k = 0; k < kPairedBlock; ++k) benchmark::DoNotOptimize(RunOnce<kWorkload>(in));
+      const auto stop = std::chrono::steady_clock::now();
+      per_op[m].push_back(std::chrono::duration<double, std::nano>(stop - start).count() /
+                          (kPairedBlock * OpsPerIteration(kWorkload)));
+    }
+    if (failed) break;
+    ++round;
+  }
+  if (round == 0) return;
+  std::vector<double> pass_added, track_added;
+  for (std::size_t r = 0; r < round; ++r) {
+    pass_added.push_back(per_op[1][r] - per_op[0][r]);
+    track_added.push_back(per_op[2][r] - per_op[0][r]);
+  }
+  state.counters["off"] = Median(per_op[0]);
+  state.counters["pass"] = Median(per_op[1]);
+  state.counters["track"] = Median(per_op[2]);
+  state.counters["+pass"] = Median(pass_added);
+  state.counters["+track"] = Median(track_added);
+}
+
 // Workload rows in registration order, for the summary (repetitions arrive in random order).
 std::vector<std::string>& SummaryRows() {
   static auto* rows = new std::vector<std::string>();
@@ -199,6 +261,9 @@ void Register(bool autograd) {
     const std::string name = row + "/" + ModeName(mode);
     benchmark::RegisterBenchmark(name.c_str(), BM_Ops<kWorkload>, mode, autograd)->Unit(benchmark::kNanosecond);
   }
+  benchmark::RegisterBenchmark((row + "/paired").c_str(), BM_Paired<kWorkload>, autograd)
+      ->Unit(benchmark::kMicrosecond)
+      ->Iterations(kPairedRounds);
 }
 
 void RegisterAll() {
@@ -226,6 +291,14 @@ class SummaryReporter : public benchmark::ConsoleReporter {
       const std::string& name = run.run_name.function_name;
       const std::size_t slash = name.rfind('/');
       if (slash == std::string::npos) continue;
+      if (name.substr(slash + 1) == "paired") {
+        Paired& paired = paired_[name.substr(0, slash)];
+        for (const char* counter : {"off", "pass", "track", "+pass", "+track"}) {
+          const auto found = run.counters.find(counter);
+          if (found != run.counters.end()) paired.values[counter] = static_cast<double>(found->second);
+        }
+        continue;
+      }
       const auto ops = run.counters.find("ops/iter");
       const double per_iteration = ops == run.counters.end() ? 1.0 : static_cast<double>(ops->second);
       Cell& cell = rows_[name.substr(0, slash)][name.substr(slash + 1)];
@@ -239,9 +312,9 @@ class SummaryReporter : public benchmark::ConsoleReporter {
     benchmark::ConsoleReporter::Finalize();
     std::ostream& out = GetOutputStream();
     for (const bool cpu : {true, false}) {
+      if (rows_.empty()) break;
       Print(out, "\nPer-op cost, ns (%s time; median over repetitions):\n", cpu ? "CPU" : "wall");
-      Print(out, "%-16s %9s %14s %10s %14s %10s\n", "workload", "off", "pass_through", "added", "tracking",
-                   "added");
+      Print(out, "%-16s %9s %14s %10s %14s %10s\n", "workload", "off", "pass_through", "added", "tracking", "added");
       for (const std::string& row : SummaryRows()) {
         if (rows_.find(row) == rows_.end()) continue;  // filtered out, or every mode failed
         std::map<std::string, Cell>& cells = rows_[row];
@@ -255,6 +328,25 @@ class SummaryReporter : public benchmark::ConsoleReporter {
         PrintAdded(out, off.present && pass.present, value(pass) - value(off), kPassThroughTargetNs);
         PrintValue(out, track.present, value(track), 14);
         PrintAdded(out, off.present && track.present, value(track) - value(off), kTrackingTargetNs);
+        out << "\n";
+      }
+    }
+    if (!paired_.empty()) {
+      Print(out,
+            "\nPaired (modes alternate every %d iterations; per op: median block, median paired difference), "
+            "ns wall:\n",
+            kPairedBlock);
+      Print(out, "%-16s %9s %14s %10s %14s %10s\n", "workload", "off", "pass_through", "added", "tracking", "added");
+      for (const std::string& row : SummaryRows()) {
+        const auto found = paired_.find(row);
+        if (found == paired_.end()) continue;
+        std::map<std::string, double> v = found->second.values;
+        Print(out, "%-16s ", row.c_str());
+        PrintValue(out, v.count("off") > 0, v["off"], 9);
+        PrintValue(out, v.count("pass") > 0, v["pass"], 14);
+        PrintAdded(out, v.count("+pass") > 0, v["+pass"], kPassThroughTargetNs);
+        PrintValue(out, v.count("track") > 0, v["track"], 14);
+        PrintAdded(out, v.count("+track") > 0, v["+track"], kTrackingTargetNs);
         out << "\n";
       }
     }
@@ -293,7 +385,12 @@ class SummaryReporter : public benchmark::ConsoleReporter {
     }
   }
 
+  struct Paired {
+    std::map<std::string, double> values;
+  };
+
   std::map<std::string, std::map<std::string, Cell>> rows_;
+  std::map<std::string, Paired> paired_;
 };
 
 }  // namespace
