@@ -550,7 +550,7 @@ absl::Status Engine::Rematerialize(TensorId target) {
   Impl& m = *impl_;
   if (m.tensors[target].defined) return absl::OkStatus();
   if (StorageIndex s = m.tensors[target].storage; m.storages[s].paged) {
-    absl::StatusOr<bool> in = PageInStorage(s, false);
+    absl::StatusOr<bool> in = PageInStorage(s, /*prefetch=*/false, /*may_reclaim=*/true);
     if (!in.ok()) return in.status();
     if (m.storages[s].ready_at > stats_.clock) {  // the caller wants it on the device now
       stats_.stall_ns += m.storages[s].ready_at - stats_.clock;
@@ -618,7 +618,8 @@ absl::Status Engine::RunFramesFrom(std::size_t base) {
       while (f.next < f.list_end) {
         TensorId p = m.scratch[f.next];
         if (!m.tensors[p].defined && m.storages[m.tensors[p].storage].paged) {
-          absl::StatusOr<bool> in = PageInStorage(m.tensors[p].storage, false);  // pushes no frame: f stays valid
+          // Pushes no frame: f stays valid.
+          absl::StatusOr<bool> in = PageInStorage(m.tensors[p].storage, /*prefetch=*/false, /*may_reclaim=*/true);
           if (!in.ok()) return in.status();
         }
         if (!m.tensors[p].defined) {
@@ -838,10 +839,11 @@ std::int64_t Engine::TransferNs(std::int64_t bytes) const {
   return options_.paging.latency_ns + static_cast<std::int64_t>(std::ceil(ns));
 }
 
-std::int64_t Engine::IssueCopy(std::int64_t bytes) {
-  const std::int64_t start = std::max(stats_.clock, link_free_);
-  link_free_ = start + TransferNs(bytes);
-  return link_free_;
+std::int64_t Engine::IssueCopy(std::int64_t bytes, bool in, std::int64_t not_before) {
+  std::int64_t& free = in && options_.paging.duplex ? link_in_free_ : link_free_;
+  const std::int64_t start = std::max({stats_.clock, free, not_before});
+  free = start + TransferNs(bytes);
+  return free;
 }
 
 bool Engine::Paged(StorageIndex s) const { return impl_->storages[s].paged; }
@@ -858,7 +860,7 @@ bool Engine::PrefersPaging(StorageIndex s) const {
   std::int64_t neighbourhood = m.regions ? RegionCompute(s) : m.eq_classes ? EqClassCompute(s)
                                                                           : EvictedNeighbourCompute(s);
   const std::int64_t recompute = st.compute + neighbourhood;
-  const std::int64_t backlog = std::max<std::int64_t>(0, link_free_ - stats_.clock);
+  const std::int64_t backlog = std::max<std::int64_t>(0, std::max(link_free_, link_in_free_) - stats_.clock);
   const std::int64_t unhidden = backlog + 2 * TransferNs(st.size);
   return unhidden < recompute;
 }
@@ -883,7 +885,7 @@ absl::Status Engine::PageOutStorage(StorageIndex s) {
                         (st.constant ? options_.paging.page_constants && st.locks == 1 : st.locks == 0 && !st.pinned);
   if (!pageable) return absl::FailedPreconditionError(absl::StrCat("storage ", s, " cannot be paged out"));
   if (absl::Status x = executor_->PageOut(*this, s); !x.ok()) return x;
-  IssueCopy(st.size);
+  st.ready_at = IssueCopy(st.size, /*in=*/false, 0);  // when the host copy is complete
   st.material = false;  // the region state keeps its material bit: a paged storage bounds evicted regions
   st.paged = true;
   m.PoolRemove(s);
@@ -900,18 +902,19 @@ absl::Status Engine::PageOutStorage(StorageIndex s) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<bool> Engine::PageInStorage(StorageIndex s, bool prefetch) {
+absl::StatusOr<bool> Engine::PageInStorage(StorageIndex s, bool prefetch, bool may_reclaim) {
   Impl& m = *impl_;
   Impl::Storage& st = m.storages[s];
   if (!st.paged) return false;
   if (options_.mode == AccountingMode::kCounter) {
-    if (prefetch) {
+    if (!may_reclaim) {
       if (stats_.used_bytes + st.size > options_.budget) return false;
     } else if (absl::Status r = MakeRoomCounter(st.size, "page-in"); !r.ok()) {
+      if (prefetch && absl::IsResourceExhausted(r)) return false;
       return r;
     }
   }
-  no_reclaim_ = prefetch;
+  no_reclaim_ = !may_reclaim;
   NoteAllocation();
   absl::Status x = executor_->PageIn(*this, s);
   no_reclaim_ = false;
@@ -921,7 +924,7 @@ absl::StatusOr<bool> Engine::PageInStorage(StorageIndex s, bool prefetch) {
     if (prefetch) return false;
     return absl::ResourceExhaustedError(absl::StrCat(x.message(), " (paging in storage ", s, "); ", MemoryReport()));
   }
-  st.ready_at = IssueCopy(st.size);
+  st.ready_at = IssueCopy(st.size, /*in=*/true, st.ready_at);  // after its own page-out
   st.paged = false;
   st.material = true;
   for (TensorId t : st.tensors) m.tensors[t].defined = m.tensors[t].paged_defined;
@@ -953,7 +956,40 @@ void Engine::DropPagedCopy(StorageIndex s) {
 absl::StatusOr<bool> Engine::Prefetch(TensorId t) {
   Impl& m = *impl_;
   if (t >= m.tensors.size()) return absl::InvalidArgumentError(absl::StrCat("no tensor ", t));
-  return PageInStorage(m.tensors[t].storage, /*prefetch=*/true);
+  return PageInStorage(m.tensors[t].storage, /*prefetch=*/true, /*may_reclaim=*/false);
+}
+
+absl::StatusOr<int> Engine::PrefetchAhead(std::span<const TensorId> upcoming, bool make_room) {
+  Impl& m = *impl_;
+  pending_ = absl::OkStatus();
+  std::vector<StorageIndex> held;  // what the upcoming ops read and is resident: not a victim meanwhile
+  for (TensorId t : upcoming) {
+    if (t >= m.tensors.size()) return absl::InvalidArgumentError(absl::StrCat("no tensor ", t));
+    StorageIndex s = m.tensors[t].storage;
+    if (m.storages[s].material) {
+      m.Lock(s);
+      held.push_back(s);
+    }
+  }
+  int issued = 0;
+  absl::Status error;
+  for (TensorId t : upcoming) {
+    StorageIndex s = m.tensors[t].storage;
+    if (!m.storages[s].paged) continue;
+    absl::StatusOr<bool> in = PageInStorage(s, /*prefetch=*/true, /*may_reclaim=*/make_room);
+    if (!in.ok()) {
+      error = in.status();
+      break;
+    }
+    if (!*in) break;  // no room: the later ones are needed later still
+    ++issued;
+    m.Lock(s);
+    held.push_back(s);
+  }
+  for (StorageIndex s : held) m.Unlock(s);
+  pending_ = absl::OkStatus();
+  if (!error.ok()) return error;
+  return issued;
 }
 
 void Engine::WaitForInputs(OpId op) {

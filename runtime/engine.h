@@ -38,10 +38,12 @@
 //     reuse after the copy; that wait is not modelled) and never delays an op. A page-in is issued when an op (or a
 //     replay) needs a paged input, or earlier by Prefetch; an op starts at max(clock, ready time of its inputs'
 //     page-ins): the difference is transfer stall (EngineStats::stall_ns) and advances the clock. Nothing else
-//     waits for the link.
+//     waits for the link. With `paging.duplex` the two directions are independent links (a page-in still starts
+//     after its own page-out has ended).
 //   - Constants are never dropped. With `paging.page_constants` they may be paged, as a last resort: when the policy
 //     finds no victim, the least recently used constant that is held only by its pin is paged out.
 //   - Prefetch(t) pages t's storage in ahead of use, only into free memory (it never evicts), and marks it fresh.
+//     PrefetchAhead does it for a list of upcoming inputs and may, when asked, make room as an op would.
 //   - A paged storage whose last reference dies loses its host copy and becomes evicted (recomputable), as a
 //     resident one would; one that is recomputed (a sibling output of a replayed op) loses its host copy too.
 //
@@ -78,6 +80,9 @@ struct PagingOptions {
   std::int64_t latency_ns = 10'000;     // per copy: launch and synchronization, a few us on CUDA; 10 us is cautious
   std::int64_t host_budget = std::numeric_limits<std::int64_t>::max();
   bool page_constants = false;          // weights may leave the device (last resort)
+  // Two independent directions (PCIe is full duplex; V100 has separate copy engines each way): a page-in waits only
+  // for earlier page-ins and its own page-out, not for other page-outs. Off: one FIFO link, as in the contract.
+  bool duplex = false;
 };
 
 struct EngineOptions {
@@ -208,11 +213,16 @@ class Engine final : public PressureHandler, private StorageView {
   // Pages t's storage in ahead of use if it is paged and fits in free memory without evicting anything. Returns
   // whether a page-in was issued; an error only when the executor fails otherwise than for lack of memory.
   absl::StatusOr<bool> Prefetch(TensorId t);
+  // Prefetches the paged storages among `upcoming` (what the next ops will read, soonest first), stopping at the
+  // first that does not fit. Meanwhile the resident ones among `upcoming` and those just paged in are held (not
+  // victims). With `make_room`, a prefetch may reclaim other storages through the policy (drop or page out, as
+  // for an op's needs); without, only free memory is used. Returns the number of page-ins issued.
+  absl::StatusOr<int> PrefetchAhead(std::span<const TensorId> upcoming, bool make_room);
   // The drop-vs-page choice for victim s under the current mode, host budget and link state.
   bool PrefersPaging(StorageIndex s) const;
   // When paged-in storage s's bytes are (or were) on the device; 0 if never paged in.
   std::int64_t ReadyAt(StorageIndex s) const;
-  // When the link finishes the copies issued so far.
+  // When the link (duplex: its device-to-host direction) finishes the copies issued so far.
   std::int64_t LinkFreeAt() const { return link_free_; }
   // Link time of one copy of `bytes`: latency + bytes / bandwidth.
   std::int64_t TransferNs(std::int64_t bytes) const;
@@ -243,16 +253,16 @@ class Engine final : public PressureHandler, private StorageView {
   // Drops or pages out victim s as the offload mode says.
   absl::Status Reclaim(StorageIndex s);
   absl::Status PageOutStorage(StorageIndex s);
-  // Brings paged s back (allocating, which may reclaim others unless `prefetch`). With `prefetch`, lack of memory
-  // is not an error: returns false.
-  absl::StatusOr<bool> PageInStorage(StorageIndex s, bool prefetch);
+  // Brings paged s back; the allocation may reclaim other storages when `may_reclaim`. With `prefetch`, lack of
+  // memory is not an error (returns false), and s counts as a prefetch and is marked fresh.
+  absl::StatusOr<bool> PageInStorage(StorageIndex s, bool prefetch, bool may_reclaim);
   void DropPagedCopy(StorageIndex s);
   // Counter mode: reclaims until `bytes` more fit in the budget.
   absl::Status MakeRoomCounter(std::int64_t bytes, std::string_view what);
   // page_constants: pages the least recently used constant held only by its pin. False if none fits.
   bool PageLruConstant();
-  // Starts a copy on the link now; returns when it ends.
-  std::int64_t IssueCopy(std::int64_t bytes);
+  // Starts a copy (`in`: a page-in) no earlier than `not_before`, when its direction of the link is free.
+  std::int64_t IssueCopy(std::int64_t bytes, bool in, std::int64_t not_before);
   // Waits (advancing the clock, counting stall) until the inputs of `op` are on the device.
   void WaitForInputs(OpId op);
 
@@ -261,7 +271,8 @@ class Engine final : public PressureHandler, private StorageView {
   Executor* executor_;
   EngineStats stats_;
   bool pressure_sampled_ = false;
-  std::int64_t link_free_ = 0;
+  std::int64_t link_free_ = 0;     // the link (duplex: its device-to-host direction)
+  std::int64_t link_in_free_ = 0;  // duplex: the host-to-device direction
   bool no_reclaim_ = false;  // a prefetch is allocating: MakeRoom must not evict
   absl::Status pending_;     // an executor error met inside MakeRoom (which can only answer bool)
 };

@@ -47,8 +47,9 @@ ReplayResult Fail(ReplayResult r, ReplayStatus status, std::string message) {
 
 // Runs the trace through `engine`. Returns OK, or the engine's error (ResourceExhausted / Aborted / other).
 // With `prefetch_ops` > 0, before each op the paged inputs of the next prefetch_ops ops are prefetched (through
-// the names bound now; a name rebound in between only costs a useless prefetch).
-absl::Status Drive(const Trace& trace, Engine& engine, int prefetch_ops = 0) {
+// the names bound now; a name rebound in between only costs a useless prefetch); `prefetch_evicts`: see
+// ReplayOptions.
+absl::Status Drive(const Trace& trace, Engine& engine, int prefetch_ops = 0, bool prefetch_evicts = false) {
   std::vector<std::size_t> calls;  // indices of CALL and MUTATE instructions
   if (prefetch_ops > 0) {
     for (std::size_t i = 0; i < trace.ops.size(); ++i) {
@@ -73,17 +74,18 @@ absl::Status Drive(const Trace& trace, Engine& engine, int prefetch_ops = 0) {
     out = static_cast<TensorId>(bound[n]);
     return absl::OkStatus();
   };
+  std::vector<TensorId> upcoming;
   auto prefetch = [&]() -> absl::Status {
+    upcoming.clear();
     for (std::size_t k = next_call + 1; k < calls.size() && k <= next_call + static_cast<std::size_t>(prefetch_ops);
          ++k) {
       for (TraceName a : trace.ops[calls[k]].args) {
-        if (bound[a] < 0) continue;
-        absl::StatusOr<bool> issued = engine.Prefetch(static_cast<TensorId>(bound[a]));
-        if (!issued.ok()) return issued.status();
+        if (bound[a] >= 0) upcoming.push_back(static_cast<TensorId>(bound[a]));
       }
     }
     ++next_call;
-    return absl::OkStatus();
+    absl::StatusOr<int> issued = engine.PrefetchAhead(upcoming, prefetch_evicts);
+    return issued.status();
   };
   for (const TraceOp& op : trace.ops) {
     if (!calls.empty() && (op.kind == TraceOpKind::kCall || op.kind == TraceOpKind::kMutate)) {
@@ -241,11 +243,13 @@ ReplayResult Replayer::Run(const ReplayOptions& options) {
   eo.paging.latency_ns = options.link_latency_ns;
   if (options.host_budget_bytes > 0) eo.paging.host_budget = options.host_budget_bytes;
   eo.paging.page_constants = options.page_constants;
+  eo.paging.duplex = options.duplex_link;
   SimExecutor executor(arena.get(), options.cheap_tensor_partitioning);
   Engine engine(eo, &executor);
   if (arena) arena->SetPressureHandler(&engine);
   absl::Status status =
-      Drive(*impl_->trace, engine, options.offload == OffloadMode::kOff ? 0 : options.prefetch_ops);
+      Drive(*impl_->trace, engine, options.offload == OffloadMode::kOff ? 0 : options.prefetch_ops,
+            options.prefetch_evicts);
   if (arena) arena->SetPressureHandler(nullptr);
 
   const EngineStats& st = engine.stats();

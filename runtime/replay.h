@@ -25,7 +25,8 @@
 //     (default 12e9, the V100 <-> pinned host figure of Beaumont et al.) with `link_latency_ns` per copy (default
 //     10 us: a cudaMemcpyAsync launch plus event synchronisation costs a few us; 10 us is on the cautious side),
 //     a second tier of `host_budget_bytes` (0 = unlimited). Prefetch: before each op, the paged inputs of the next
-//     `prefetch_ops` ops of the trace (the future is known in a replay) are paged in if they fit in free memory.
+//     `prefetch_ops` ops of the trace (the future is known in a replay) are paged in, soonest first, while they fit
+//     in free memory (with `prefetch_evicts`, while room can be made as for an op, the window's own inputs held).
 //     With offload on, overhead = (op time including replays + transfer stall) / baseline compute; with offload
 //     off, nothing changes (stall is 0 and results are those of the engine without paging).
 //   - Runs are independent and deterministic (random policy: seeded by `seed`). A Replayer is not thread-safe;
@@ -69,6 +70,8 @@ struct ReplayOptions {
   std::int64_t host_budget_bytes = 0;  // 0 = unlimited
   bool page_constants = false;
   int prefetch_ops = 8;                // lookahead window in ops; 0 disables prefetch
+  bool prefetch_evicts = false;        // a prefetch may make room (through the policy) instead of using free memory
+  bool duplex_link = false;            // page-ins do not queue behind page-outs (PagingOptions::duplex)
 };
 
 struct ReplayResult {

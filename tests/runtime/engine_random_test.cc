@@ -128,9 +128,10 @@ class HashExecutor : public Executor {
 };
 
 // Builds and runs a random graph (deterministic in `seed`). Returns the engine's final status.
-// With `prefetch`, each op's inputs are prefetched first (a no-op unless they are paged and fit in free memory).
+// Prefetch before each op: 1 = Prefetch each input (free memory only), 2 = PrefetchAhead over the inputs, making
+// room if needed.
 absl::Status RunGraph(std::uint64_t seed, Engine& e, HashExecutor& ex, std::vector<TensorId>* live_out,
-                      bool prefetch = false) {
+                      int prefetch = 0) {
   std::mt19937_64 rng(seed);
   auto uniform = [&](int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng); };
   std::vector<TensorId> live;
@@ -146,10 +147,12 @@ absl::Status RunGraph(std::uint64_t seed, Engine& e, HashExecutor& ex, std::vect
     std::vector<OutputSpec> outs;
     for (int i = 0, n = uniform(1, 2); i < n; ++i) outs.push_back({uniform(1, 100), -1});
     if (uniform(0, 5) == 0) outs.push_back({0, 0});  // a view of the first input
-    if (prefetch) {
+    if (prefetch == 1) {
       for (TensorId t : in) {
         if (absl::StatusOr<bool> p = e.Prefetch(t); !p.ok()) return p.status();
       }
+    } else if (prefetch == 2) {
+      if (absl::StatusOr<int> p = e.PrefetchAhead(in, /*make_room=*/true); !p.ok()) return p.status();
     }
     absl::StatusOr<std::span<const TensorId>> r = e.Call(in, outs, uniform(1, 20), uniform(0, 3) == 0 ? "mm" : "add");
     if (!r.ok()) return r.status();
@@ -279,10 +282,11 @@ TEST(EngineRandomTest, PagingEveryPolicyEveryModeKeepsValuesAndBudgets) {
           o.paging.latency_ns = 2;
           o.paging.page_constants = (variant & 2) != 0;
           o.paging.host_budget = (variant & 4) != 0 ? peak / 4 : std::numeric_limits<std::int64_t>::max();
+          o.paging.duplex = seed % 3 == 0;
           ex.host_budget = o.paging.host_budget;
           Engine e(o, &ex);
           if (arena) arena->SetPressureHandler(&e);
-          absl::Status s = RunGraph(seed, e, ex, nullptr, /*prefetch=*/seed % 2 == 0);
+          absl::Status s = RunGraph(seed, e, ex, nullptr, /*prefetch=*/static_cast<int>(seed % 3));
           if (arena) arena->SetPressureHandler(nullptr);
           ++runs;
           EXPECT_TRUE(s.ok() || absl::IsResourceExhausted(s)) << name << " seed " << seed << ": " << s;

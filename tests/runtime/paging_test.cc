@@ -213,6 +213,22 @@ TEST(PagingTest, AnOpWaitsForItsPagedInputInFlight) {
   EXPECT_EQ(f.engine->stats().paged_in_bytes, 1000);
 }
 
+TEST(PagingTest, ADuplexLinkLetsAPageInPassQueuedPageOuts) {
+  for (bool duplex : {false, true}) {
+    PagingOptions p = Link(OffloadMode::kAuto, 1e9);
+    p.duplex = duplex;
+    Graph f("lru", 1'000'000, p);
+    TensorId a = f.Op("a", {}, 1000, 10), b = f.Op("b", {}, 1000, 10);
+    const std::int64_t t0 = f.engine->clock();
+    ASSERT_TRUE(f.engine->PageOut(f.engine->StorageOf(a)).ok());  // on the link [t0, t0 + 1000)
+    ASSERT_TRUE(f.engine->PageOut(f.engine->StorageOf(b)).ok());  // [t0 + 1000, t0 + 2000)
+    f.Op("use_a", {a}, 10, 1);
+    // One link: a's page-in queues behind b's page-out. Duplex: it only waits for a's own page-out.
+    EXPECT_EQ(f.engine->ReadyAt(f.engine->StorageOf(a)), duplex ? t0 + 2000 : t0 + 3000);
+    EXPECT_EQ(f.engine->stats().stall_ns, duplex ? 2000 : 3000);
+  }
+}
+
 // Eight weights, each read by one op of a chain that runs twice; between the iterations every weight is paged
 // out. In the second iteration each op waits for its weight, unless the weight of the next op (the order seen in
 // the first iteration) is prefetched while the current op computes.
@@ -256,6 +272,29 @@ TEST(PagingTest, PrefetchHidesTransfersOnARepeatingChain) {
   const std::int64_t without = ChainStall(false), with = ChainStall(true);
   EXPECT_EQ(without, 8 * 410);
   EXPECT_EQ(with, 410);  // only the first weight: its prefetch has nothing to overlap
+}
+
+TEST(PagingTest, PrefetchAheadUsesFreeMemoryOrMakesRoomWhenAsked) {
+  for (bool make_room : {false, true}) {
+    Graph f("lru", 3000, Link(OffloadMode::kAlways, 1e9));
+    TensorId a = f.Op("a", {}, 1000, 10), b = f.Op("b", {}, 1000, 10), c = f.Op("c", {}, 1000, 10);
+    ASSERT_TRUE(f.engine->PageOut(f.engine->StorageOf(a)).ok());
+    TensorId d = f.Op("d", {}, 1000, 10);  // memory full again: b, c, d
+    // The next ops read a (paged) and c (resident): a may come back only by making room, and c must stay.
+    std::vector<TensorId> upcoming = {a, c};
+    absl::StatusOr<int> issued = f.engine->PrefetchAhead(upcoming, make_room);
+    ASSERT_TRUE(issued.ok()) << issued.status();
+    EXPECT_EQ(*issued, make_room ? 1 : 0);
+    EXPECT_EQ(f.engine->Resident(f.engine->StorageOf(a)), make_room);
+    EXPECT_TRUE(f.engine->Resident(f.engine->StorageOf(c)));
+    if (make_room) {
+      EXPECT_FALSE(f.engine->Resident(f.engine->StorageOf(b)));  // the least recently used one that is not held
+      EXPECT_TRUE(f.engine->Paged(f.engine->StorageOf(b)));
+      EXPECT_EQ(f.engine->stats().prefetches, 1);
+    }
+    EXPECT_LE(f.engine->stats().used_bytes, 3000);
+    f.Op("use", {a, c, d}, 0, 1);  // every input resident, values checked by the executor
+  }
 }
 
 TEST(PagingTest, ConstantsArePagedOnlyWhenAllowedAndAsALastResort) {
