@@ -51,9 +51,20 @@ int Main(int argc, char** argv) {
   }
   const std::vector<double> ratios = {0.9, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3, 0.2, 0.1};
   const std::vector<std::string> policies = {"coop", "dtr-eq"};
-  const std::vector<OffloadMode> modes = {OffloadMode::kOff, OffloadMode::kAuto};
-  // results[trace][policy][mode][ratio index]
-  std::map<std::string, std::map<std::string, std::map<OffloadMode, std::vector<ReplayResult>>>> results;
+  // Rows: offload off; auto with prefetch into free memory only (the default); auto whose prefetch may make room.
+  // Last row: the two directions of the link independent (page-ins do not queue behind page-outs).
+  struct Mode {
+    std::string label;
+    OffloadMode offload;
+    bool prefetch_evicts;
+    bool duplex;
+  };
+  const std::vector<Mode> modes = {{"off", OffloadMode::kOff, false, false},
+                                   {"auto", OffloadMode::kAuto, false, false},
+                                   {"auto, prefetch evicts", OffloadMode::kAuto, true, false},
+                                   {"auto, duplex link", OffloadMode::kAuto, false, true}};
+  // results[trace][policy][mode index][ratio index]
+  std::map<std::string, std::map<std::string, std::map<std::size_t, std::vector<ReplayResult>>>> results;
   for (const std::string& file : files) {
     absl::StatusOr<Trace> trace = ReadTrace(file);
     if (!trace.ok()) {
@@ -67,19 +78,22 @@ int Main(int argc, char** argv) {
     }
     const std::string name = ShortName(file);
     for (const std::string& policy : policies) {
-      for (OffloadMode mode : modes) {
+      for (std::size_t mi = 0; mi < modes.size(); ++mi) {
+        const Mode& mode = modes[mi];
         for (double ratio : ratios) {
           ReplayOptions o;
           o.policy = policy;
           o.mode = AccountingMode::kArena;
           o.budget_ratio = ratio;
-          o.offload = mode;
+          o.offload = mode.offload;
+          o.prefetch_evicts = mode.prefetch_evicts;
+          o.duplex_link = mode.duplex;
           o.bandwidth_bytes_per_s = bandwidth;
           ReplayResult r = (*replayer)->Run(o);
           std::fprintf(stderr, "%s %s %s %.1f: %s %.3f (%.2f s)\n", name.c_str(), policy.c_str(),
-                       std::string(OffloadModeName(mode)).c_str(), ratio, std::string(ToString(r.status)).c_str(),
+                       mode.label.c_str(), ratio, std::string(ToString(r.status)).c_str(),
                        r.overhead, static_cast<double>(r.wall_time_ns) / 1e9);
-          results[name][policy][mode].push_back(r);
+          results[name][policy][mi].push_back(r);
         }
       }
     }
@@ -97,7 +111,7 @@ int Main(int argc, char** argv) {
   for (const auto& [trace, by_policy] : results) {
     for (const auto& [policy, by_mode] : by_policy) {
       for (const auto& [mode, row] : by_mode) {
-        std::printf("| %s | %s | %s |", trace.c_str(), policy.c_str(), std::string(OffloadModeName(mode)).c_str());
+        std::printf("| %s | %s | %s |", trace.c_str(), policy.c_str(), modes[mode].label.c_str());
         double lowest = 0;
         for (std::size_t i = 0; i < row.size(); ++i) {
           std::printf(" %s |", OverheadCell(row[i]).c_str());
@@ -115,8 +129,8 @@ int Main(int argc, char** argv) {
   std::printf("|---|---|---|---|---|---|---|---|---|---|---|---|\n");
   for (const auto& [trace, by_policy] : results) {
     for (const auto& [policy, by_mode] : by_policy) {
-      const std::vector<ReplayResult>& off = by_mode.at(OffloadMode::kOff);
-      const std::vector<ReplayResult>& on = by_mode.at(OffloadMode::kAuto);
+      const std::vector<ReplayResult>& off = by_mode.at(0);
+      const std::vector<ReplayResult>& on = by_mode.at(1);
       for (std::size_t i = 0; i < ratios.size(); ++i) {
         if (ratios[i] != 0.7 && ratios[i] != 0.5 && ratios[i] != 0.3) continue;
         const ReplayResult& a = on[i];
