@@ -1,8 +1,9 @@
 // Paging table (issue 7): replays every trace of a directory (the DTR prototype's logs) in arena mode with `coop`
-// and `dtr-eq`, offload off and auto, at budgets 0.9 .. 0.1 of the unconstrained peak, through Replayer (the same
-// engine the product runs), and prints markdown: overhead per ratio and the lowest feasible ratio, then the paging
-// counters at a few ratios. Link: 12 GB/s, 10 us per copy, unlimited host budget, prefetch lookahead 8 ops;
-// thrash limit 2x and simrd_compat as remat-sim's defaults. Progress goes to stderr.
+// and `dtr-eq` at budgets 0.9 .. 0.1 of the unconstrained peak, through Replayer (the same engine the product
+// runs), with offload off, auto (the defaults: one FIFO link, prefetch into free memory), auto whose prefetch may
+// make room, and auto over a duplex link; prints markdown: overhead per ratio and the lowest feasible ratio, then
+// the paging counters of plain auto at 0.7/0.5/0.3. Link: 12 GB/s, 10 us per copy, unlimited host budget, prefetch
+// lookahead 8 ops; thrash limit 2x (stall included) and simrd_compat as remat-sim's defaults. Progress: stderr.
 //
 //   paging_table [traces dir] [bandwidth bytes/s]
 #include <algorithm>
