@@ -1,0 +1,401 @@
+// EngineBridge: see engine_bridge.h for the contract.
+#include "integration/engine_bridge.h"
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <ATen/core/List.h>
+#include <c10/util/Exception.h>
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/container/flat_hash_set.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "integration/cpu_allocator.h"
+#include "integration/storage_eviction.h"
+#include "policies/registry.h"
+
+namespace remat::integration {
+namespace {
+
+[[noreturn]] void Throw(const absl::Status& status) {
+  if (absl::IsResourceExhausted(status)) {
+    TORCH_CHECK_WITH(OutOfMemoryError, false, "remat: ", std::string(status.message()));
+  }
+  TORCH_CHECK(false, "remat: ", std::string(status.message()));
+  __builtin_unreachable();
+}
+
+// Ops whose output holds whatever the memory held: replaying them cannot reproduce bytes written later by code
+// the hook does not see (torch.tensor(data), numpy copies).
+bool Uninitialized(const std::string& name) {
+  return absl::StartsWith(name, "aten::empty") || absl::StartsWith(name, "aten::new_empty") ||
+         absl::StartsWith(name, "aten::_empty") || absl::StartsWith(name, "aten::set_") ||
+         absl::StartsWith(name, "aten::resize");
+}
+
+template <typename Visit>
+void ForEachTensor(const c10::IValue& value, Visit&& visit) {
+  if (value.isTensor()) {
+    visit(value.toTensor());
+  } else if (value.isTensorList()) {
+    for (const at::Tensor& t : value.toTensorList()) visit(t);
+  } else if (value.isList()) {
+    for (const c10::IValue& e : value.toList()) ForEachTensor(e, visit);
+  }
+}
+
+at::mt19937_data_pod DefaultCpuRngState() {
+  at::Generator generator = at::detail::getDefaultCPUGenerator();
+  std::lock_guard<std::mutex> lock(generator.mutex());
+  return generator.get<at::CPUGeneratorImpl>()->engine().data();
+}
+
+bool SameRngState(const at::mt19937_data_pod& a, const at::mt19937_data_pod& b) {
+  return a.seed_ == b.seed_ && a.left_ == b.left_ && a.next_ == b.next_ && a.state_ == b.state_;
+}
+
+std::uintptr_t AddressOf(c10::StorageImpl& impl) {
+  return reinterpret_cast<std::uintptr_t>(impl._mutable_data_ptr_no_checks().get());
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<EngineBridge>> EngineBridge::Create(const BridgeOptions& options) {
+  absl::StatusOr<std::unique_ptr<Policy>> policy = MakePolicy(options.policy);
+  if (!policy.ok()) return policy.status();
+  if (options.budget == 0) return absl::InvalidArgumentError("remat: the budget must be > 0 bytes");
+  return std::unique_ptr<EngineBridge>(new EngineBridge(options, std::move(*policy)));
+}
+
+EngineBridge::EngineBridge(const BridgeOptions& options, std::unique_ptr<Policy> policy)
+    : options_(options), policy_(std::move(policy)) {
+  EngineOptions engine_options;
+  engine_options.mode = AccountingMode::kArena;
+  engine_options.budget = static_cast<std::int64_t>(options.budget);
+  engine_options.policy = policy_.get();
+  engine_options.arena = options.arena;
+  engine_options.free_released_constants = true;  // we free a dead constant's memory ourselves (Sweep)
+  engine_options.free_dead = true;
+  executor_.SetArena(options.arena);
+  engine_ = std::make_unique<Engine>(engine_options, &executor_);
+}
+
+EngineBridge::~EngineBridge() {
+  executor_.Clear();
+  engine_.reset();
+}
+
+void EngineBridge::Unlock() { mutex_.unlock(); }
+
+EngineBridge::Entry& EngineBridge::EntryFor(c10::StorageImpl* impl) {
+  auto it = entries_.find(impl);
+  if (it != entries_.end()) return it->second;
+  // Made outside remat's view (before enable, numpy, from_blob, another thread): a constant.
+  const std::int64_t nbytes = impl->sym_nbytes().is_heap_allocated() ? 0 : static_cast<std::int64_t>(impl->nbytes());
+  const std::uintptr_t address = AllocatedByRematArena(impl->_mutable_data_ptr_no_checks()) ? AddressOf(*impl) : 0;
+  const TensorId t = engine_->AdoptConstant(nbytes, address, "constant");
+  auto strong = c10::intrusive_ptr<c10::StorageImpl>::reclaim_copy(impl);
+  Entry entry;
+  entry.weak = c10::weak_intrusive_ptr<c10::StorageImpl>(strong);
+  entry.root = t;
+  entry.pinned = true;
+  executor_.SetHome(engine_->StorageOf(t), strong);
+  owner_[engine_->StorageOf(t)] = impl;
+  ++stats_.constants;
+  live_.push_back(impl);
+  return entries_.emplace(impl, std::move(entry)).first->second;
+}
+
+void EngineBridge::PinEntry(Entry& entry) {
+  if (entry.pinned) return;
+  if (!engine_->Defined(entry.root)) {
+    if (absl::Status status = engine_->Rematerialize(entry.root); !status.ok()) Throw(status);
+  }
+  engine_->Pin(entry.root);
+  entry.pinned = true;
+  if (c10::intrusive_ptr<c10::StorageImpl> impl = entry.weak.lock()) {
+    executor_.SetOwner(AddressOf(*impl), engine_->StorageOf(entry.root), /*evictable=*/false);
+  }
+}
+
+// Pins every live storage whose replay could read constant `start` (directly, or through storages no user holds
+// any more): `start` is about to change or go away.
+void EngineBridge::PinDependents(StorageIndex start) {
+  ++stats_.generations;
+  std::vector<StorageIndex> work = {start};
+  absl::flat_hash_set<StorageIndex> seen = {start};
+  while (!work.empty()) {
+    const StorageIndex s = work.back();
+    work.pop_back();
+    auto readers = readers_.find(s);
+    if (readers == readers_.end()) continue;
+    for (const OpId op : readers->second) {
+      const ReplayOp* replay = executor_.Op(op);
+      if (replay == nullptr) continue;
+      auto visit = [&](StorageIndex o) {
+        if (o == kNoIndex || !seen.insert(o).second) return;
+        auto owner = owner_.find(o);
+        if (owner != owner_.end()) {
+          Entry& entry = entries_.at(owner->second);
+          if (!entry.released) {
+            PinEntry(entry);  // resident from now on: what is computed from it replays from it
+            return;
+          }
+        }
+        work.push_back(o);
+      };
+      for (const StorageIndex o : replay->output_storage) visit(o);
+      for (const auto& [k, o] : replay->in_place) visit(o);
+    }
+  }
+}
+
+void EngineBridge::Sweep(const OpRecord& record) {
+  std::size_t kept = 0;
+  for (std::size_t i = 0; i < live_.size(); ++i) {
+    const c10::StorageImpl* key = live_[i];
+    Entry& entry = entries_.at(key);
+    if (entry.released) continue;
+    if (static_cast<std::int64_t>(entry.weak.use_count()) > entry.record_refs) {
+      live_[kept++] = key;
+      continue;
+    }
+    entry.released = true;
+    ++stats_.released;
+    if (entry.pinned) {
+      // A constant goes away. If a record may read it in a replay, nothing live may need such a replay.
+      if (entry.record_refs > 0) PinDependents(engine_->StorageOf(entry.root));
+      engine_->Release(entry.root);
+      if (c10::intrusive_ptr<c10::StorageImpl> impl = entry.weak.lock()) {
+        if (!IsEvicted(*impl) && impl->nbytes() > 0 && AddressOf(*impl) != 0) (void)EvictStorage(*impl);
+      }
+    } else {
+      engine_->Release(entry.root);  // evicts it now; it stays recomputable
+    }
+  }
+  live_.resize(kept);
+}
+
+void EngineBridge::CountRecordRefs(const OpRecord& record) {
+  auto count = [&](const c10::StorageImpl* impl) {
+    auto it = entries_.find(impl);
+    if (it != entries_.end()) ++it->second.record_refs;
+  };
+  for (const auto& storage : record.input_storages) count(storage.get());
+  for (const c10::IValue& value : record.arguments) {
+    ForEachTensor(value, [&](const at::Tensor& t) {
+      if (t.defined() && t.has_storage()) count(t.storage().unsafeGetStorageImpl());
+    });
+  }
+}
+
+void EngineBridge::BeforeOp(OpRecord& record) {
+  mutex_.lock();
+  try {
+    if (options_.next != nullptr) options_.next->BeforeOp(record);
+    engine_->NoteAllocation();
+    Sweep(record);
+    const OpTraits& traits = *record.traits;
+    const std::size_t n = record.input_storages.size();
+    current_.inputs.assign(n, kNoIndex);
+    current_.written.assign(n, false);
+    current_.written_returned.assign(n, false);
+    for (const int a : traits.written_arguments) {
+      const bool returned =
+          std::find(traits.return_aliases.begin(), traits.return_aliases.end(), a) != traits.return_aliases.end();
+      ForEachTensor(record.arguments[a], [&](const at::Tensor& t) {
+        if (!t.defined() || !t.has_storage()) return;
+        for (std::size_t k = 0; k < n; ++k) {
+          if (record.input_storages[k].get() != t.storage().unsafeGetStorageImpl()) continue;
+          current_.written[k] = true;
+          current_.written_returned[k] = current_.written_returned[k] || returned;
+        }
+      });
+    }
+    std::vector<StorageIndex> overwritten;  // constants this op writes
+    std::vector<TensorId> engine_inputs;
+    engine_inputs.reserve(n);
+    for (std::size_t k = 0; k < n; ++k) {
+      Entry& entry = EntryFor(record.input_storages[k].get());
+      if (current_.written[k] && !current_.written_returned[k]) {
+        PinEntry(entry);  // written on the side (running stats): a constant, replayed on a copy
+        continue;
+      }
+      if (current_.written[k] && entry.pinned) overwritten.push_back(engine_->StorageOf(entry.root));
+    }
+    for (const StorageIndex s : overwritten) PinDependents(s);
+    for (std::size_t k = 0; k < n; ++k) {
+      if (current_.written[k] && !current_.written_returned[k]) continue;
+      current_.inputs[k] = entries_.at(record.input_storages[k].get()).root;
+      engine_inputs.push_back(current_.inputs[k]);
+    }
+    current_.check_rng = !traits.random && record.replayable;
+    if (current_.check_rng) current_.rng_before = DefaultCpuRngState();
+    absl::StatusOr<OpId> op = engine_->BeginOp(engine_inputs, traits.name);
+    if (!op.ok()) Throw(op.status());
+    current_.op = *op;
+    current_.active = true;
+    if (policy_->UsesWindows()) {
+      SetCpuPlacementForThisThread(engine_->OpCostly(*op) ? Placement::kLow : Placement::kHigh);
+    }
+  } catch (...) {
+    current_.active = false;
+    Unlock();
+    throw;
+  }
+}
+
+void EngineBridge::AfterOp(OpRecord&& record) {
+  struct Release {
+    EngineBridge* self;
+    ~Release() { self->Unlock(); }
+  } release{this};
+  if (options_.next != nullptr) {
+    OpRecord copy = record;
+    options_.next->AfterOp(std::move(copy));
+  }
+  if (!current_.active) return;
+  current_.active = false;
+  if (policy_->UsesWindows()) SetCpuPlacementForThisThread(Placement::kLow);
+  ++stats_.ops;
+  const OpTraits& traits = *record.traits;
+  const std::size_t n = record.input_storages.size();
+  std::vector<int> engine_position(n, -1);
+  for (std::size_t k = 0, p = 0; k < n; ++k) {
+    if (current_.inputs[k] != kNoIndex) engine_position[k] = static_cast<int>(p++);
+  }
+  std::vector<OutputSpec> specs;
+  std::vector<int> spec_output;  // index into record.outputs, or -1 - k for an in-place write of input k
+  std::vector<c10::intrusive_ptr<c10::StorageImpl>> spec_impl;
+  for (std::size_t i = 0; i < record.outputs.size(); ++i) {
+    const CapturedOutput& out = record.outputs[i];
+    if (out.input_storage >= 0) continue;  // a view of an input (or an input written in place: below)
+    c10::intrusive_ptr<c10::StorageImpl> impl = out.storage.lock();
+    if (!impl || entries_.contains(impl.get())) continue;
+    bool seen = false;
+    for (const auto& s : spec_impl) seen = seen || s.get() == impl.get();
+    if (seen) continue;  // a second view of a fresh storage
+    OutputSpec spec;
+    spec.bytes = static_cast<std::int64_t>(out.storage_nbytes);
+    spec.address = AddressOf(*impl);
+    specs.push_back(spec);
+    spec_output.push_back(static_cast<int>(i));
+    spec_impl.push_back(std::move(impl));
+  }
+  for (std::size_t k = 0; k < n; ++k) {
+    if (!current_.written_returned[k] || engine_position[k] < 0) continue;
+    OutputSpec spec;
+    spec.in_place_of = engine_position[k];
+    specs.push_back(spec);
+    spec_output.push_back(-1 - static_cast<int>(k));
+    spec_impl.push_back(record.input_storages[k]);
+  }
+  const std::int64_t cost = std::max<std::int64_t>(1, static_cast<std::int64_t>(record.duration_ns));
+  absl::StatusOr<std::span<const TensorId>> outs = engine_->EndOp(current_.op, specs, cost);
+  if (!outs.ok()) Throw(outs.status());
+  const std::vector<TensorId> out_tensors(outs->begin(), outs->end());
+  const bool replayable = record.replayable && !Uninitialized(traits.name) &&
+                          !(current_.check_rng && !SameRngState(current_.rng_before, DefaultCpuRngState()));
+  auto replay = std::make_unique<ReplayOp>(OpRecord(record.op, traits));
+  replay->output_storage.assign(record.outputs.size(), kNoIndex);
+  bool keep = false;
+  for (std::size_t j = 0; j < specs.size(); ++j) {
+    const TensorId t = out_tensors[j];
+    const StorageIndex s = engine_->StorageOf(t);
+    const c10::intrusive_ptr<c10::StorageImpl>& impl = spec_impl[j];
+    if (spec_output[j] >= 0) {  // a fresh storage
+      Entry entry;
+      entry.weak = c10::weak_intrusive_ptr<c10::StorageImpl>(impl);
+      entry.root = t;
+      executor_.SetHome(s, impl);
+      if (replayable && EvictableMemory(*impl)) {
+        executor_.SetOwner(AddressOf(*impl), s, /*evictable=*/true);
+        replay->output_storage[spec_output[j]] = s;
+        keep = true;
+      } else {
+        engine_->Pin(t);
+        entry.pinned = true;
+        ++stats_.pinned_outputs;
+      }
+      entries_.emplace(impl.get(), std::move(entry));
+      owner_[s] = impl.get();
+      live_.push_back(impl.get());
+      continue;
+    }
+    // An in-place write of input k: the StorageImpl now holds the new version t; the old one has no home.
+    const int k = -1 - spec_output[j];
+    Entry& entry = entries_.at(impl.get());
+    const TensorId old = entry.root;
+    executor_.ClearHome(engine_->StorageOf(old));
+    owner_.erase(engine_->StorageOf(old));
+    engine_->Release(old);
+    entry.root = t;
+    owner_[s] = impl.get();
+    executor_.SetHome(s, impl);
+    if (entry.pinned) continue;  // a constant written in place stays a constant (the engine pinned it)
+    if (replayable && EvictableMemory(*impl)) {
+      executor_.SetOwner(AddressOf(*impl), s, /*evictable=*/true);
+      replay->in_place.emplace_back(k, s);
+      keep = true;
+    } else {
+      engine_->Pin(t);
+      entry.pinned = true;
+      executor_.SetOwner(AddressOf(*impl), s, /*evictable=*/false);
+    }
+  }
+  if (!keep) return;
+  replay->inputs = current_.inputs;
+  replay->written = current_.written;
+  for (const TensorId t : current_.inputs) {
+    if (t != kNoIndex) readers_[engine_->StorageOf(t)].push_back(current_.op);
+  }
+  CountRecordRefs(record);
+  replay->record = std::move(record);
+  executor_.AddOp(current_.op, std::move(replay));
+}
+
+void EngineBridge::OpFailed(OpRecord& record) noexcept {
+  if (current_.active) {
+    engine_->AbortOp(current_.op);
+    current_.active = false;
+  }
+  if (policy_->UsesWindows()) SetCpuPlacementForThisThread(Placement::kLow);
+  if (options_.next != nullptr) options_.next->OpFailed(record);
+  Unlock();
+}
+
+bool EngineBridge::MakeRoom(Arena& arena, std::size_t bytes) {
+  std::unique_lock<std::recursive_mutex> lock(mutex_, std::try_to_lock);
+  if (!lock.owns_lock()) return false;  // another thread is inside an op; see the header
+  return engine_->MakeRoom(arena, bytes);
+}
+
+absl::Status EngineBridge::MaterializeLive() {
+  std::lock_guard<std::recursive_mutex> lock(mutex_);
+  absl::Status result = absl::OkStatus();
+  for (const c10::StorageImpl* key : live_) {
+    Entry& entry = entries_.at(key);
+    if (entry.released || entry.pinned) continue;
+    // Pinned as it comes back, so that bringing back the next one cannot evict it again.
+    if (!engine_->Defined(entry.root)) {
+      if (absl::Status status = engine_->Rematerialize(entry.root); !status.ok()) {
+        if (result.ok()) result = status;
+        continue;
+      }
+    }
+    engine_->Pin(entry.root);
+    entry.pinned = true;
+  }
+  return result;
+}
+
+BridgeStats EngineBridge::Stats() {
+  std::lock_guard<std::recursive_mutex> lock(mutex_);
+  BridgeStats stats = stats_;
+  stats.engine = engine_->stats();
+  stats.executor = executor_.stats();
+  return stats;
+}
+
+}  // namespace remat::integration

@@ -1,0 +1,132 @@
+// EngineBridge: the dispatch hook's observer that drives the engine (runtime/engine.h) with the ops PyTorch runs,
+// and the CPU arena's pressure handler (DESIGN.md, "PyTorch integration"; integration/README.md, "How the engine
+// plugs in").
+//
+// Storages. Every c10::StorageImpl an op reads or produces maps to the engine tensor of its current version:
+//   - produced by a recorded op (fresh memory from the remat arena, replayable op, not an uninitialized factory
+//     such as aten::empty): evictable;
+//   - anything else (outputs of ops that drew random numbers the hook did not capture, parameters and inputs made before enable, numpy/from_blob memory, outputs of non-replayable
+//     or uninitializing ops, zero-byte storages): a constant (AdoptConstant, or the op's output pinned), never
+//     evicted.
+// Views share their base's engine storage (a pure view op does not reach the engine).
+//
+// Per op: BeforeOp sweeps for storages whose last user reference died, maps the inputs, and calls BeginOp
+// (rematerializes evicted inputs and locks them); the kernel runs; AfterOp calls EndOp with the fresh outputs
+// (bytes, address) and the in-place writes (OutputSpec::in_place_of), keeps the record for replays if some output
+// is evictable, and sets arena owners (storage + 1) for window policies. OpFailed calls AbortOp.
+//
+// Last references. The records keep strong references to the StorageImpls they read (so that replays can restore
+// into them), so a storage's death is observed as "its use count is no more than the references remat's records
+// hold". BeforeOp checks every live storage (O(live storages) per op) and Releases those in the engine: an
+// evictable storage is evicted at once (still recomputable); a constant's memory is freed.
+//
+// Writes to constants (optimizer steps, zero_ of a gradient, fills of an aten::empty result): a replay after the
+// write would read the new value. So before such a write every live storage whose replay could read the old value
+// (directly or through storages nobody holds any more, following the kept records) is made resident
+// (rematerialized if needed) and pinned; likewise before a constant that records still read is freed (a saved
+// intermediate of a composite op, such as dropout's mask, when autograd lets it go).
+// Constants an op writes without returning them (batch norm's running_mean/running_var) are not engine inputs;
+// replays write a private copy of their current value (in training mode the outputs do not depend on them).
+//
+// Threads: one recursive mutex, held from BeforeOp to AfterOp/OpFailed, serializes ops of every thread
+// (autograd's engine threads included). MakeRoom from the thread that holds it (a kernel's allocation, a replay)
+// goes ahead; from another thread that cannot get the mutex at once it gives up (that allocation fails with
+// torch.OutOfMemoryError) instead of risking a deadlock with an intra-op worker the holder waits for.
+#pragma once
+
+#include <ATen/core/MT19937RNGEngine.h>
+#include <c10/core/StorageImpl.h>
+#include <c10/util/intrusive_ptr.h>
+
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/statusor.h"
+#include "allocator/arena.h"
+#include "integration/dispatch_hook.h"
+#include "integration/torch_executor.h"
+#include "policies/policy.h"
+#include "runtime/engine.h"
+
+namespace remat::integration {
+
+struct BridgeOptions {
+  std::size_t budget = 0;
+  std::string policy = "dtr-eq";  // a name from policies/registry.h
+  Arena* arena = nullptr;         // the installed CPU arena (InstalledCpuArena())
+  OpObserver* next = nullptr;     // also told about every op (the session's tracker: counts, traces)
+};
+
+struct BridgeStats {
+  EngineStats engine;
+  ExecutorStats executor;
+  std::int64_t ops = 0;             // ops given to the engine
+  std::int64_t constants = 0;       // storages adopted as constants
+  std::int64_t pinned_outputs = 0;  // outputs made constants (not replayable, not arena memory, ...)
+  std::int64_t generations = 0;     // constants overwritten or freed while records read them
+  std::int64_t released = 0;        // storages whose last user reference died
+};
+
+class EngineBridge final : public OpObserver, public PressureHandler {
+ public:
+  // InvalidArgument for an unknown policy (the message lists the registered ones).
+  static absl::StatusOr<std::unique_ptr<EngineBridge>> Create(const BridgeOptions& options);
+  ~EngineBridge() override;
+
+  void BeforeOp(OpRecord& record) override;
+  void AfterOp(OpRecord&& record) override;
+  void OpFailed(OpRecord& record) noexcept override;
+  bool MakeRoom(Arena& arena, std::size_t bytes) override;
+
+  // Makes every live storage resident again (before remat is switched off: user tensors must keep their data).
+  // Allocations then come from whatever allocator is installed.
+  absl::Status MaterializeLive();
+  BridgeStats Stats();
+
+ private:
+  struct Entry {
+    c10::weak_intrusive_ptr<c10::StorageImpl> weak{c10::intrusive_ptr<c10::StorageImpl>()};
+    TensorId root = 0;           // engine tensor of the current version
+    std::int64_t record_refs = 0;  // strong references our records hold
+    bool pinned = false;
+    bool released = false;
+  };
+  struct InFlight {
+    bool active = false;
+    OpId op = 0;
+    std::vector<TensorId> inputs;  // per record.input_storages, kNoIndex when not an engine input
+    std::vector<bool> written;
+    std::vector<bool> written_returned;
+    // Ops not known to be random: the default CPU generator's state before the op. If the op moved it (a
+    // composite such as aten::lstm with dropout), a replay would not reproduce it: its outputs become constants.
+    bool check_rng = false;
+    at::mt19937_data_pod rng_before{};
+  };
+
+  EngineBridge(const BridgeOptions& options, std::unique_ptr<Policy> policy);
+  Entry& EntryFor(c10::StorageImpl* impl);
+  void Sweep(const OpRecord& record);
+  void PinDependents(StorageIndex start);
+  void PinEntry(Entry& entry);
+  void CountRecordRefs(const OpRecord& record);
+  void Unlock();
+
+  BridgeOptions options_;
+  std::unique_ptr<Policy> policy_;
+  TorchExecutor executor_;
+  std::unique_ptr<Engine> engine_;
+  std::recursive_mutex mutex_;
+  absl::flat_hash_map<const c10::StorageImpl*, Entry> entries_;
+  std::vector<const c10::StorageImpl*> live_;  // entries not released
+  absl::flat_hash_map<StorageIndex, const c10::StorageImpl*> owner_;  // engine storage -> entry whose version it is
+  absl::flat_hash_map<StorageIndex, std::vector<OpId>> readers_;      // engine storage -> kept records reading it
+  InFlight current_;
+  BridgeStats stats_;
+};
+
+}  // namespace remat::integration

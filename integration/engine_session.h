@@ -1,0 +1,46 @@
+// Engine session: remat switched on with the engine behind it (evict and rematerialize under the budget).
+//
+// EnableRematEngine does what EnableRemat (session.h) does (the CPU arena with the budget as a hard limit, the
+// dispatch hook on for the calling thread) and puts an EngineBridge (engine_bridge.h) between the hook and the
+// session's tracker: the bridge drives the engine with every op, is the arena's pressure handler, and tells the
+// tracker about every op (so remat.stats() op counts and remat.record() traces keep working).
+//
+// DisableRematEngine switches remat off as DisableRemat does, then makes every storage a user still holds resident
+// again (from torch's own allocator: together they may exceed the budget), and destroys the engine. If a storage
+// cannot be brought back the error is returned (remat is off anyway) and reading that tensor raises a clear error.
+// The engine's statistics stay readable until the next enable.
+//
+// Enable/Disable are serialized by a mutex; enabling twice is AlreadyExists.
+#pragma once
+
+#include <cstddef>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "integration/engine_bridge.h"
+
+namespace remat::integration {
+
+struct EngineSessionOptions {
+  std::size_t budget = 0;         // bytes; > 0
+  std::string policy = "dtr-eq";  // a registered policy (PolicyNames())
+};
+
+absl::Status EnableRematEngine(const EngineSessionOptions& options);
+absl::Status DisableRematEngine();
+bool RematEngineEnabled();
+// Of the current engine, else of the last one; NotFound before the first EnableRematEngine.
+absl::StatusOr<BridgeStats> GetEngineStats();
+
+// Enables remat with the engine for its lifetime (LibTorch programs); throws c10::Error when that fails.
+class EngineGuard {
+ public:
+  explicit EngineGuard(const EngineSessionOptions& options);
+  ~EngineGuard();
+  EngineGuard(const EngineGuard&) = delete;
+  EngineGuard& operator=(const EngineGuard&) = delete;
+};
+
+}  // namespace remat::integration

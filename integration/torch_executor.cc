@@ -1,0 +1,252 @@
+// TorchExecutor: see torch_executor.h for the contract.
+#include "integration/torch_executor.h"
+
+#include <ATen/core/List.h>
+#include <c10/core/CPUAllocator.h>
+#include <c10/core/TensorImpl.h>
+#include <c10/util/Exception.h>
+
+#include <chrono>
+#include <cstring>
+#include <exception>
+#include <utility>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/strings/str_cat.h"
+#include "integration/cpu_allocator.h"
+#include "integration/storage_eviction.h"
+
+namespace remat::integration {
+namespace {
+
+std::int64_t NowNs() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+using Substitutions = absl::flat_hash_map<const c10::StorageImpl*, c10::intrusive_ptr<c10::StorageImpl>>;
+
+void Substitute(const at::Tensor& tensor, const Substitutions& subst) {
+  if (!tensor.defined() || !tensor.has_storage()) return;
+  auto it = subst.find(tensor.storage().unsafeGetStorageImpl());
+  if (it == subst.end() || it->second.get() == tensor.storage().unsafeGetStorageImpl()) return;
+  tensor.unsafeGetTensorImpl()->set_storage_keep_dtype(c10::Storage(it->second));
+}
+
+void SubstituteValue(const c10::IValue& value, const Substitutions& subst) {
+  if (value.isTensor()) {
+    Substitute(value.toTensor(), subst);
+  } else if (value.isTensorList()) {
+    for (const at::Tensor& tensor : value.toTensorList()) Substitute(tensor, subst);
+  } else if (value.isList()) {
+    for (const c10::IValue& element : value.toList()) SubstituteValue(element, subst);
+  }
+}
+
+// The op's returned tensors with a strided storage, in the order CaptureOutputs records them.
+std::vector<at::Tensor> ReturnedTensors(const c10::Stack& stack, std::size_t num_returns) {
+  std::vector<at::Tensor> out;
+  const std::size_t first = stack.size() - num_returns;
+  auto add = [&](const at::Tensor& t) {
+    if (t.defined() && t.has_storage() && t.layout() == c10::kStrided) out.push_back(t);
+  };
+  for (std::size_t r = 0; r < num_returns; ++r) {
+    const c10::IValue& value = stack[first + r];
+    if (value.isTensor()) {
+      add(value.toTensor());
+    } else if (value.isTensorList()) {
+      for (const at::Tensor& t : value.toTensorList()) add(t);
+    } else if (value.isList()) {
+      for (const c10::IValue& e : value.toList()) {
+        if (e.isTensor()) add(e.toTensor());
+      }
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+c10::intrusive_ptr<c10::StorageImpl> CopyStorage(c10::StorageImpl& source) {
+  const std::size_t nbytes = source.nbytes();
+  c10::Allocator* allocator = c10::GetCPUAllocator();
+  c10::DataPtr memory = allocator->allocate(nbytes);
+  if (nbytes > 0) std::memcpy(memory.get(), source._mutable_data_ptr_no_checks().get(), nbytes);
+  return c10::make_intrusive<c10::StorageImpl>(c10::StorageImpl::use_byte_size_t(), nbytes, std::move(memory),
+                                               allocator, /*resizable=*/true);
+}
+
+bool EvictableMemory(c10::StorageImpl& storage) {
+  if (storage.has_materializer() || storage.throw_on_immutable_data_ptr() || storage.throw_on_mutable_data_ptr()) {
+    return false;
+  }
+  if (storage.sym_nbytes().is_heap_allocated() || storage.nbytes() == 0) return false;
+  if (storage.device_type() != c10::DeviceType::CPU) return false;
+  return AllocatedByRematArena(storage._mutable_data_ptr_no_checks());
+}
+
+void TorchExecutor::Grow(StorageIndex s) {
+  if (s >= homes_.size()) {
+    homes_.resize(s + 1, c10::weak_intrusive_ptr<c10::StorageImpl>(c10::intrusive_ptr<c10::StorageImpl>()));
+    shadows_.resize(s + 1);
+  }
+}
+
+void TorchExecutor::AddOp(OpId op, std::unique_ptr<ReplayOp> replay) {
+  if (op >= ops_.size()) ops_.resize(op + 1);
+  ops_[op] = std::move(replay);
+}
+
+void TorchExecutor::SetHome(StorageIndex s, const c10::intrusive_ptr<c10::StorageImpl>& home) {
+  Grow(s);
+  homes_[s] = c10::weak_intrusive_ptr<c10::StorageImpl>(home);
+  shadows_[s].reset();
+}
+
+void TorchExecutor::ClearHome(StorageIndex s) {
+  Grow(s);
+  homes_[s] = c10::weak_intrusive_ptr<c10::StorageImpl>(c10::intrusive_ptr<c10::StorageImpl>());
+}
+
+c10::intrusive_ptr<c10::StorageImpl> TorchExecutor::Holder(StorageIndex s) const {
+  if (s >= homes_.size()) return {};
+  if (shadows_[s]) return shadows_[s];
+  c10::intrusive_ptr<c10::StorageImpl> home = homes_[s].lock();
+  if (home && IsEvicted(*home)) return {};
+  return home;
+}
+
+void TorchExecutor::SetOwner(std::uintptr_t address, StorageIndex s, bool evictable) {
+  if (arena_ == nullptr || address == 0) return;
+  (void)arena_->SetOwner(address, evictable ? static_cast<OwnerId>(s) + 1 : kNoOwner);  // not ours: NotFound
+}
+
+absl::Status TorchExecutor::Deliver(Engine& engine, StorageIndex s,
+                                    const c10::intrusive_ptr<c10::StorageImpl>& source, bool copy) {
+  c10::intrusive_ptr<c10::StorageImpl> memory = copy ? CopyStorage(*source) : source;
+  Grow(s);
+  c10::intrusive_ptr<c10::StorageImpl> home = homes_[s].lock();
+  std::uintptr_t address = 0;
+  if (home && IsEvicted(*home)) {
+    const std::size_t nbytes = static_cast<std::size_t>(engine.StorageBytes(s));
+    if (absl::Status status = RestoreStorage(*home, nbytes, *memory); !status.ok()) return status;
+    address = reinterpret_cast<std::uintptr_t>(home->_mutable_data_ptr_no_checks().get());
+  } else {
+    // No user StorageImpl wants these bytes (an old version, or the home died): keep them privately.
+    homes_[s] = c10::weak_intrusive_ptr<c10::StorageImpl>(c10::intrusive_ptr<c10::StorageImpl>());
+    shadows_[s] = memory;
+    ++stats_.shadows;
+    address = reinterpret_cast<std::uintptr_t>(memory->_mutable_data_ptr_no_checks().get());
+  }
+  engine.SetAddress(s, address);
+  SetOwner(address, s, /*evictable=*/true);
+  return absl::OkStatus();
+}
+
+absl::Status TorchExecutor::Execute(Engine& engine, OpId op, bool replay, std::span<const std::uint32_t> fresh) {
+  // The engine is not exception-safe: every torch error (an allocation that does not fit, a kernel error) becomes
+  // a status here.
+  try {
+    return ExecuteOrThrow(engine, op, replay, fresh);
+  } catch (const c10::OutOfMemoryError& e) {
+    return absl::ResourceExhaustedError(e.what_without_backtrace());
+  } catch (const c10::Error& e) {
+    return absl::InternalError(absl::StrCat("remat: replay failed: ", e.what_without_backtrace()));
+  } catch (const std::exception& e) {
+    return absl::InternalError(absl::StrCat("remat: replay failed: ", e.what()));
+  }
+}
+
+absl::Status TorchExecutor::ExecuteOrThrow(Engine& engine, OpId op, bool replay,
+                                           std::span<const std::uint32_t> fresh) {
+  if (op >= ops_.size() || ops_[op] == nullptr) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "remat: cannot recompute the output of '", std::string(engine.OpName(op)),
+        "': it was not recorded as replayable (a constant that was overwritten or freed, or an op with side "
+        "effects)"));
+  }
+  (void)replay;  // first executions run in the user's thread (BeginOp/EndOp); everything here is a replay
+  const std::int64_t start = NowNs();
+  ReplayOp& r = *ops_[op];
+  const OpRecord& record = r.record;
+  Substitutions subst;
+  std::vector<c10::intrusive_ptr<c10::StorageImpl>> holders(record.input_storages.size());
+  std::vector<c10::intrusive_ptr<c10::StorageImpl>> scratch(record.input_storages.size());
+  for (std::size_t k = 0; k < record.input_storages.size(); ++k) {
+    c10::intrusive_ptr<c10::StorageImpl> holder;
+    if (r.inputs[k] == kNoIndex) {
+      holder = record.input_storages[k];  // a constant the op writes: its current value (see engine_bridge.h)
+    } else {
+      holder = Holder(engine.StorageOf(r.inputs[k]));
+    }
+    if (!holder || IsEvicted(*holder)) {
+      return absl::InternalError(absl::StrCat("remat: replay of ", record.traits->name, ": input ", k,
+                                              " is not resident"));
+    }
+    holders[k] = holder;
+    if (r.written[k]) {
+      scratch[k] = CopyStorage(*holder);
+      subst[record.input_storages[k].get()] = scratch[k];
+    } else {
+      subst[record.input_storages[k].get()] = holder;
+    }
+  }
+  c10::Stack arguments = ReplayArguments(record);
+  for (const c10::IValue& value : arguments) SubstituteValue(value, subst);
+  absl::StatusOr<c10::Stack> result = ReplayWith(record, std::move(arguments));
+  if (!result.ok()) return result.status();
+  const std::vector<at::Tensor> returned = ReturnedTensors(*result, record.op.schema().returns().size());
+  if (returned.size() != record.outputs.size()) {
+    return absl::InternalError(absl::StrCat("remat: replay of ", record.traits->name, " returned ",
+                                            returned.size(), " tensors, the recorded run ", record.outputs.size()));
+  }
+  for (const std::uint32_t s : fresh) {
+    bool delivered = false;
+    for (std::size_t i = 0; i < r.output_storage.size() && !delivered; ++i) {
+      if (r.output_storage[i] != s) continue;
+      c10::StorageImpl* impl = returned[i].storage().unsafeGetStorageImpl();
+      bool is_input = false;
+      for (const auto& h : holders) is_input = is_input || h.get() == impl;
+      for (const auto& c : scratch) is_input = is_input || c.get() == impl;
+      if (absl::Status status =
+              Deliver(engine, s, c10::intrusive_ptr<c10::StorageImpl>::reclaim_copy(impl), is_input);
+          !status.ok()) {
+        return status;
+      }
+      delivered = true;
+    }
+    for (const auto& [k, storage] : r.in_place) {
+      if (delivered || storage != s) continue;
+      if (absl::Status status = Deliver(engine, s, scratch[k], /*copy=*/false); !status.ok()) return status;
+      delivered = true;
+    }
+    if (!delivered) {
+      return absl::InternalError(absl::StrCat("remat: replay of ", record.traits->name, " does not produce storage ",
+                                              s));
+    }
+  }
+  ++stats_.replays;
+  stats_.replay_ns += NowNs() - start;
+  return absl::OkStatus();
+}
+
+void TorchExecutor::Evict(Engine& engine, std::uint32_t s) {
+  (void)engine;
+  if (s >= homes_.size()) return;
+  if (shadows_[s]) {
+    shadows_[s].reset();  // frees its memory: nobody else holds a shadow
+    ++stats_.evictions;
+    return;
+  }
+  c10::intrusive_ptr<c10::StorageImpl> home = homes_[s].lock();
+  if (!home || IsEvicted(*home) || home->nbytes() == 0) return;  // died or already gone
+  if (EvictStorage(*home).ok()) ++stats_.evictions;
+}
+
+void TorchExecutor::Clear() {
+  ops_.clear();
+  homes_.clear();
+  shadows_.clear();
+}
+
+}  // namespace remat::integration

@@ -1,0 +1,110 @@
+// TorchExecutor: the engine's Executor (runtime/executor.h) over real PyTorch storages (DESIGN.md, "PyTorch
+// integration"). The engine decides what to replay and evict; this class does it with the op records the dispatch
+// hook captured (dispatch_hook.h) and with storage_eviction.h.
+//
+// Where an engine storage's bytes live ("holder"):
+//   - its home: the user's c10::StorageImpl (held weakly), while that StorageImpl still holds this version of the
+//     data. Evict swaps the home's DataPtr for an empty one (EvictStorage); a replay moves the result's DataPtr
+//     back into the home (RestoreStorage), so views and autograd-saved tensors keep working;
+//   - or a shadow: a StorageImpl only remat sees (held strongly). Used for a version no user tensor can see any
+//     more (the old value of an in-place write, a storage whose StorageImpl died) when a replay needs it as an
+//     input. Evicting a shadow drops it.
+//
+// Execute(engine, op, replay, fresh): builds a fresh argument stack from the record (ReplayArguments) and points
+// every tensor argument at the holder of the engine storage it read when the op first ran; arguments the op
+// writes (in-place self, out=, batch norm's running stats) get a private copy instead, so a replay never writes
+// into memory the user (or another version) owns. Runs the op with ReplayWith (key excluded, below autograd and
+// ADInplaceOrView, captured RNG and autocast state), then, for each storage in `fresh`, moves the result into
+// its home (or keeps it as a shadow) and reports the address with Engine::SetAddress and the arena owner
+// (storage + 1) for window policies. Results of storages not in `fresh` (still resident) are dropped.
+//
+// Not thread-safe: the engine bridge serializes every call (engine_bridge.h).
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <c10/core/StorageImpl.h>
+#include <c10/util/intrusive_ptr.h>
+
+#include <cstdint>
+#include <limits>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "integration/dispatch_hook.h"
+#include "runtime/engine.h"
+#include "runtime/executor.h"
+
+namespace remat::integration {
+
+inline constexpr std::uint32_t kNoIndex = std::numeric_limits<std::uint32_t>::max();
+
+// One recorded op the engine may replay.
+struct ReplayOp {
+  explicit ReplayOp(OpRecord r) : record(std::move(r)) {}
+  OpRecord record;
+  // Per record.input_storages: the engine tensor it was when the op ran, or kNoIndex for a written argument that
+  // was not given to the engine (a constant the op writes but does not return: it is replayed on a copy).
+  std::vector<TensorId> inputs;
+  // Per record.input_storages: the op writes it (replays write a private copy).
+  std::vector<bool> written;
+  // Per record.outputs: the engine storage the op produced there, or kNoIndex (a view, a pinned output).
+  std::vector<StorageIndex> output_storage;
+  // In-place writes the engine tracks: (index into record.input_storages, engine storage of the new value).
+  std::vector<std::pair<int, StorageIndex>> in_place;
+};
+
+struct ExecutorStats {
+  std::int64_t replays = 0;
+  std::int64_t replay_ns = 0;        // wall time in Execute (copies and replayed kernels)
+  std::int64_t evictions = 0;        // storages whose memory Evict dropped
+  std::int64_t shadows = 0;          // results kept as shadows (no home to restore into)
+};
+
+class TorchExecutor final : public Executor {
+ public:
+  TorchExecutor() = default;
+  TorchExecutor(const TorchExecutor&) = delete;
+  TorchExecutor& operator=(const TorchExecutor&) = delete;
+
+  void SetArena(Arena* arena) { arena_ = arena; }
+  // The op `op` can be replayed from `replay`.
+  void AddOp(OpId op, std::unique_ptr<ReplayOp> replay);
+  const ReplayOp* Op(OpId op) const { return op < ops_.size() ? ops_[op].get() : nullptr; }
+  // `s` now lives in `home` (weak reference) / no longer in any user StorageImpl.
+  void SetHome(StorageIndex s, const c10::intrusive_ptr<c10::StorageImpl>& home);
+  void ClearHome(StorageIndex s);
+  // The StorageImpl holding s's bytes, or null if none (evicted with a dead home, never computed).
+  c10::intrusive_ptr<c10::StorageImpl> Holder(StorageIndex s) const;
+  // Sets the arena block owner of s's memory (s + 1), or clears it (pinned storages are barriers).
+  void SetOwner(std::uintptr_t address, StorageIndex s, bool evictable);
+
+  absl::Status Execute(Engine& engine, OpId op, bool replay, std::span<const std::uint32_t> fresh) override;
+  void Evict(Engine& engine, std::uint32_t storage) override;
+
+  // Drops every record and shadow (the engine is going away).
+  void Clear();
+  const ExecutorStats& stats() const { return stats_; }
+
+ private:
+  absl::Status ExecuteOrThrow(Engine& engine, OpId op, bool replay, std::span<const std::uint32_t> fresh);
+  void Grow(StorageIndex s);
+  absl::Status Deliver(Engine& engine, StorageIndex s, const c10::intrusive_ptr<c10::StorageImpl>& source,
+                       bool copy);
+
+  Arena* arena_ = nullptr;
+  std::vector<std::unique_ptr<ReplayOp>> ops_;  // by OpId; null for ops that are never replayed
+  std::vector<c10::weak_intrusive_ptr<c10::StorageImpl>> homes_;  // by StorageIndex
+  std::vector<c10::intrusive_ptr<c10::StorageImpl>> shadows_;     // by StorageIndex
+  ExecutorStats stats_;
+};
+
+// A new CPU StorageImpl holding a copy of `source`'s bytes (allocated by the current CPU allocator).
+c10::intrusive_ptr<c10::StorageImpl> CopyStorage(c10::StorageImpl& source);
+
+// True when remat may evict this storage's memory: it came from a remat arena, holds bytes and torch puts no
+// guard on it (copy-on-write materializer, data-access checks).
+bool EvictableMemory(c10::StorageImpl& storage);
+
+}  // namespace remat::integration

@@ -1,0 +1,114 @@
+// Engine bridge: with the engine behind the hook, ops run under a budget smaller than what they keep alive;
+// storages are evicted and rematerialized, and every value read back is bitwise the one computed without remat.
+#include "integration/engine_session.h"
+
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/dropout.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/equal.h>
+#include <ATen/ops/mm.h>
+#include <ATen/ops/mul.h>
+#include <ATen/ops/randn.h>
+#include <ATen/ops/sin.h>
+#include <ATen/ops/sum.h>
+#include <ATen/ops/tanh.h>
+#include <c10/core/CPUAllocator.h>
+#include <c10/util/Exception.h>
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <vector>
+
+#include "integration/cpu_allocator.h"
+
+namespace remat::integration {
+namespace {
+
+constexpr std::size_t kKiB = 1024;
+
+// y[i] = tanh(sin(y[i-1]) * 1.5), with an in-place multiply and a dropout every third step: views, in-place
+// writes and random ops on the chain.
+std::vector<at::Tensor> Chain(const at::Tensor& x, int n) {
+  std::vector<at::Tensor> ys;
+  at::Tensor y = x;
+  for (int i = 0; i < n; ++i) {
+    at::Tensor s = at::sin(y);
+    s.mul_(1.5);
+    y = at::tanh(s);
+    if (i % 3 == 2) y = at::dropout(y, 0.25, /*train=*/true);
+    ys.push_back(y);
+  }
+  return ys;
+}
+
+bool BitwiseEqual(const at::Tensor& a, const at::Tensor& b) { return at::equal(a, b); }
+
+TEST(EngineBridge, ChainUnderATightBudgetIsBitwiseIdentical) {
+  const at::Tensor x = at::randn({128, 128});  // 64 KiB, a constant for remat
+  at::manual_seed(7);
+  const std::vector<at::Tensor> reference = Chain(x, 24);  // 24 x 64 KiB kept alive
+  {
+    EngineGuard guard(EngineSessionOptions{640 * kKiB, "dtr-eq"});
+    at::manual_seed(7);
+    std::vector<at::Tensor> ys = Chain(x, 24);
+    for (std::size_t i = 0; i < ys.size(); ++i) EXPECT_TRUE(BitwiseEqual(ys[i], reference[i])) << i;
+    absl::StatusOr<BridgeStats> stats = GetEngineStats();
+    ASSERT_TRUE(stats.ok());
+    EXPECT_GT(stats->engine.evictions, 0);
+    EXPECT_GT(stats->engine.rematerializations, 0);
+    absl::StatusOr<CpuArenaStats> arena = GetCpuArenaStats();
+    ASSERT_TRUE(arena.ok());
+    EXPECT_LE(arena->peak_allocated_bytes, 640 * kKiB);
+  }
+  EXPECT_FALSE(RematEngineEnabled());
+}
+
+TEST(EngineBridge, EveryPolicyReproducesTheChain) {
+  const at::Tensor x = at::randn({64, 64});
+  at::manual_seed(3);
+  const std::vector<at::Tensor> reference = Chain(x, 18);
+  for (const char* policy : {"dtr", "dtr-eq", "dtr-local", "msps", "lru", "largest", "random", "dte", "coop"}) {
+    EngineGuard guard(EngineSessionOptions{200 * kKiB, policy});
+    at::manual_seed(3);
+    std::vector<at::Tensor> ys = Chain(x, 18);
+    for (std::size_t i = 0; i < ys.size(); ++i) EXPECT_TRUE(BitwiseEqual(ys[i], reference[i])) << policy << " " << i;
+    EXPECT_GT(GetEngineStats()->engine.evictions, 0) << policy;
+  }
+}
+
+TEST(EngineBridge, TensorsStayReadableAfterDisable) {
+  const at::Tensor x = at::randn({64, 64});
+  at::manual_seed(5);
+  const std::vector<at::Tensor> reference = Chain(x, 12);
+  std::vector<at::Tensor> ys;
+  {
+    EngineGuard guard(EngineSessionOptions{160 * kKiB, "lru"});
+    at::manual_seed(5);
+    ys = Chain(x, 12);
+  }
+  for (std::size_t i = 0; i < ys.size(); ++i) EXPECT_TRUE(BitwiseEqual(ys[i], reference[i])) << i;
+}
+
+TEST(EngineBridge, TooSmallABudgetIsOutOfMemoryNamingTheRequest) {
+  EngineGuard guard(EngineSessionOptions{64 * kKiB, "dtr-eq"});
+  try {
+    (void)at::empty({1 << 16});  // 256 KiB
+    FAIL() << "no OutOfMemoryError";
+  } catch (const c10::OutOfMemoryError& e) {
+    EXPECT_THAT(e.what(), testing::HasSubstr("tried to allocate 262144 bytes"));
+  }
+  // The engine is still usable.
+  at::Tensor a = at::randn({16, 16});
+  EXPECT_TRUE(BitwiseEqual(at::mm(a, a), at::mm(a, a)));
+}
+
+TEST(EngineBridge, UnknownPolicyListsTheRegisteredOnes) {
+  const absl::Status status = EnableRematEngine(EngineSessionOptions{1 << 20, "belady"});
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(status.message()), testing::HasSubstr("dtr-eq"));
+  EXPECT_FALSE(RematEngineEnabled());
+  EXPECT_EQ(c10::GetCPUAllocator() == RematCpuAllocator(), CpuArenaInstalled());
+}
+
+}  // namespace
+}  // namespace remat::integration
