@@ -9,6 +9,9 @@ REMAT_VENV ?= $(HOME)/.cache/remat/venv
 BUILD_DIR ?= build
 CMAKE_ARGS ?=
 export REMAT_VENV
+# ccache: hash paths relative to the checkout, so a fresh clone elsewhere (CI) reuses earlier compilations.
+export CCACHE_BASEDIR := $(CURDIR)
+export CCACHE_NOHASHDIR := 1
 
 PYTHON := $(REMAT_VENV)/bin/python
 
