@@ -16,7 +16,9 @@ namespace remat::integration {
 namespace {
 
 std::mutex g_mutex;
-std::unique_ptr<EngineBridge> g_bridge;   // guarded by g_mutex
+// A raw pointer on purpose: the bridge is deleted by DisableRematEngine, never by static destruction at exit (ops
+// and frees may still reach it while the process tears down with remat enabled).
+EngineBridge* g_bridge = nullptr;         // guarded by g_mutex
 std::optional<BridgeStats> g_last_stats;  // guarded by g_mutex
 
 }  // namespace
@@ -39,9 +41,9 @@ absl::Status EnableRematEngine(const EngineSessionOptions& options) {
     (void)DisableRemat();
     return bridge.status();
   }
-  g_bridge = std::move(*bridge);
-  SetCpuPressureHandler(g_bridge.get());
-  SetObserver(g_bridge.get());
+  g_bridge = bridge->release();
+  SetCpuPressureHandler(g_bridge);
+  SetObserver(g_bridge);
   g_last_stats.reset();
   return absl::OkStatus();
 }
@@ -65,7 +67,8 @@ absl::Status DisableRematEngine() {
   if (absl::Status disabled = DisableRemat(); !disabled.ok() && status.ok()) status = disabled;
   if (keep_alive) status = g_bridge->MaterializeLive();
   g_last_stats = g_bridge->Stats();
-  g_bridge.reset();
+  delete g_bridge;
+  g_bridge = nullptr;
   keep_alive.clear();
   return status;
 }
