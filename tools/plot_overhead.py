@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
 """Plots compute overhead against memory ratio from a remat-sim results CSV (the DTR paper's figure layout).
 
-One panel per trace, one line per policy (per policy and mode when the CSV mixes modes). Only runs that passed
+One panel per trace, one line per policy (per policy and mode when the CSV mixes modes, per policy and offload
+mode when it mixes offload modes: "coop (offload auto)"; a CSV without an offload column counts as offload off).
+Offload off is drawn solid, other offload modes dashed in the same colour as their policy. Only runs that passed
 are points: an OOM or a thrash has no meaningful overhead, so a line stops at the lowest feasible ratio, as in
 the DTR paper, and has a gap where a ratio failed between two that passed. The x axis runs from the loosest budget on the left to the tightest on the
 right.
@@ -41,6 +43,7 @@ def read_rows(path):
                 row["overhead"] = float(row["overhead"]) if row["overhead"] else math.nan
             except ValueError as e:
                 raise ValueError(f"{path}:{line}: {e}") from None
+            row["offload"] = row.get("offload") or "off"
             rows.append(row)
     return rows
 
@@ -71,11 +74,23 @@ def main(argv):
 
     traces = list(dict.fromkeys(r["trace"] for r in rows))
     modes = list(dict.fromkeys(r["mode"] for r in rows))
-    policies = list(dict.fromkeys((r["policy"], r["mode"]) for r in rows))
-    label = {p: (p[0] if len(modes) == 1 else f"{p[0]} ({p[1]})") for p in policies}
+    offloads = list(dict.fromkeys(r["offload"] for r in rows))
+    policies = list(dict.fromkeys((r["policy"], r["mode"], r["offload"]) for r in rows))
+
+    def make_label(p):
+        parts = ([p[1]] if len(modes) > 1 else []) + ([f"offload {p[2]}"] if len(offloads) > 1 else [])
+        return f"{p[0]} ({', '.join(parts)})" if parts else p[0]
+
+    label = {p: make_label(p) for p in policies}
     cmap = plt.get_cmap("tab10")
     markers = "osD^vP*Xh<>"
-    style = {p: (cmap(i % 10), markers[i % len(markers)]) for i, p in enumerate(policies)}
+    # Same colour for a policy (and accounting mode) whatever its offload mode; offload modes differ by dash/marker.
+    bases = list(dict.fromkeys((p[0], p[1]) for p in policies))
+    dashes = {"off": "-", "auto": "--", "always": ":"}
+    style = {p: (cmap(bases.index((p[0], p[1])) % 10),
+                 markers[(bases.index((p[0], p[1])) + 3 * offloads.index(p[2])) % len(markers)],
+                 dashes.get(p[2], "-."))
+             for p in policies}
 
     ncols = min(3, len(traces))
     nrows = math.ceil(len(traces) / ncols)
@@ -89,14 +104,15 @@ def main(argv):
         for r in rows:
             if r["trace"] == trace:
                 passed = r["result"] == "pass" and not math.isnan(r["overhead"])
-                series[(r["policy"], r["mode"])].append((r["ratio"], r["overhead"] if passed else math.nan))
+                key = (r["policy"], r["mode"], r["offload"])
+                series[key].append((r["ratio"], r["overhead"] if passed else math.nan))
         for p in policies:
             points = sorted(series.get(p, []), reverse=True)
             if all(math.isnan(y) for _, y in points):
                 continue
-            color, marker = style[p]
+            color, marker, dash = style[p]
             ax.plot([x for x, _ in points], [y for _, y in points], marker=marker, color=color, label=label[p],
-                    markersize=4, linewidth=1.4)
+                    linestyle=dash, markersize=4, linewidth=1.4)
         ax.set_title(trace_label(trace), fontsize=10)
         ax.set_xlim(max(all_ratios) + 0.05, min(all_ratios) - 0.05)
         ax.set_xlabel("memory ratio (budget / unconstrained peak)", fontsize=8)
@@ -107,7 +123,8 @@ def main(argv):
     for index in range(len(traces), nrows * ncols):
         axes[index // ncols][index % ncols].set_visible(False)
 
-    handles = [plt.Line2D([], [], color=style[p][0], marker=style[p][1], label=label[p]) for p in policies]
+    handles = [plt.Line2D([], [], color=style[p][0], marker=style[p][1], linestyle=style[p][2], label=label[p])
+               for p in policies]
     fig.legend(handles=handles, loc="lower center", ncol=min(len(policies), 7), fontsize=9, frameon=False)
     title = args.title or f"Compute overhead vs memory ratio ({', '.join(modes)} mode); points are runs that passed"
     fig.suptitle(title, fontsize=11)

@@ -43,7 +43,8 @@ Vocabulary EngineVocabulary() {
 int UsageError(const std::string& program, absl::string_view message) {
   std::cerr << program << ": " << message << "\n"
             << "usage: " << program << " TRACE... [--ratios R,...|--budgets SIZE,...] [--policies P,...] "
-            << "[--mode counter|arena] [--out FILE.csv|.json] [--plot FILE.png] (--help for more)\n";
+            << "[--mode counter|arena] [--offload off|auto|always,...] [--bandwidth RATE] [--out FILE.csv|.json] "
+            << "[--plot FILE.png] (--help for more)\n";
   return kUsageExitCode;
 }
 
@@ -52,7 +53,9 @@ std::string ProgressLabel(const SimRow& row) {
   const std::string budget = row.budget_given
                                  ? FormatBytes(static_cast<std::uint64_t>(row.budget_bytes))
                                  : absl::StrFormat("%.2f", row.ratio);
-  return absl::StrCat(row.trace.substr(0, row.trace.find('-')), " ", row.policy, " ", budget, " ", row.result);
+  return absl::StrCat(row.trace.substr(0, row.trace.find('-')), " ", row.policy,
+                      row.offload == "off" ? "" : absl::StrCat(" offload=", row.offload), " ", budget, " ",
+                      row.result);
 }
 
 bool WriteRows(const std::vector<SimRow>& rows, const std::string& path, OutFormat format, std::string* error) {

@@ -64,6 +64,7 @@ std::vector<Cell> Cells(const SimRow& row) {
       str(row.trace),
       str(row.policy),
       str(row.mode),
+      str(row.offload),
       real(row.ratio),
       num(row.budget_bytes),
       str(row.result),
@@ -79,6 +80,11 @@ std::vector<Cell> Cells(const SimRow& row) {
       num(row.baseline_compute_ns),
       num(row.baseline_memory_bytes),
       num(row.total_compute_ns),
+      num(row.paged_out_bytes),
+      num(row.paged_in_bytes),
+      num(row.page_outs),
+      num(row.page_ins),
+      num(row.transfer_stall_ns),
       str(row.message),
   };
 }
@@ -134,6 +140,7 @@ std::vector<std::string> CsvColumns() {
   return {"trace",
           "policy",
           "mode",
+          "offload",
           "ratio",
           "budget_bytes",
           "result",
@@ -149,6 +156,11 @@ std::vector<std::string> CsvColumns() {
           "baseline_compute_ns",
           "baseline_memory_bytes",
           "total_compute_ns",
+          "paged_out_bytes",
+          "paged_in_bytes",
+          "page_outs",
+          "page_ins",
+          "transfer_stall_ns",
           "message"};
 }
 
@@ -190,10 +202,11 @@ std::string FormatTable(const std::vector<SimRow>& rows) {
     bool right;  // numbers are right-aligned
   };
   const std::vector<Column> columns = {
-      {"trace", false},     {"policy", false},   {"mode", false},   {"ratio", true},
-      {"budget", true},     {"result", false},   {"overhead", true}, {"peak", true},
-      {"replayed ms", true}, {"evictions", true}, {"remats", true},  {"evals", true},
-      {"search ms", true},  {"frag", true},      {"wall ms", true},
+      {"trace", false},     {"policy", false},   {"mode", false},    {"offload", false},
+      {"ratio", true},      {"budget", true},    {"result", false},  {"overhead", true},
+      {"peak", true},       {"replayed ms", true}, {"evictions", true}, {"remats", true},
+      {"evals", true},      {"search ms", true}, {"frag", true},     {"paged out", true},
+      {"paged in", true},   {"stall ms", true},  {"wall ms", true},
   };
   const std::map<std::string, std::string> labels = TraceLabels(rows);
   std::vector<std::vector<std::string>> cells;
@@ -206,6 +219,7 @@ std::string FormatTable(const std::vector<SimRow>& rows) {
         labels.at(row.trace),
         row.policy,
         row.mode,
+        row.offload,
         absl::StrFormat(row.budget_given ? "%.4f" : "%.2f", row.ratio),
         FormatBytes(static_cast<std::uint64_t>(std::max<std::int64_t>(row.budget_bytes, 0))),
         row.result,
@@ -218,6 +232,9 @@ std::string FormatTable(const std::vector<SimRow>& rows) {
         absl::StrCat(row.heuristic_evaluations),
         Milliseconds(row.search_time_ns),
         IsArena(row) ? absl::StrFormat("%.4f", row.fragmentation_rate) : "-",
+        FormatBytes(static_cast<std::uint64_t>(std::max<std::int64_t>(row.paged_out_bytes, 0))),
+        FormatBytes(static_cast<std::uint64_t>(std::max<std::int64_t>(row.paged_in_bytes, 0))),
+        Milliseconds(row.transfer_stall_ns),
         Milliseconds(row.wall_time_ns),
     });
   }

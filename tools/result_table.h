@@ -15,6 +15,9 @@
 //     directory, no ".log") that still tell the table's traces apart ("resnet32", or "bert-16" and "bert-32").
 //   - In the table, the overhead of a run that did not pass is in parentheses: the run stopped early (oom,
 //     thrash), so it is the clock where it stopped, not a cost of finishing. Files keep the plain number.
+//   - Paging: `offload` is the run's offload mode ("off", "auto", "always"); bytes paged out and in, page-out and
+//     page-in counts (prefetches included) and the transfer stall (clock time ops waited for page-ins) are in
+//     CSV/JSON; the table shows the mode, bytes paged out and in, and the stall in ms.
 //   - Numbers are written with enough digits to round-trip what matters: overhead and ratios with 6 significant
 //     digits in files, 4 decimals in the table.
 #pragma once
@@ -30,6 +33,7 @@ struct SimRow {
   std::string trace;                  // file name (no directory)
   std::string policy;
   std::string mode;                   // "counter" or "arena"
+  std::string offload = "off";        // "off", "auto" or "always"
   double ratio = 0;
   bool budget_given = false;          // true when the row came from --budgets
   std::int64_t budget_bytes = 0;
@@ -46,6 +50,11 @@ struct SimRow {
   std::int64_t baseline_compute_ns = 0;
   std::int64_t baseline_memory_bytes = 0;
   std::int64_t total_compute_ns = 0;
+  std::int64_t paged_out_bytes = 0;
+  std::int64_t paged_in_bytes = 0;
+  std::int64_t page_outs = 0;
+  std::int64_t page_ins = 0;          // prefetches included
+  std::int64_t transfer_stall_ns = 0; // included in overhead
   std::string message;                // why it did not pass; empty on pass
 };
 

@@ -13,8 +13,10 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/match.h"
+#include "absl/strings/ascii.h"
 #include "absl/strings/string_view.h"
 #include "runtime/byte_size.h"
+#include "runtime/config.h"
 
 namespace remat::sim {
 namespace {
@@ -70,7 +72,75 @@ bool Contains(const std::vector<std::string>& names, absl::string_view name) {
   return std::find(names.begin(), names.end(), name) != names.end();
 }
 
+bool PlainDecimal(absl::string_view text) {
+  return !text.empty() && std::all_of(text.begin(), text.end(), [](char c) {
+    return (c >= '0' && c <= '9') || c == '.' || c == 'e' || c == 'E' || c == '-' || c == '+';
+  });
+}
+
+constexpr char kBandwidthForms[] =
+    "a byte size per second, optionally followed by /s: e.g. 12GB/s, 12e9, 1.5GiB/s, 900MB (units as for "
+    "--budgets: B, KB, MB, GB, TB, KiB, MiB, GiB, TiB, K, M, G, T)";
+constexpr char kDurationForms[] = "a non-negative decimal with a unit ns, us, ms or s, e.g. 10us, 0.5ms, 250ns, "
+                                  "or 0";
+
 }  // namespace
+
+absl::StatusOr<double> ParseBandwidth(std::string_view text_in) {
+  const absl::string_view text(text_in.data(), text_in.size());
+  absl::string_view rate = absl::StripAsciiWhitespace(text);
+  if (absl::EndsWith(rate, "/s")) rate = absl::StripAsciiWhitespace(rate.substr(0, rate.size() - 2));
+  double value = 0;
+  if (PlainDecimal(rate)) {
+    // A bare number, scientific notation allowed ("12e9"), which ParseByteSize does not take.
+    if (!absl::SimpleAtod(rate, &value) || !std::isfinite(value)) {
+      return Bad("--bandwidth", absl::StrCat("'", text, "' is not a rate; expected ", kBandwidthForms));
+    }
+  } else {
+    absl::StatusOr<std::uint64_t> bytes = ParseByteSize(std::string_view(rate.data(), rate.size()));
+    if (!bytes.ok()) {
+      return Bad("--bandwidth", absl::StrCat("'", text, "' is not a rate; expected ", kBandwidthForms));
+    }
+    value = static_cast<double>(*bytes);
+  }
+  if (!(value > 0)) return Bad("--bandwidth", absl::StrCat("'", text, "' must be greater than zero"));
+  return value;
+}
+
+absl::StatusOr<std::int64_t> ParseDuration(std::string_view text_in) {
+  const absl::string_view text(text_in.data(), text_in.size());
+  const absl::string_view trimmed = absl::StripAsciiWhitespace(text);
+  std::size_t end = 0;
+  while (end < trimmed.size() && ((trimmed[end] >= '0' && trimmed[end] <= '9') || trimmed[end] == '.')) ++end;
+  const absl::string_view number = trimmed.substr(0, end);
+  const absl::string_view unit = absl::StripAsciiWhitespace(trimmed.substr(end));
+  double value = 0;
+  const bool digits = std::any_of(number.begin(), number.end(), [](char c) { return c >= '0' && c <= '9'; });
+  if (!digits || !absl::SimpleAtod(number, &value) || !std::isfinite(value)) {
+    return Bad("--link-latency", absl::StrCat("'", text, "' is not a duration; expected ", kDurationForms));
+  }
+  double scale = 0;
+  if (unit == "ns") {
+    scale = 1;
+  } else if (unit == "us") {
+    scale = 1e3;
+  } else if (unit == "ms") {
+    scale = 1e6;
+  } else if (unit == "s") {
+    scale = 1e9;
+  } else if (unit.empty() && value == 0) {
+    scale = 1;
+  } else {
+    return Bad("--link-latency", absl::StrCat("'", text, "' has ", unit.empty() ? "no unit" : "an unknown unit",
+                                              "; expected ", kDurationForms));
+  }
+  const double ns = value * scale;
+  if (ns > 1e15) return Bad("--link-latency", absl::StrCat("'", text, "' is too large"));
+  if (ns != std::floor(ns)) {
+    return Bad("--link-latency", absl::StrCat("'", text, "' is not a whole number of nanoseconds"));
+  }
+  return static_cast<std::int64_t>(ns);
+}
 
 std::vector<double> DefaultRatios() {
   std::vector<double> ratios;
@@ -179,6 +249,43 @@ absl::StatusOr<SimOptions> ParseSimOptions(const std::vector<std::string>& args,
          options.jobs = jobs;
          return absl::OkStatus();
        }},
+      {"--offload",
+       [&](absl::string_view value) -> absl::Status {
+         absl::StatusOr<std::vector<std::string>> items = SplitList("--offload", value);
+         if (!items.ok()) return items.status();
+         for (const std::string& item : *items) {
+           if (!ParseOffloadMode(item).ok()) {
+             return Bad("--offload", absl::StrCat("unknown offload mode '", item,
+                                                  "' (known: off, auto, always; a comma list compares modes)"));
+           }
+         }
+         options.offload = *std::move(items);
+         return absl::OkStatus();
+       }},
+      {"--bandwidth",
+       [&](absl::string_view value) -> absl::Status {
+         absl::StatusOr<double> rate = ParseBandwidth(std::string_view(value.data(), value.size()));
+         if (!rate.ok()) return rate.status();
+         options.bandwidth_bytes_per_s = *rate;
+         return absl::OkStatus();
+       }},
+      {"--link-latency",
+       [&](absl::string_view value) -> absl::Status {
+         absl::StatusOr<std::int64_t> ns = ParseDuration(std::string_view(value.data(), value.size()));
+         if (!ns.ok()) return ns.status();
+         options.link_latency_ns = *ns;
+         return absl::OkStatus();
+       }},
+      {"--host-budget",
+       [&](absl::string_view value) -> absl::Status {
+         absl::StatusOr<std::uint64_t> bytes = ParseByteSize(std::string_view(value.data(), value.size()));
+         if (!bytes.ok()) return Bad("--host-budget", bytes.status().message());
+         if (*bytes == 0) {
+           return Bad("--host-budget", absl::StrCat("'", value, "' is zero bytes (omit the flag for unlimited)"));
+         }
+         options.host_budget_bytes = *bytes;
+         return absl::OkStatus();
+       }},
       {"--seed",
        [&](absl::string_view value) -> absl::Status {
          if (!absl::SimpleAtoi(value, &options.seed) || absl::StartsWith(value, "-")) {
@@ -191,6 +298,8 @@ absl::StatusOr<SimOptions> ParseSimOptions(const std::vector<std::string>& args,
       {"--help", &options.help},
       {"--sample-sqrt", &options.sample_sqrt},
       {"--ignore-small", &options.ignore_small},
+      {"--page-constants", &options.page_constants},
+      {"--duplex-link", &options.duplex_link},
   };
   const std::map<std::string, bool*, std::less<>> negations = {
       {"--no-simrd-compat", &options.simrd_compat},
@@ -285,8 +394,19 @@ std::string UsageText(std::string_view program_name, const Vocabulary& vocabular
       "  --ignore-small          skip candidates smaller than 1% of the mean candidate size\n"
       "  --no-simrd-compat       free released storages for good instead of keeping them evicted (simrd does)\n"
       "  --no-partition          arena mode: no cheap-tensor partitioning (all blocks placed low)\n"
+      "  --offload M,...         paging to a second (host) tier: off, auto (page or drop, whichever the cost\n"
+      "                          model prefers), always (page whenever the host tier has room); a comma list\n"
+      "                          runs every mode and gives one row per mode (e.g. off,auto); default off\n"
+      "  --bandwidth RATE        link bandwidth, a byte size optionally followed by /s: 12GB/s, 12e9, 16GiB/s\n"
+      "                          (default 12GB/s, V100 <-> pinned host memory as measured by Beaumont et al.)\n"
+      "  --link-latency TIME     fixed cost per copy: 10us, 0.5ms, 250ns, 0 (default 10us)\n"
+      "  --host-budget SIZE      second-tier capacity with units, e.g. 64GiB (default unlimited)\n"
+      "  --page-constants        constants (weights) may be paged out too\n"
+      "  --duplex-link           page-ins do not queue behind page-outs (one link per direction)\n"
       "  --help                  this text\n"
       "\n"
+      "With offload on, overhead includes the time ops waited for page-ins (transfer stall); the table, CSV and\n"
+      "JSON give the offload mode, bytes paged out and in, and the stall.\n"
       "A table goes to stdout; a progress bar goes to stderr when it is a terminal.\n"
       "Exit status: 0 when every simulation ran (whatever its result: pass, oom or thrash), 2 for a command-line\n"
       "error, 1 for an unreadable or malformed trace or a failed output.\n");

@@ -2,7 +2,9 @@
 //
 //   remat-sim TRACE... [--ratios R,... | --budgets SIZE,...] [--policies P,...] [--mode counter|arena]
 //             [--overhead-limit X] [--out FILE.csv|FILE.json] [--plot FILE.png] [--jobs N] [--seed N]
-//             [--sample-sqrt] [--ignore-small] [--no-simrd-compat] [--no-partition] [--help]
+//             [--sample-sqrt] [--ignore-small] [--no-simrd-compat] [--no-partition]
+//             [--offload off|auto|always[,...]] [--bandwidth RATE] [--link-latency TIME] [--host-budget SIZE]
+//             [--page-constants] [--duplex-link] [--help]
 //
 // Contract:
 //   - Every flag takes its value either as the next argument or after '=' (`--ratios 0.5` or `--ratios=0.5`).
@@ -16,6 +18,13 @@
 //     this parser never goes stale; the default policy is the vocabulary's `default_policy`.
 //   - --out must end in .csv or .json, --plot in .png. --jobs is a positive integer (0 or absent: one per core).
 //   - --overhead-limit is a finite number; <= 0 disables the thrash check.
+//   - --offload is a comma list of offload modes (off, auto, always; runtime/config.h ParseOffloadMode), no
+//     duplicates; each mode is a separate run, so a list compares modes in one invocation (one row per mode).
+//     Default: off. --bandwidth is a byte size as for --budgets, optionally followed by "/s" ("12GB/s", "12e9",
+//     "1.5GiB/s"), > 0; default 12 GB/s (12e9, ReplayOptions). --link-latency is a duration: a non-negative
+//     decimal with a unit ns, us, ms or s ("10us", "0.5ms"; "0" alone is allowed); default ReplayOptions'
+//     (10 us). --host-budget is a byte size > 0 (default: unlimited). --page-constants and --duplex-link are
+//     switches. The paging flags are accepted with --offload off (they then change nothing).
 //   - At least one trace is required unless --help is given, and no trace path may be given twice. Existence of
 //     the trace files is not checked here (see the tool's main), so parsing stays a pure function.
 //   - Every error is InvalidArgument whose message names the offending argument and what is accepted; the tool
@@ -58,7 +67,19 @@ struct SimOptions {
   bool ignore_small = false;
   bool simrd_compat = true;
   bool cheap_tensor_partitioning = true;
+  // Paging (runtime/replay.h ReplayOptions). Names as given (validated against ParseOffloadMode).
+  std::vector<std::string> offload = {"off"};
+  double bandwidth_bytes_per_s = 12e9;
+  std::int64_t link_latency_ns = -1;    // -1: the engine's default (ReplayOptions::link_latency_ns)
+  std::uint64_t host_budget_bytes = 0;  // 0: unlimited
+  bool page_constants = false;
+  bool duplex_link = false;
 };
+
+// "12GB/s", "12e9", "1.5 GiB/s" -> bytes per second (> 0); InvalidArgument naming --bandwidth otherwise.
+absl::StatusOr<double> ParseBandwidth(std::string_view text);
+// "10us", "0.5ms", "250ns", "1s", "0" -> nanoseconds (whole, >= 0); InvalidArgument naming --link-latency otherwise.
+absl::StatusOr<std::int64_t> ParseDuration(std::string_view text);
 
 // The ratios used when neither --ratios nor --budgets is given: 0.9 down to 0.1 in steps of 0.1.
 std::vector<double> DefaultRatios();

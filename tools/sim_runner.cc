@@ -35,8 +35,10 @@ std::vector<SimJob> PlanJobs(const SimOptions& options) {
   std::vector<SimJob> jobs;
   for (std::size_t t = 0; t < options.traces.size(); ++t) {
     for (const std::string& policy : options.policies) {
-      for (double ratio : options.ratios) jobs.push_back(SimJob{t, policy, ratio, 0});
-      for (std::uint64_t budget : options.budgets) jobs.push_back(SimJob{t, policy, 0, budget});
+      for (const std::string& offload : options.offload) {
+        for (double ratio : options.ratios) jobs.push_back(SimJob{t, policy, offload, ratio, 0});
+        for (std::uint64_t budget : options.budgets) jobs.push_back(SimJob{t, policy, offload, 0, budget});
+      }
     }
   }
   return jobs;
@@ -54,6 +56,13 @@ ReplayOptions MakeReplayOptions(const SimOptions& options, AccountingMode mode, 
   replay.seed = options.seed;
   replay.simrd_compat = options.simrd_compat;
   replay.cheap_tensor_partitioning = options.cheap_tensor_partitioning;
+  // The names were validated by ParseSimOptions; an unknown one cannot get here.
+  replay.offload = ParseOffloadMode(job.offload).value_or(OffloadMode::kOff);
+  replay.bandwidth_bytes_per_s = options.bandwidth_bytes_per_s;
+  if (options.link_latency_ns >= 0) replay.link_latency_ns = options.link_latency_ns;
+  replay.host_budget_bytes = static_cast<std::int64_t>(options.host_budget_bytes);
+  replay.page_constants = options.page_constants;
+  replay.duplex_link = options.duplex_link;
   return replay;
 }
 
@@ -62,6 +71,7 @@ SimRow MakeRow(const std::string& trace_path, AccountingMode mode, const SimJob&
   row.trace = TraceFileName(trace_path);
   row.policy = job.policy;
   row.mode = std::string(ToString(mode));
+  row.offload = job.offload;
   row.budget_given = job.budget_bytes != 0;
   if (!row.budget_given) {
     row.ratio = job.ratio;
@@ -82,6 +92,11 @@ SimRow MakeRow(const std::string& trace_path, AccountingMode mode, const SimJob&
   row.baseline_compute_ns = result.baseline_compute_ns;
   row.baseline_memory_bytes = result.baseline_memory_bytes;
   row.total_compute_ns = result.total_compute_ns;
+  row.paged_out_bytes = result.paged_out_bytes;
+  row.paged_in_bytes = result.paged_in_bytes;
+  row.page_outs = result.page_outs;
+  row.page_ins = result.page_ins;
+  row.transfer_stall_ns = result.transfer_stall_ns;
   row.message = result.message;
   return row;
 }

@@ -1,8 +1,9 @@
 // SimRunner: turns parsed SimOptions into replay jobs and runs them in parallel through runtime/replay.h.
 //
 // Contract:
-//   - PlanJobs makes one job per (trace, policy, ratio or budget), trace-major, then policy, then ratio/budget,
-//     in the order given on the command line; the rows come back in that order whatever the execution order.
+//   - PlanJobs makes one job per (trace, policy, offload mode, ratio or budget), trace-major, then policy, then
+//     offload mode, then ratio/budget, in the order given on the command line; the rows come back in that
+//     order whatever the execution order.
 //   - Prepare reads every trace (ReadTrace: errors name file:line and reason) and prepares one Replayer per
 //     trace (which computes its baseline); the first failure is returned and nothing runs.
 //   - Run executes the jobs on `threads` worker threads (0: one per core, never more than the jobs). A Replayer
@@ -32,6 +33,7 @@ namespace remat::sim {
 struct SimJob {
   std::size_t trace = 0;       // index into SimOptions::traces
   std::string policy;
+  std::string offload = "off";  // an offload mode name (runtime/config.h)
   double ratio = 0;            // used when budget_bytes == 0
   std::uint64_t budget_bytes = 0;
 };

@@ -23,6 +23,7 @@ namespace {
 
 using ::testing::HasSubstr;
 using ::testing::IsEmpty;
+using ::testing::Not;
 
 constexpr char kResnet[] = "resnet32-56-9000000000.0-2020-10-1-13-3-30-default.log";
 
@@ -162,6 +163,54 @@ TEST_F(RematSimTest, SyntheticChainUnderThreeBudgetsAndTwoPolicies) {
   EXPECT_THAT(lines[3], HasSubstr("oom"));
 }
 
+TEST_F(RematSimTest, OffloadAutoBeatsRecomputingACostlyChain) {
+  // At 4000 bytes x1 must leave the device for x4. Without paging it is recomputed (1 ms, overhead 1.2); with
+  // auto, 1000 bytes over a 12 GB/s link with 10 us latency cost far less than the 1 ms op, so it is paged out and
+  // back in, and the overhead is what the transfers could not hide.
+  const std::string trace = Write("chain.log", kChain);
+  ASSERT_EQ(Run({trace, "--ratios", "0.8", "--policies", "dtr-eq", "--offload", "off,auto", "--bandwidth", "12GB/s",
+                 "--out", File("r.csv")}),
+            0)
+      << err_;
+  const auto rows = ReadCsv(File("r.csv"));
+  ASSERT_EQ(rows.size(), 2u);  // one row per offload mode, in command-line order
+  EXPECT_EQ(rows[0].at("offload"), "off");
+  EXPECT_EQ(rows[1].at("offload"), "auto");
+  for (const auto& row : rows) EXPECT_EQ(row.at("result"), "pass");
+  EXPECT_DOUBLE_EQ(Number(rows[0], "overhead"), 1.2);
+  EXPECT_LT(Number(rows[1], "overhead"), Number(rows[0], "overhead"));
+  EXPECT_GE(Number(rows[1], "overhead"), 1.0);
+  // Byte columns: zero without paging, non-zero with it.
+  for (const char* column : {"paged_out_bytes", "paged_in_bytes", "page_outs", "page_ins", "transfer_stall_ns"}) {
+    EXPECT_EQ(rows[0].at(column), "0") << column;
+  }
+  EXPECT_GE(Number(rows[1], "paged_out_bytes"), 1000);
+  EXPECT_GE(Number(rows[1], "paged_in_bytes"), 1000);
+  EXPECT_GE(Number(rows[1], "page_outs"), 1);
+  EXPECT_GE(Number(rows[1], "page_ins"), 1);
+  EXPECT_EQ(rows[1].at("rematerializations"), "0");
+  // The table shows the mode and the paging columns.
+  std::vector<std::string> lines = absl::StrSplit(out_, '\n', absl::SkipEmpty());
+  ASSERT_EQ(lines.size(), 3u) << out_;
+  EXPECT_THAT(lines[0], HasSubstr("offload"));
+  EXPECT_THAT(lines[0], HasSubstr("paged out"));
+  EXPECT_THAT(lines[0], HasSubstr("stall ms"));
+  EXPECT_THAT(lines[2], HasSubstr(" auto "));
+}
+
+TEST_F(RematSimTest, OffloadColumnsInJson) {
+  const std::string trace = Write("chain.log", kChain);
+  ASSERT_EQ(Run({trace, "--budgets", "4000", "--offload", "auto", "--link-latency", "0", "--duplex-link",
+                 "--host-budget", "1MiB", "--out", File("r.json")}),
+            0)
+      << err_;
+  const std::string json = ReadFile(File("r.json"));
+  EXPECT_THAT(json, HasSubstr("\"offload\": \"auto\""));
+  EXPECT_THAT(json, HasSubstr("\"paged_out_bytes\": "));
+  EXPECT_THAT(json, Not(HasSubstr("\"paged_out_bytes\": 0,")));
+  EXPECT_THAT(json, HasSubstr("\"transfer_stall_ns\": "));
+}
+
 TEST_F(RematSimTest, AbsoluteBudgetsAndJson) {
   const std::string trace = Write("chain.log", kChain);
   ASSERT_EQ(Run({trace, "--budgets", "4000,3000", "--out", File("r.json")}), 0) << err_;
@@ -216,6 +265,14 @@ TEST_F(RematSimTest, CommandLineErrorsExitWithTwo) {
   EXPECT_THAT(err_, HasSubstr("unknown option '--frobnicate'"));
   EXPECT_EQ(Run({trace, "--budgets", "12 parsecs"}), 2);
   EXPECT_THAT(err_, HasSubstr("--budgets"));
+  EXPECT_EQ(Run({trace, "--offload", "maybe"}), 2);
+  EXPECT_THAT(err_, HasSubstr("--offload: unknown offload mode 'maybe' (known: off, auto, always"));
+  EXPECT_EQ(Run({trace, "--bandwidth", "fast"}), 2);
+  EXPECT_THAT(err_, HasSubstr("--bandwidth: 'fast' is not a rate; expected"));
+  EXPECT_EQ(Run({trace, "--link-latency", "10"}), 2);
+  EXPECT_THAT(err_, HasSubstr("--link-latency: '10' has no unit"));
+  EXPECT_EQ(Run({trace, "--host-budget", "0"}), 2);
+  EXPECT_THAT(err_, HasSubstr("--host-budget"));
   EXPECT_THAT(out_, IsEmpty());
 }
 

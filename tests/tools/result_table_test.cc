@@ -47,6 +47,12 @@ SimRow ArenaOomRow() {
   row.result = "oom";
   row.fragmentation_rate = 0.125;
   row.message = "requested 1,024 bytes; \"locked\"\nline two";
+  row.offload = "auto";
+  row.paged_out_bytes = 3 << 20;
+  row.paged_in_bytes = 1 << 20;
+  row.page_outs = 3;
+  row.page_ins = 1;
+  row.transfer_stall_ns = 300000;
   return row;
 }
 
@@ -63,19 +69,19 @@ TEST(ResultTableTest, CsvHeaderAndRows) {
   ASSERT_GE(lines.size(), 4u);
   EXPECT_EQ(lines[0], absl::StrJoin(CsvColumns(), ","));
   EXPECT_EQ(lines[1],
-            "resnet32-56-9000000000.0-2020-10-1-13-3-30-default.log,dtr-eq,counter,0.5,5030563868,pass,1.01235,"
-            "5030000000,3600000,120,80,5000,250000,,1500000,291900000,10061127736,295500000,");
+            "resnet32-56-9000000000.0-2020-10-1-13-3-30-default.log,dtr-eq,counter,off,0.5,5030563868,pass,1.01235,"
+            "5030000000,3600000,120,80,5000,250000,,1500000,291900000,10061127736,295500000,0,0,0,0,0,");
   // The arena row: fragmentation written, the message quoted with its quotes doubled and its newline kept.
   EXPECT_EQ(lines[2],
-            "unet-6-8000000000.0-2020-10-1-10-57-18-default.log,coop,arena,0.1,5030563868,oom,1.01235,5030000000,"
-            "3600000,120,80,5000,250000,0.125,1500000,291900000,10061127736,295500000,"
+            "unet-6-8000000000.0-2020-10-1-10-57-18-default.log,coop,arena,auto,0.1,5030563868,oom,1.01235,5030000000,"
+            "3600000,120,80,5000,250000,0.125,1500000,291900000,10061127736,295500000,3145728,1048576,3,1,300000,"
             "\"requested 1,024 bytes; \"\"locked\"\"");
   EXPECT_EQ(lines[3], "line two\"");
   EXPECT_EQ(csv.back(), '\n');
 }
 
 TEST(ResultTableTest, CsvHasOneColumnPerField) {
-  EXPECT_EQ(CsvColumns().size(), 19u);
+  EXPECT_EQ(CsvColumns().size(), 25u);
   std::ostringstream out;
   WriteCsv({CounterRow()}, out);
   std::vector<std::string> lines = absl::StrSplit(out.str(), '\n');
@@ -92,6 +98,10 @@ TEST(ResultTableTest, Json) {
                               "\"overhead\": 1.01235"));
   EXPECT_THAT(json, HasSubstr("\"fragmentation_rate\": null"));
   EXPECT_THAT(json, HasSubstr("\"fragmentation_rate\": 0.125"));
+  EXPECT_THAT(json, HasSubstr("\"mode\": \"counter\", \"offload\": \"off\", \"ratio\": 0.5"));
+  EXPECT_THAT(json, HasSubstr("\"paged_out_bytes\": 3145728, \"paged_in_bytes\": 1048576, \"page_outs\": 3, "
+                              "\"page_ins\": 1, \"transfer_stall_ns\": 300000, \"message\""));
+  EXPECT_THAT(json, HasSubstr("\"paged_out_bytes\": 0, \"paged_in_bytes\": 0, \"page_outs\": 0"));
   EXPECT_THAT(json, HasSubstr("\"message\": \"requested 1,024 bytes; \\\"locked\\\"\\nline two\""));
   EXPECT_EQ(json.substr(json.size() - 4), "}\n]\n");
 }
@@ -131,6 +141,18 @@ TEST(ResultTableTest, TableIsAligned) {
   EXPECT_EQ(lines[1].substr(frag_end - 1, 1), "-");
   EXPECT_EQ(lines[2].substr(frag_end - 6, 6), "0.1250");
   EXPECT_THAT(lines[2], HasSubstr(" oom "));
+  // Paging columns: the mode, bytes paged out and in in readable units, the stall in ms.
+  const std::size_t offload_start = lines[0].find("offload");
+  EXPECT_EQ(lines[1].substr(offload_start, 4), "off ");
+  EXPECT_EQ(lines[2].substr(offload_start, 5), "auto ");
+  const std::size_t out_end = lines[0].find("paged out") + std::string("paged out").size();
+  EXPECT_EQ(lines[1].substr(out_end - 3, 3), "0 B");
+  EXPECT_EQ(lines[2].substr(out_end - 8, 8), "3.00 MiB");
+  const std::size_t in_end = lines[0].find("paged in") + std::string("paged in").size();
+  EXPECT_EQ(lines[2].substr(in_end - 8, 8), "1.00 MiB");
+  const std::size_t stall_end = lines[0].find("stall ms") + std::string("stall ms").size();
+  EXPECT_EQ(lines[1].substr(stall_end - 3, 3), "0.0");
+  EXPECT_EQ(lines[2].substr(stall_end - 3, 3), "0.3");
   // The oom run stopped early: its overhead is bracketed, still right-aligned under the header.
   EXPECT_EQ(lines[2].substr(overhead_end - 8, 8), "(1.0123)");
 }

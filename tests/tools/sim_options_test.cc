@@ -1,6 +1,8 @@
 #include "tools/sim_options.h"
 
+#include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "gmock/gmock.h"
@@ -44,6 +46,72 @@ TEST(SimOptionsTest, DefaultsForOneTrace) {
   EXPECT_TRUE(options->simrd_compat);
   EXPECT_TRUE(options->cheap_tensor_partitioning);
   EXPECT_FALSE(options->sample_sqrt);
+  EXPECT_THAT(options->offload, ElementsAre("off"));
+  EXPECT_DOUBLE_EQ(options->bandwidth_bytes_per_s, 12e9);
+  EXPECT_EQ(options->link_latency_ns, -1);  // the engine's default
+  EXPECT_EQ(options->host_budget_bytes, 0u);
+  EXPECT_FALSE(options->page_constants);
+  EXPECT_FALSE(options->duplex_link);
+}
+
+TEST(SimOptionsTest, PagingFlags) {
+  absl::StatusOr<SimOptions> options =
+      Parse({"a.log", "--offload", "off,auto,always", "--bandwidth=12GB/s", "--link-latency", "2.5us",
+             "--host-budget", "64GiB", "--page-constants", "--duplex-link"});
+  ASSERT_TRUE(options.ok()) << options.status();
+  EXPECT_THAT(options->offload, ElementsAre("off", "auto", "always"));
+  EXPECT_DOUBLE_EQ(options->bandwidth_bytes_per_s, 12e9);
+  EXPECT_EQ(options->link_latency_ns, 2500);
+  EXPECT_EQ(options->host_budget_bytes, 64ull << 30);
+  EXPECT_TRUE(options->page_constants);
+  EXPECT_TRUE(options->duplex_link);
+}
+
+TEST(SimOptionsTest, BandwidthForms) {
+  for (const auto& [text, expected] : std::vector<std::pair<std::string, double>>{
+           {"12e9", 12e9}, {"12GB/s", 12e9}, {"12 GB/s", 12e9}, {"16GiB/s", 16.0 * (1ull << 30)},
+           {"900MB", 900e6}, {"1.5e10/s", 1.5e10}, {"1000", 1000}}) {
+    SCOPED_TRACE(text);
+    absl::StatusOr<double> rate = ParseBandwidth(text);
+    ASSERT_TRUE(rate.ok()) << rate.status();
+    EXPECT_DOUBLE_EQ(*rate, expected);
+  }
+}
+
+TEST(SimOptionsTest, DurationForms) {
+  for (const auto& [text, expected] : std::vector<std::pair<std::string, std::int64_t>>{
+           {"10us", 10000}, {"0.5ms", 500000}, {"250ns", 250}, {"1s", 1000000000}, {"0", 0}, {"0us", 0}}) {
+    SCOPED_TRACE(text);
+    absl::StatusOr<std::int64_t> ns = ParseDuration(text);
+    ASSERT_TRUE(ns.ok()) << ns.status();
+    EXPECT_EQ(*ns, expected);
+  }
+}
+
+TEST(SimOptionsTest, MalformedPagingFlags) {
+  std::string message = Error({"a.log", "--offload", "sometimes"});
+  EXPECT_THAT(message, HasSubstr("--offload"));
+  EXPECT_THAT(message, HasSubstr("unknown offload mode 'sometimes' (known: off, auto, always"));
+  EXPECT_THAT(Error({"a.log", "--offload", "off,auto,off"}), HasSubstr("'off' is listed twice"));
+  EXPECT_THAT(Error({"a.log", "--offload", "auto,"}), HasSubstr("empty element"));
+  for (const char* bad : {"fast", "12GB/h", "0", "0GB/s", "-1e9", "nan", "inf", "12XB/s", "/s"}) {
+    SCOPED_TRACE(bad);
+    message = Error({"a.log", "--bandwidth", bad});
+    EXPECT_THAT(message, HasSubstr("--bandwidth"));
+    EXPECT_THAT(message, HasSubstr(std::string("'") + bad + "'"));
+  }
+  EXPECT_THAT(Error({"a.log", "--bandwidth", "fast"}), HasSubstr("e.g. 12GB/s, 12e9"));
+  for (const char* bad : {"10", "10 parsecs", "us", "-1us", "1.5ns", "ten us"}) {
+    SCOPED_TRACE(bad);
+    message = Error({"a.log", "--link-latency", bad});
+    EXPECT_THAT(message, HasSubstr("--link-latency"));
+    EXPECT_THAT(message, HasSubstr(std::string("'") + bad + "'"));
+  }
+  EXPECT_THAT(Error({"a.log", "--link-latency", "10"}), HasSubstr("e.g. 10us, 0.5ms"));
+  EXPECT_THAT(Error({"a.log", "--host-budget", "lots"}), HasSubstr("--host-budget"));
+  EXPECT_THAT(Error({"a.log", "--host-budget", "0"}), HasSubstr("--host-budget: '0' is zero bytes"));
+  EXPECT_THAT(Error({"a.log", "--duplex-link=yes"}), HasSubstr("--duplex-link: takes no value"));
+  EXPECT_THAT(Error({"a.log", "--offload"}), HasSubstr("--offload: missing value"));
 }
 
 TEST(SimOptionsTest, EveryFlag) {
@@ -168,7 +236,8 @@ TEST(SimOptionsTest, UsageListsPoliciesModesAndFlags) {
   EXPECT_THAT(usage, HasSubstr("dtr, dtr-eq, lru, coop"));
   EXPECT_THAT(usage, HasSubstr("counter, arena"));
   for (const char* flag : {"--ratios", "--budgets", "--policies", "--mode", "--overhead-limit", "--out", "--plot",
-                           "--jobs", "--seed", "--help"}) {
+                           "--jobs", "--seed", "--offload", "--bandwidth", "--link-latency", "--host-budget",
+                           "--page-constants", "--duplex-link", "--help"}) {
     EXPECT_THAT(usage, HasSubstr(flag));
   }
 }
