@@ -55,6 +55,7 @@ c10::Dict<std::string, double> EngineStatsDict() {
   put("generations", s->generations);
   put("released", s->released);
   put("shadows", s->executor.shadows);
+  put("empty_evictions", s->executor.empty_evictions);
   return out;
 }
 

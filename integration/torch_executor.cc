@@ -239,8 +239,15 @@ void TorchExecutor::Evict(Engine& engine, std::uint32_t s) {
     return;
   }
   c10::intrusive_ptr<c10::StorageImpl> home = homes_[s].lock();
-  if (!home || IsEvicted(*home) || home->nbytes() == 0) return;  // died or already gone
-  if (EvictStorage(*home).ok()) ++stats_.evictions;
+  if (!home || IsEvicted(*home) || home->nbytes() == 0) {  // died or already gone
+    ++stats_.empty_evictions;
+    return;
+  }
+  if (EvictStorage(*home).ok()) {
+    ++stats_.evictions;
+  } else {
+    ++stats_.empty_evictions;
+  }
 }
 
 void TorchExecutor::Clear() {

@@ -60,6 +60,7 @@ struct ExecutorStats {
   std::int64_t replay_ns = 0;        // wall time in Execute (copies and replayed kernels)
   std::int64_t evictions = 0;        // storages whose memory Evict dropped
   std::int64_t shadows = 0;          // results kept as shadows (no home to restore into)
+  std::int64_t empty_evictions = 0;  // Evict calls that found no memory to drop (home died, already evicted)
 };
 
 class TorchExecutor final : public Executor {
