@@ -5,6 +5,13 @@
 namespace remat {
 namespace {
 
+// CostDensity (policies/policy.cc), inlined for the batch loop: the same long double arithmetic, bit for bit.
+inline double CostDensityInline(std::int64_t numerator, std::int64_t bytes, std::int64_t staleness) {
+  long double denominator = static_cast<long double>(bytes) * static_cast<long double>(staleness);
+  if (!(denominator > 0)) return std::numeric_limits<double>::infinity();
+  return static_cast<double>(static_cast<long double>(numerator) / denominator);
+}
+
 std::int64_t StalenessOf(const StorageView& v, StorageId s) { return v.Clock() - v.LastAccess(s); }
 
 class Dtr final : public Policy {
@@ -22,6 +29,31 @@ class DtrEq final : public Policy {
   PolicyFeatures features() const override { return {.eq_classes = true}; }
   double Score(const StorageView& v, StorageId s) const override {
     return CostDensity(v.Compute(s) + v.EqClassCompute(s), v.Bytes(s), StalenessOf(v, s));
+  }
+  // The default full scan (no sampling, no small-storage filter) over the engine's arrays: same scores (the same
+  // long double CostDensity), ties to the later candidate, stop at exactly 0.
+  bool SupportsBatch(const ChooseOptions& options) const override {
+    return !options.sample_sqrt && !options.ignore_small;
+  }
+  std::optional<std::size_t> ChooseBatch(const CandidateBatch& b, const ChooseOptions& options,
+                                         ChooseContext& context) const override {
+    const std::size_t n = b.bytes.size();
+    if (n == 0 || b.eq_class_compute.size() != n) return std::nullopt;
+    double best = std::numeric_limits<double>::infinity();
+    std::optional<std::size_t> best_index;
+    std::int64_t evaluated = 0;
+    for (std::size_t i = 0; i < n; ++i) {
+      if (b.bytes[i] < 0) continue;  // the default path's `Bytes(s) < min_bytes` with min_bytes = 0
+      double cost = CostDensityInline(b.compute[i] + b.eq_class_compute[i], b.bytes[i], b.clock - b.last_access[i]);
+      ++evaluated;
+      if (cost <= best) {
+        best = cost;
+        best_index = i;
+      }
+      if (cost == 0) break;
+    }
+    if (context.evaluations != nullptr) *context.evaluations += evaluated;
+    return best_index;
   }
 };
 

@@ -58,6 +58,17 @@ struct ChooseOptions {
   bool ignore_small = false;
 };
 
+// Contiguous facts about the candidates (index i describes candidates[i]), for policies with a batch fast path
+// (Policy::ChooseBatch). The engine fills the arrays in one pass over its pool, without per-candidate virtual
+// calls. eq_class_compute is filled only when the policy's features() ask for eq_classes (empty otherwise).
+struct CandidateBatch {
+  std::int64_t clock = 0;
+  std::span<const std::int64_t> bytes;
+  std::span<const std::int64_t> compute;
+  std::span<const std::int64_t> last_access;
+  std::span<const std::int64_t> eq_class_compute;
+};
+
 struct ChooseContext {
   std::mt19937_64* rng = nullptr;    // for random choices and sampling; must be set if either is used
   std::int64_t* evaluations = nullptr;  // incremented once per scored candidate when set
@@ -72,6 +83,14 @@ class Policy {
   // Index into `candidates` of the victim, or nullopt when there are none.
   virtual std::optional<std::size_t> Choose(const StorageView& view, std::span<const StorageId> candidates,
                                             const ChooseOptions& options, ChooseContext& context) const;
+  // Optional fast path. When SupportsBatch(options) is true, ChooseBatch(batch, ...) must return exactly what
+  // Choose(view, candidates, options, context) returns over the same candidates (same index, same tie-breaking,
+  // same early stop, same evaluation count). The default Choose path stays for policies that do not opt in.
+  virtual bool SupportsBatch(const ChooseOptions& options) const { return false; }
+  virtual std::optional<std::size_t> ChooseBatch(const CandidateBatch& batch, const ChooseOptions& options,
+                                                 ChooseContext& context) const {
+    return std::nullopt;
+  }
   // Window policies evict a contiguous run of blocks chosen by the arena's window search.
   virtual bool UsesWindows() const { return false; }
   virtual std::optional<double> WindowCost(const StorageView& view, StorageId s) const { return std::nullopt; }

@@ -162,6 +162,32 @@ struct Engine::Impl {
     for (StorageIndex n : storage_children[s]) add(n);
   }
 
+  // Summed value of the distinct union-find classes of s's non-material neighbours (EqClassCompute), in one pass
+  // without building the neighbour list: a neighbour met twice has the same root, so deduplicating roots is enough.
+  std::vector<std::int64_t> batch_bytes, batch_compute, batch_last, batch_eq;  // ChooseFromPool's arrays
+  std::int64_t EqSum(StorageIndex s) {
+    std::int32_t local[16];
+    std::size_t count = 0;
+    roots.clear();
+    std::int64_t sum = 0;
+    auto visit = [&](StorageIndex n) {
+      const Storage& ns = storages[n];
+      if (n == s || ns.material || ns.paged || ns.dead || ns.ecn < 0) return;
+      std::int32_t r = eq.Find(ns.ecn);
+      for (std::size_t k = 0; k < count; ++k) {
+        if (local[k] == r) return;
+      }
+      for (std::int32_t x : roots) {
+        if (x == r) return;
+      }
+      if (count < 16) local[count++] = r; else roots.push_back(r);
+      sum += eq.RootValue(r);
+    };
+    for (StorageIndex n : storage_parents[s]) visit(n);
+    for (StorageIndex n : storage_children[s]) visit(n);
+    return sum;
+  }
+
   // Regions (runtime/regions.h) over the storage-level adjacency. Regions of pinned storages are never read (a
   // pinned storage is never scored nor evicted), so they are not maintained.
   std::vector<std::vector<StorageIndex>> storage_parents, storage_children;
@@ -817,10 +843,7 @@ bool Engine::MakeRoom(Arena& arena, std::size_t bytes) {
     stats_.search_ns += NowNs() - start;
     return PageLruConstant();
   }
-  m.candidates.clear();
-  for (std::uint32_t s = m.pool_head; s != kNone; s = m.storages[s].pool_next) m.candidates.push_back(s);
-  ChooseContext ctx{&m.rng, &stats_.heuristic_evaluations};
-  std::optional<std::size_t> pick = options_.policy->Choose(*this, m.candidates, options_.choose, ctx);
+  std::optional<std::size_t> pick = ChooseFromPool();
   stats_.search_ns += NowNs() - start;
   if (!pick) return false;
   if (absl::Status s = Reclaim(static_cast<StorageIndex>(m.candidates[*pick])); !s.ok()) {
@@ -1017,10 +1040,7 @@ absl::Status Engine::MakeRoomCounter(std::int64_t bytes, std::string_view what) 
           what, bytes, options_.budget, stats_.used_bytes, locked, m.constant_bytes));
     }
     std::int64_t start = NowNs();
-    m.candidates.clear();
-    for (std::uint32_t s = m.pool_head; s != kNone; s = m.storages[s].pool_next) m.candidates.push_back(s);
-    ChooseContext ctx{&m.rng, &stats_.heuristic_evaluations};
-    std::optional<std::size_t> pick = options_.policy->Choose(*this, m.candidates, options_.choose, ctx);
+    std::optional<std::size_t> pick = ChooseFromPool();
     stats_.search_ns += NowNs() - start;
     if (!pick) return absl::InternalError("policy chose nothing from a non-empty pool");
     if (absl::Status s = Reclaim(static_cast<StorageIndex>(m.candidates[*pick])); !s.ok()) return s;
@@ -1069,6 +1089,43 @@ std::vector<StorageIndex> Engine::PoolOrder() const {
   return out;
 }
 
+std::optional<std::size_t> Engine::ChooseFromPool() {
+  Impl& m = *impl_;
+  ChooseContext ctx{&m.rng, &stats_.heuristic_evaluations};
+  m.candidates.clear();
+  if (!options_.policy->SupportsBatch(options_.choose)) {
+    for (std::uint32_t s = m.pool_head; s != kNone; s = m.storages[s].pool_next) m.candidates.push_back(s);
+    return options_.policy->Choose(*this, m.candidates, options_.choose, ctx);
+  }
+  // Batch fast path: one pass over the pool fills contiguous arrays (no virtual call per candidate).
+  m.batch_bytes.clear();
+  m.batch_compute.clear();
+  m.batch_last.clear();
+  m.batch_eq.clear();
+  for (std::uint32_t s = m.pool_head; s != kNone; s = m.storages[s].pool_next) {
+    const Impl::Storage& st = m.storages[s];
+    m.candidates.push_back(s);
+    m.batch_bytes.push_back(st.size);
+    m.batch_compute.push_back(st.compute);
+    m.batch_last.push_back(st.last_access);
+    if (m.eq_classes) m.batch_eq.push_back(m.EqSum(s));
+  }
+  CandidateBatch batch;
+  batch.clock = stats_.clock;
+  batch.bytes = m.batch_bytes;
+  batch.compute = m.batch_compute;
+  batch.last_access = m.batch_last;
+  batch.eq_class_compute = m.batch_eq;
+  return options_.policy->ChooseBatch(batch, options_.choose, ctx);
+}
+
+std::optional<StorageIndex> Engine::PickVictim() {
+  if (impl_->pool_size == 0) return std::nullopt;
+  std::optional<std::size_t> pick = ChooseFromPool();
+  if (!pick) return std::nullopt;
+  return static_cast<StorageIndex>(impl_->candidates[*pick]);
+}
+
 // StorageView.
 std::int64_t Engine::Clock() const { return stats_.clock; }
 std::int64_t Engine::Bytes(StorageId s) const { return impl_->storages[s].size; }
@@ -1083,27 +1140,31 @@ std::int64_t Engine::AncestorCompute(StorageId s) const { return impl_->regions 
 std::int64_t Engine::EqClassCompute(StorageId s) const {
   Impl& m = *impl_;
   if (!m.eq_classes) return 0;
-  m.NonMaterialNeighbours(static_cast<StorageIndex>(s), m.neighbours);
-  m.roots.clear();
-  std::int64_t sum = 0;
-  for (StorageIndex n : m.neighbours) {
-    if (m.storages[n].ecn < 0) continue;
-    std::int32_t r = m.eq.Find(m.storages[n].ecn);
-    bool seen = false;
-    for (std::int32_t x : m.roots) seen = seen || x == r;
-    if (seen) continue;
-    m.roots.push_back(r);
-    sum += m.eq.Value(r);
-  }
-  return sum;
+  return m.EqSum(static_cast<StorageIndex>(s));
 }
 std::int64_t Engine::EvictedNeighbourCompute(StorageId s) const {
+  // NonMaterialNeighbours + sum, in one pass: distinct neighbours kept in a small local array first (no vector
+  // rebuilt per call), spilling to the scratch vector past 16.
   Impl& m = *impl_;
-  m.NonMaterialNeighbours(static_cast<StorageIndex>(s), m.neighbours);
+  const StorageIndex self = static_cast<StorageIndex>(s);
+  StorageIndex local[16];
+  std::size_t count = 0;
+  m.neighbours.clear();
   std::int64_t sum = 0;
-  for (StorageIndex n : m.neighbours) {
-    if (m.storages[n].computed) sum += m.storages[n].compute;
-  }
+  auto visit = [&](StorageIndex n) {
+    const Impl::Storage& ns = m.storages[n];
+    if (n == self || ns.material || ns.paged || ns.dead) return;
+    for (std::size_t k = 0; k < count; ++k) {
+      if (local[k] == n) return;
+    }
+    for (StorageIndex x : m.neighbours) {
+      if (x == n) return;
+    }
+    if (count < 16) local[count++] = n; else m.neighbours.push_back(n);
+    if (ns.computed) sum += ns.compute;
+  };
+  for (StorageIndex n : m.storage_parents[self]) visit(n);
+  for (StorageIndex n : m.storage_children[self]) visit(n);
   return sum;
 }
 std::int64_t Engine::AdjacentFreeBytes(StorageId s) const {

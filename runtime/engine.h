@@ -204,6 +204,10 @@ class Engine final : public PressureHandler, private StorageView {
   const StorageView& view() const { return *this; }
   // Storages in eviction-pool order (resident, unlocked, not constant).
   std::vector<StorageIndex> PoolOrder() const;
+  // The victim the policy picks from the pool now, exactly as the engine does under pressure (the policy's batch
+  // fast path when it has one), without evicting it. Counts heuristic evaluations and consumes the RNG like a real
+  // choice. nullopt when the pool is empty. For benchmarks and tests.
+  std::optional<StorageIndex> PickVictim();
 
   // Paging (see the contract above).
   bool Paged(StorageIndex s) const;
@@ -242,6 +246,9 @@ class Engine final : public PressureHandler, private StorageView {
   std::int64_t AdjacentFreeBytes(StorageId s) const override;
   bool Costly(StorageId s) const override;
 
+  // Builds the candidate list from the pool and asks the policy (batch path when supported); index into
+  // impl_->candidates.
+  std::optional<std::size_t> ChooseFromPool();
   absl::Status RunFrames();
   absl::Status RunFramesFrom(std::size_t base);
   OpId NewOp(std::span<const TensorId> inputs, std::int64_t cost, std::string_view name);

@@ -21,6 +21,8 @@ class EqClasses {
   void Merge(std::int32_t joining, std::int32_t into);
   // The value of the class of `node`.
   std::int64_t& Value(std::int32_t node) { return nodes_[Find(node)].value; }
+  // The value of a class given its root (a result of Find), without another Find.
+  std::int64_t RootValue(std::int32_t root) const { return nodes_[root].value; }
 
  private:
   struct Node {

@@ -1,0 +1,1 @@
+remat_test(choose_batch_test SOURCES choose_batch_test.cc DEPS remat_runtime remat_policies)
