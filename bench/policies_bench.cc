@@ -104,6 +104,28 @@ void BM_EngineChoose(benchmark::State& state, std::string name, bool no_batch) {
                                    static_cast<double>(state.iterations());
 }
 
+// Choice after a state change, as in a run under pressure: each iteration picks the victim, evicts it, brings it
+// back (replaying its evicted input) and evicts that input again, so the graph keeps its shape. Times the whole
+// iteration; the eq-class sums cached by the engine are invalidated by the evictions and replays.
+void BM_EngineChooseAfterChange(benchmark::State& state, std::string name, bool no_batch) {
+  Setup setup(name, 20000, nullptr, no_batch);
+  Engine& e = *setup.engine;
+  for (auto _ : state) {
+    std::optional<StorageIndex> pick = e.PickVictim();
+    if (!pick) {
+      state.SkipWithError("no victim");
+      break;
+    }
+    std::vector<StorageIndex> evicted_inputs;
+    for (TensorId in : e.OpInputs(e.ProducerOf(e.StorageRoot(*pick)))) {
+      if (!e.Resident(e.StorageOf(in))) evicted_inputs.push_back(e.StorageOf(in));
+    }
+    (void)e.Evict(*pick);
+    (void)e.Rematerialize(e.StorageRoot(*pick));
+    for (StorageIndex s : evicted_inputs) (void)e.Evict(s);
+  }
+}
+
 void BM_CoopWindow(benchmark::State& state) {
   ArenaOptions ao;
   ao.capacity = std::size_t{20001} * 1024 + 4096;
@@ -136,6 +158,12 @@ void Register() {
         ->Unit(benchmark::kMicrosecond);
     benchmark::RegisterBenchmark((std::string("BM_EngineChoose/") + name + "/virtual").c_str(), BM_EngineChoose,
                                  std::string(name), true)
+        ->Unit(benchmark::kMicrosecond);
+  }
+  for (bool no_batch : {false, true}) {
+    benchmark::RegisterBenchmark(no_batch ? "BM_EngineChooseAfterChange/dtr-eq/virtual"
+                                          : "BM_EngineChooseAfterChange/dtr-eq",
+                                 BM_EngineChooseAfterChange, std::string("dtr-eq"), no_batch)
         ->Unit(benchmark::kMicrosecond);
   }
   benchmark::RegisterBenchmark("BM_CoopWindow/10k_blocks", BM_CoopWindow)->Unit(benchmark::kMicrosecond);

@@ -44,8 +44,21 @@ class DtrEq final : public Policy {
     std::int64_t evaluated = 0;
     for (std::size_t i = 0; i < n; ++i) {
       if (b.bytes[i] < 0) continue;  // the default path's `Bytes(s) < min_bytes` with min_bytes = 0
-      double cost = CostDensityInline(b.compute[i] + b.eq_class_compute[i], b.bytes[i], b.clock - b.last_access[i]);
+      const std::int64_t numerator = b.compute[i] + b.eq_class_compute[i];
+      const std::int64_t staleness = b.clock - b.last_access[i];
       ++evaluated;
+      // Exact skip without the long double division: with best > 0 finite and a positive numerator and
+      // denominator, numerator > best * denominator * (1 + 1e-9) in doubles (each rounding <= 2^-53 relative)
+      // implies the exact quotient exceeds best by more than 1e-9 relative, so its rounded score is > best: it
+      // neither wins nor ties nor stops the scan. Every other case (ties, zeros, infinities, negatives) goes
+      // through the same CostDensity as the default path.
+      if (best > 0 && best < std::numeric_limits<double>::infinity() && numerator > 0 && b.bytes[i] > 0 &&
+          staleness > 0 &&
+          static_cast<double>(numerator) >
+              best * (static_cast<double>(b.bytes[i]) * static_cast<double>(staleness)) * (1 + 1e-9)) {
+        continue;
+      }
+      double cost = CostDensityInline(numerator, b.bytes[i], staleness);
       if (cost <= best) {
         best = cost;
         best_index = i;

@@ -51,6 +51,7 @@ struct Engine::Impl {
     std::int64_t size = 0;
     std::int64_t compute = 0;
     std::int64_t last_access = 0;
+    std::uint32_t pool_prev = kNone, pool_next = kNone;  // next to size/compute/last_access: one line per pool step
     std::int32_t locks = 0;
     std::int32_t ext_refs = 0;
     bool material = false;
@@ -63,7 +64,6 @@ struct Engine::Impl {
     bool constant = false;  // no producer (Constant, AdoptConstant, in-place write of a constant)
     std::int64_t ready_at = 0;  // paged in: when the copy ends
     std::uintptr_t address = 0;
-    std::uint32_t pool_prev = kNone, pool_next = kNone;
     std::int32_t ecn = -1;  // union-find node, -1 = none (resident)
     std::vector<TensorId> tensors;
   };
@@ -195,7 +195,57 @@ struct Engine::Impl {
   std::vector<std::uint8_t> state;
   std::vector<std::int64_t> costs;
   RegionWalker walker;
+  // Cache of EqSum per storage for the batch choice: valid when eq_cache_epoch[s] == eq_epoch. Any change that can
+  // alter EqSum(x) invalidates x: a storage's own status/ecn/edges (Touch: x and its neighbours) and a union-find
+  // class's value or membership (TouchClass: the neighbours of every storage that ever had a node in the class; past
+  // kClassTouchLimit nodes, every entry at once by bumping eq_epoch). Invalidation only marks; EqSum is recomputed
+  // lazily at the next choice, so over-invalidating is always safe.
+  static constexpr std::size_t kClassTouchLimit = 256;
+  std::vector<std::int64_t> eq_cache;
+  std::vector<std::uint64_t> eq_cache_epoch;
+  std::uint64_t eq_epoch = 1;
+  std::vector<StorageIndex> node_storage;               // per union-find node: its storage
+  std::vector<std::vector<std::int32_t>> node_members;  // per root: the nodes of its class
+  void Touch(StorageIndex x) {
+    if (!eq_classes) return;
+    eq_cache_epoch[x] = 0;
+    for (StorageIndex n : storage_parents[x]) eq_cache_epoch[n] = 0;
+    for (StorageIndex n : storage_children[x]) eq_cache_epoch[n] = 0;
+  }
+  void TouchClass(std::int32_t node) {
+    const std::vector<std::int32_t>& members = node_members[eq.Find(node)];
+    if (members.size() > kClassTouchLimit) {
+      ++eq_epoch;
+      return;
+    }
+    for (std::int32_t x : members) Touch(node_storage[x]);
+  }
+  std::int32_t EqAdd(StorageIndex s, std::int64_t value) {
+    std::int32_t node = eq.Add(value);
+    node_storage.push_back(s);
+    node_members.emplace_back(1, node);
+    return node;
+  }
+  void EqMerge(std::int32_t joining, std::int32_t into) {
+    std::int32_t l = eq.Find(joining), r = eq.Find(into);
+    if (l == r) return;
+    std::vector<std::int32_t>& big = node_members[r];
+    std::vector<std::int32_t>& small = node_members[l];
+    if (small.size() > big.size()) big.swap(small);
+    big.insert(big.end(), small.begin(), small.end());
+    std::vector<std::int32_t>().swap(small);
+    eq.Merge(joining, into);
+  }
+  std::int64_t CachedEqSum(StorageIndex s) {
+    if (eq_cache_epoch[s] == eq_epoch) return eq_cache[s];
+    std::int64_t v = EqSum(s);
+    eq_cache[s] = v;
+    eq_cache_epoch[s] = eq_epoch;
+    return v;
+  }
+
   void SetMaterial(StorageIndex s, bool material) {
+    Touch(s);
     storages[s].material = material;
     state[s] = static_cast<std::uint8_t>((state[s] & ~kRegionMaterial) | (material ? kRegionMaterial : 0));
   }
@@ -283,7 +333,9 @@ absl::Status Engine::AddOutputs(OpId op_id, std::span<const OutputSpec> outputs)
         m.fwd.emplace_back();
         m.rev.emplace_back();
       }
-      if (m.eq_classes) m.storages.back().ecn = m.eq.Add(0);  // placeholder until first computed
+      m.eq_cache.push_back(0);
+      m.eq_cache_epoch.push_back(0);
+      if (m.eq_classes) m.storages.back().ecn = m.EqAdd(s, 0);  // placeholder until first computed
     }
     tensor.storage = s;
     Impl::Storage& st = m.storages[s];
@@ -316,6 +368,8 @@ absl::Status Engine::AddOutputs(OpId op_id, std::span<const OutputSpec> outputs)
         };
         add(m.storage_parents[su], sp);
         add(m.storage_children[sp], su);
+        m.Touch(su);
+        m.Touch(sp);
       }
     }
   }
@@ -334,6 +388,7 @@ TensorId Engine::AdoptConstant(std::int64_t bytes, std::uintptr_t address, std::
   m.storages[s].computed = true;
   m.storages[s].last_access = stats_.clock;
   m.storages[s].ecn = -1;
+  m.Touch(s);
   if (address != 0) SetAddress(s, address);
   m.storages[s].locks = 1;
   m.storages[s].pinned = true;
@@ -408,6 +463,7 @@ absl::StatusOr<std::span<const TensorId>> Engine::EndOp(OpId op_id, std::span<co
       stats_.used_bytes -= st.size;
       st.has_address = false;
       st.dead = true;
+      m.Touch(old);
       m.state[old] |= kRegionDead;
       m.constant_bytes -= st.size;
       for (TensorId u : st.tensors) m.tensors[u].defined = false;
@@ -509,6 +565,7 @@ void Engine::FreeDead(StorageIndex start) {
       m.SetMaterial(x, false);
     }
     st.dead = true;
+    m.Touch(x);
     m.state[x] |= kRegionDead;
     ++stats_.freed_storages;
     for (StorageIndex p : m.storage_parents[x]) work.push_back(p);
@@ -561,11 +618,13 @@ void Engine::MarkEvicted(StorageIndex s, bool held_memory) {
     m.rev[s].Clear();
   }
   if (m.eq_classes) {
-    st.ecn = m.eq.Add(st.compute);
+    st.ecn = m.EqAdd(s, st.compute);
+    m.Touch(s);
     m.NonMaterialNeighbours(s, m.neighbours);
     for (StorageIndex n : m.neighbours) {
-      if (m.storages[n].ecn >= 0) m.eq.Merge(m.storages[n].ecn, st.ecn);
+      if (m.storages[n].ecn >= 0) m.EqMerge(m.storages[n].ecn, st.ecn);
     }
+    m.TouchClass(st.ecn);
   }
 }
 
@@ -781,8 +840,12 @@ void Engine::AfterCompute() {
   if (m.eq_classes) {
     for (StorageIndex s : m.remat_storages) {
       Impl::Storage& st = m.storages[s];
-      if (st.ecn >= 0) m.eq.Value(st.ecn) -= st.compute;
+      if (st.ecn >= 0) {
+        m.eq.Value(st.ecn) -= st.compute;
+        m.TouchClass(st.ecn);
+      }
       st.ecn = -1;
+      m.Touch(s);
     }
   }
 }
@@ -911,6 +974,7 @@ absl::Status Engine::PageOutStorage(StorageIndex s) {
   st.ready_at = IssueCopy(st.size, /*in=*/false, 0);  // when the host copy is complete
   st.material = false;  // the region state keeps its material bit: a paged storage bounds evicted regions
   st.paged = true;
+  m.Touch(s);
   m.PoolRemove(s);
   for (TensorId t : st.tensors) {
     m.tensors[t].paged_defined = m.tensors[t].defined;
@@ -950,6 +1014,7 @@ absl::StatusOr<bool> Engine::PageInStorage(StorageIndex s, bool prefetch, bool m
   st.ready_at = IssueCopy(st.size, /*in=*/true, st.ready_at);  // after its own page-out
   st.paged = false;
   st.material = true;
+  m.Touch(s);
   for (TensorId t : st.tensors) m.tensors[t].defined = m.tensors[t].paged_defined;
   stats_.used_bytes += st.size;
   stats_.host_used_bytes -= st.size;
@@ -973,6 +1038,7 @@ void Engine::DropPagedCopy(StorageIndex s) {
   if (!st.paged) return;
   executor_->DropPaged(*this, s);
   st.paged = false;
+  impl_->Touch(s);
   stats_.host_used_bytes -= st.size;
 }
 
@@ -1108,7 +1174,7 @@ std::optional<std::size_t> Engine::ChooseFromPool() {
     m.batch_bytes.push_back(st.size);
     m.batch_compute.push_back(st.compute);
     m.batch_last.push_back(st.last_access);
-    if (m.eq_classes) m.batch_eq.push_back(m.EqSum(s));
+    if (m.eq_classes) m.batch_eq.push_back(m.CachedEqSum(s));
   }
   CandidateBatch batch;
   batch.clock = stats_.clock;
