@@ -25,7 +25,6 @@ try:
 except ImportError:  # running from a checkout without the package installed
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "integration" / "python"))
     import remat
-from remat import _engine
 
 HUGE = 64 << 30
 
@@ -97,7 +96,7 @@ def run(args, budget=None):
     stats = None
     times = []
     if budget is not None:
-        _engine.enable(budget, args.policy)
+        remat.enable(budget, policy=args.policy)
     try:
         losses = []
         for _ in range(args.steps):
@@ -111,9 +110,8 @@ def run(args, budget=None):
             times.append(time.perf_counter() - start)
     finally:
         if budget is not None:
-            stats = remat.stats()
-            _engine.disable()
-            stats.update(_engine.engine_stats())
+            remat.disable()
+            stats = remat.stats()  # the last arena's and engine's numbers
     params = [p.detach().clone() for p in model.parameters()]
     step_time = sum(times[1:]) / max(1, len(times) - 1) if len(times) > 1 else times[0]
     return losses, params, step_time, stats
@@ -135,19 +133,18 @@ def main():
                         help="a torchvision classification model (resnet18, resnet50, densenet121, inception_v3, "
                              "...) or 'transformer'")
     parser.add_argument("--budget", default="0.8", help="bytes (6GiB) or a fraction of the measured peak (0.5)")
-    parser.add_argument("--policy", default=None, help=f"eviction policy, one of {', '.join(_engine.policies())}")
+    parser.add_argument("--policy", default=None, help=f"eviction policy, one of {', '.join(remat.policies())}")
     parser.add_argument("--optimizer", choices=("sgd", "adam"), default="sgd")
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--batch", type=int, default=2)
     parser.add_argument("--image-size", type=int, default=64)
     args = parser.parse_args()
-    try:
-        args.policy = _engine.resolve_policy(args.policy)
-    except ValueError as error:
-        parser.error(str(error))
+    if args.policy is not None and args.policy not in remat.policies():
+        parser.error(f"unknown policy {args.policy!r}; registered policies: {', '.join(remat.policies())}")
     torch.set_num_threads(max(1, torch.get_num_threads()))
 
-    print(f"model {args.model}, batch {args.batch}, {args.steps} steps, {args.optimizer}, policy {args.policy}")
+    print(f"model {args.model}, batch {args.batch}, {args.steps} steps, {args.optimizer}, "
+          f"policy {args.policy or 'default'}")
     base_losses, base_params, base_time, _ = run(args)
     print(f"baseline (no remat):       {base_time * 1e3:8.1f} ms/step")
     _, _, _, free = run(args, budget=HUGE)

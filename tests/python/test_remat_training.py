@@ -1,15 +1,19 @@
 """Training under remat with the engine behind it: a GPT-2-style transformer with dropout trains 3 steps under a
 budget below its unconstrained peak, storages are evicted and rematerialized, and losses, gradients and parameters
 are bitwise the ones of a run without remat. The peak is measured first under remat with a budget that never
-binds. Small inputs keep the file to seconds on 2 cores."""
+binds. Also the Python API over the engine: remat.policies(), policy= and REMAT_POLICY, the engine's stats.
+Small inputs keep the file to seconds on 2 cores."""
 
 import math
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
 
 import remat
-from remat import _engine
 
 MiB = 1 << 20
 HUGE = 4 << 30
@@ -18,8 +22,8 @@ HUGE = 4 << 30
 @pytest.fixture(autouse=True)
 def _remat_off_after_each_test():
     yield
-    if _engine.is_enabled():
-        _engine.disable()
+    if remat.is_enabled():
+        remat.disable()
 
 
 class GPT(torch.nn.Module):
@@ -79,7 +83,7 @@ def train(name, optimizer, budget=None, policy=None, steps=3):
     torch.manual_seed(1)  # dropout masks
     stats = None
     if budget is not None:
-        _engine.enable(budget, policy)
+        remat.enable(budget, policy=policy)
     try:
         losses = []
         for _ in range(steps):
@@ -93,9 +97,8 @@ def train(name, optimizer, budget=None, policy=None, steps=3):
         grads = [p.grad.detach().clone() for p in model.parameters()]
     finally:
         if budget is not None:
-            stats = remat.stats()
-            _engine.disable()
-            stats.update(_engine.engine_stats())
+            remat.disable()
+            stats = remat.stats()  # the last arena's and engine's numbers
     params = [p.detach().clone() for p in model.parameters()]
     return losses, grads, params, stats
 
@@ -145,4 +148,31 @@ def test_training_under_budgets_is_bitwise_identical(name, optimizer):
 def test_too_small_a_budget_raises_out_of_memory_naming_the_request():
     with pytest.raises(torch.OutOfMemoryError, match=r"tried to allocate \d+ bytes"):
         train("gpt", "adam", budget=256 * 1024)
-    assert not _engine.is_enabled()
+    assert not remat.is_enabled()
+
+
+def test_policies_come_from_the_engines_registry_and_an_unknown_one_is_a_clear_error():
+    names = remat.policies()
+    for name in ("dtr", "dtr-eq", "lru", "coop"):
+        assert name in names
+    with pytest.raises(ValueError, match=r"unknown policy 'belady'; registered policies: .*dtr-eq"):
+        remat.enable(budget=16 * MiB, policy="belady")
+    assert not remat.is_enabled()
+    with remat.enable(budget=16 * MiB, policy="lru") as enabled:
+        assert enabled.policy == "lru"
+        (torch.ones(64) * 2).sum()
+    stats = remat.stats()
+    for key in ("evictions", "rematerializations", "replayed_time_ns", "search_ns", "fragmentation"):
+        assert key in stats, key
+
+
+def test_remat_policy_from_the_environment():
+    cwd = str(Path(remat.__file__).resolve().parents[1])
+    ok = subprocess.run([sys.executable, "-c", "import remat, torch; print(remat.enable(budget=1 << 20).policy)"],
+                        capture_output=True, text=True, cwd=cwd, timeout=120, env={**os.environ, "REMAT_POLICY": "msps"})
+    assert ok.returncode == 0, ok.stderr
+    assert ok.stdout.split()[-1] == "msps"
+    bad = subprocess.run([sys.executable, "-c", "import remat"], capture_output=True, text=True, cwd=cwd, timeout=120,
+                         env={**os.environ, "REMAT_POLICY": "nope"})
+    assert bad.returncode != 0
+    assert "unknown REMAT_POLICY 'nope'; registered policies:" in bad.stderr

@@ -9,17 +9,17 @@ This package loads ``libremat_torch.so`` (the C++ integration) with ``torch.ops.
     print(remat.stats())
 
 While enabled, every CPU tensor is allocated from one arena of ``budget`` bytes, a hard limit: an allocation
-that does not fit raises ``torch.OutOfMemoryError`` naming the request. The dispatch hook records the ops run on
-the enabling thread (and the backward passes it starts). Eviction and rematerialization are not wired in yet
-(the engine plugs in behind the hook and the allocator), so a budget below what the model needs fails instead
-of recomputing.
+that does not fit first makes room by evicting storages the engine can recompute (``policy``, one of
+``remat.policies()``), and raises ``torch.OutOfMemoryError`` naming the request only when nothing can be evicted.
+The dispatch hook records the ops run on the enabling thread (and the backward passes it starts); evicted storages
+are rematerialized when an op reads them, bitwise identical.
 
 Finding the library, in order: the ``REMAT_LIBRARY`` environment variable (a path to the .so); a
 ``libremat_torch.so`` next to this file; ``$REMAT_BUILD_DIR/integration/``; ``<repo>/build/integration/``.
 The library only works with the torch minor version it was compiled against; importing it with another one
 raises ImportError.
 
-Environment: ``REMAT_BUDGET`` (bytes, a size such as ``6GiB``, or a fraction of physical memory such as
+Environment: ``REMAT_POLICY`` (a registered policy name; the default is ``dtr-eq``), ``REMAT_BUDGET`` (bytes, a size such as ``6GiB``, or a fraction of physical memory such as
 ``0.5``; parsed by the same C++ code as everywhere in remat) enables remat on the importing thread when the
 package is imported; ``REMAT_TRACE=path`` then also records the op stream there (closed at exit).
 """
@@ -35,7 +35,7 @@ from typing import Dict, Optional, Union
 import torch
 
 __all__ = ["enable", "disable", "is_enabled", "stats", "reset_peak", "record", "stop_recording", "parse_size",
-           "library_path"]
+           "library_path", "policies"]
 
 _LIBRARY_NAME = "libremat_torch.so"
 
@@ -100,6 +100,8 @@ def _load() -> Path:
 
 _library_path = _load()
 
+from . import _engine  # noqa: E402  (needs the library loaded)
+
 
 def library_path() -> Path:
     """The libremat_torch.so this package loaded."""
@@ -125,8 +127,9 @@ def parse_size(size: Union[int, str]) -> int:
 class _Enabled:
     """What enable() returns: remat is already on; as a context manager, leaving the block disables it."""
 
-    def __init__(self, budget: int):
+    def __init__(self, budget: int, policy: str):
         self.budget = budget
+        self.policy = policy
 
     def __enter__(self) -> "_Enabled":
         return self
@@ -137,34 +140,52 @@ class _Enabled:
         return False
 
     def __repr__(self) -> str:
-        return f"remat.enable(budget={self.budget})"
+        return f"remat.enable(budget={self.budget}, policy={self.policy!r})"
 
 
-def enable(budget: Union[int, str]) -> _Enabled:
-    """Switches remat on: CPU tensors come from an arena of `budget` bytes (a hard limit; exceeding it raises
-    torch.OutOfMemoryError), and the ops of this thread are tracked. Usable as a context manager. Raises
-    RuntimeError if remat is already enabled."""
+def enable(budget: Union[int, str], policy: Optional[str] = None) -> _Enabled:
+    """Switches remat on: CPU tensors come from an arena of `budget` bytes (a hard limit), and the ops of this
+    thread are tracked; under pressure the engine evicts storages it can recompute, chosen by `policy` (default
+    $REMAT_POLICY, else "dtr-eq"; see policies()), and rematerializes them when they are read. An allocation that
+    no eviction can make room for raises torch.OutOfMemoryError. Usable as a context manager. Raises ValueError for
+    an unknown policy and RuntimeError if remat is already enabled."""
     nbytes = parse_size(budget)
-    torch.ops.remat.enable(nbytes)
-    return _Enabled(nbytes)
+    name = _engine.enable(nbytes, policy)
+    return _Enabled(nbytes, name)
 
 
 def disable() -> None:
     """Switches remat off and gives torch back its CPU allocator. Tensors allocated while enabled keep working.
     Raises RuntimeError if remat is not enabled."""
-    torch.ops.remat.disable()
+    if _engine.is_enabled():
+        _engine.disable()
+    else:
+        torch.ops.remat.disable()
 
 
 def is_enabled() -> bool:
     return bool(torch.ops.remat.is_enabled())
 
 
-def stats() -> Dict[str, int]:
-    """Numbers of the current arena (or of the last one, after disable()) and of the op tracking:
+def stats() -> Dict[str, Union[int, float]]:
+    """Numbers of the current arena (or of the last one, after disable()), of the op tracking and of the engine:
     enabled, budget, allocated_bytes, peak_allocated_bytes, reserved_bytes, free_bytes, largest_free_block,
-    allocations, frees, pressure_allocations, failed_allocations, search_ns, ops_recorded, random_ops_recorded,
-    op_time_ns. The arena's keys are absent before the first enable()."""
-    return dict(torch.ops.remat.stats())
+    allocations, frees, pressure_allocations, failed_allocations, search_ns (arena), ops_recorded,
+    random_ops_recorded, op_time_ns (hook); evictions, rematerializations, replayed_time_ns (first-run time of the
+    replayed ops), replay_wall_ns, search_ns (the engine's victim search, replacing the arena's), fragmentation
+    (mean free/budget at allocations that needed eviction) and the bridge's counts (engine_stats() in _engine.py).
+    The arena's and engine's keys are absent before the first enable()."""
+    out: Dict[str, Union[int, float]] = dict(torch.ops.remat.stats())
+    engine = _engine.engine_stats()
+    if engine:
+        out["arena_search_ns"] = out.get("search_ns", 0)
+        out.update(engine)
+    return out
+
+
+def policies() -> list:
+    """The eviction policies enable(policy=...) and REMAT_POLICY accept (the engine's registry), sorted."""
+    return _engine.policies()
 
 
 def reset_peak() -> None:
@@ -217,7 +238,10 @@ atexit.register(_close_trace_at_exit)
 
 def _enable_from_environment() -> Optional[_Enabled]:
     if os.environ.get("REMAT_POLICY"):
-        raise ImportError("remat: REMAT_POLICY is set, but this build has no eviction policies yet")
+        try:
+            _engine.resolve_policy(None)
+        except ValueError as error:
+            raise ImportError(str(error)) from error
     budget = os.environ.get("REMAT_BUDGET")
     trace = os.environ.get("REMAT_TRACE")
     if not budget:
