@@ -11,23 +11,13 @@ Three grids, one row per (trace, policy), one column per ratio:
 Usage: arena_summary.py arena.csv  (stdlib only)
 """
 import collections
-import csv
 import sys
 
-
-def trace_label(name):
-    stem = name[:-4] if name.endswith(".log") else name
-    parts = stem.split("-")
-    return f"{parts[0]} ({parts[1]})" if len(parts) > 1 and parts[1].isdigit() else stem
+from sim_csv import read_rows, trace_label
 
 
 def main(argv):
-    if len(argv) != 1:
-        sys.exit("usage: arena_summary.py arena.csv")
-    with open(argv[0], newline="") as f:
-        rows = list(csv.DictReader(f))
-    if not rows:
-        sys.exit(f"{argv[0]}: no rows")
+    rows = read_rows(argv, "arena_summary.py arena.csv")
     traces = list(dict.fromkeys(r["trace"] for r in rows))
     policies = list(dict.fromkeys(r["policy"] for r in rows))
     ratios = sorted({float(r["ratio"]) for r in rows}, reverse=True)

@@ -6,25 +6,10 @@
 # Writes OUT_DIR/arena.csv (one row per run), OUT_DIR/arena.png (overhead vs ratio, one panel per trace),
 # OUT_DIR/arena_table.txt (remat-sim's table) and OUT_DIR/arena_summary.md (the Markdown tables, also printed).
 set -euo pipefail
-repo="$(cd "$(dirname "$0")/.." && pwd)"
-build_dir="${1:-$repo/build}"
-out_dir="${2:-$build_dir/arena}"
-shared_dir="${REMAT_SHARED_DIR:-$(dirname "$repo")/shared}"
-trace_dir="$shared_dir/traces/dtr"
-remat_sim="$build_dir/tools/remat-sim"
-
-[ -x "$remat_sim" ] || { echo "arena_table: $remat_sim not built (cmake --build $build_dir)" >&2; exit 1; }
-traces=(
-  "$trace_dir/resnet32-56-9000000000.0-2020-10-1-13-3-30-default.log"
-  "$trace_dir/transformer-10-8000000000.0-2020-10-1-10-56-5-default.log"
-  "$trace_dir/tv_densenet121-84-10000000000.0-2020-10-1-13-41-18-default.log"
-  "$trace_dir/unet-6-8000000000.0-2020-10-1-10-57-18-default.log"
-  "$trace_dir/lstm-128-11000000000.0-2020-10-1-16-38-52-default.log"
-)
-for t in "${traces[@]}"; do
-  [ -f "$t" ] || { echo "arena_table: trace not found: $t (set REMAT_SHARED_DIR)" >&2; exit 1; }
-done
-mkdir -p "$out_dir"
+script=arena_table
+default_out=arena
+# shellcheck source=bench/sim_traces.sh
+source "$(dirname "$0")/sim_traces.sh"
 
 start=$(date +%s.%N)
 "$remat_sim" "${traces[@]}" --mode arena --policies coop,dtr-eq,dte \

@@ -9,25 +9,10 @@
 # line per policy x offload), OUT_DIR/paging_table.txt (remat-sim's table) and OUT_DIR/paging_summary.md (the
 # Markdown tables: overhead and lowest feasible ratio, traffic, effect of paging; also printed).
 set -euo pipefail
-repo="$(cd "$(dirname "$0")/.." && pwd)"
-build_dir="${1:-$repo/build}"
-out_dir="${2:-$build_dir/paging}"
-shared_dir="${REMAT_SHARED_DIR:-$(dirname "$repo")/shared}"
-trace_dir="$shared_dir/traces/dtr"
-remat_sim="$build_dir/tools/remat-sim"
-
-[ -x "$remat_sim" ] || { echo "paging_figure: $remat_sim not built (cmake --build $build_dir)" >&2; exit 1; }
-traces=(
-  "$trace_dir/resnet32-56-9000000000.0-2020-10-1-13-3-30-default.log"
-  "$trace_dir/transformer-10-8000000000.0-2020-10-1-10-56-5-default.log"
-  "$trace_dir/tv_densenet121-84-10000000000.0-2020-10-1-13-41-18-default.log"
-  "$trace_dir/unet-6-8000000000.0-2020-10-1-10-57-18-default.log"
-  "$trace_dir/lstm-128-11000000000.0-2020-10-1-16-38-52-default.log"
-)
-for t in "${traces[@]}"; do
-  [ -f "$t" ] || { echo "paging_figure: trace not found: $t (set REMAT_SHARED_DIR)" >&2; exit 1; }
-done
-mkdir -p "$out_dir"
+script=paging_figure
+default_out=paging
+# shellcheck source=bench/sim_traces.sh
+source "$(dirname "$0")/sim_traces.sh"
 
 start=$(date +%s.%N)
 # shellcheck disable=SC2086  # PAGING_SIM_FLAGS is a list of flags

@@ -10,23 +10,13 @@
 
 Usage: paging_summary.py paging.csv  (stdlib only)
 """
-import csv
 import sys
 
-
-def trace_label(name):
-    stem = name[:-4] if name.endswith(".log") else name
-    parts = stem.split("-")
-    return f"{parts[0]} ({parts[1]})" if len(parts) > 1 and parts[1].isdigit() else stem
+from sim_csv import read_rows, trace_label
 
 
 def main(argv):
-    if len(argv) != 1:
-        sys.exit("usage: paging_summary.py paging.csv")
-    with open(argv[0], newline="") as f:
-        rows = list(csv.DictReader(f))
-    if not rows:
-        sys.exit(f"{argv[0]}: no rows")
+    rows = read_rows(argv, "paging_summary.py paging.csv")
     if "offload" not in rows[0]:
         sys.exit(f"{argv[0]}: no offload column (not a remat-sim CSV with paging columns)")
     traces = list(dict.fromkeys(r["trace"] for r in rows))
