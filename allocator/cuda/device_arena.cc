@@ -202,6 +202,18 @@ struct DeviceArena::State {
     stats.active_bytes.Decrease(static_cast<std::int64_t>(size));
   }
 
+  // A budget changes only on an empty device: waits for pending frees, then gives the segment back.
+  absl::Status ReleaseForBudgetChangeLocked() {
+    (void)ReclaimLocked(/*synchronize=*/true);
+    if (!live.empty() || !pending.empty() || inflight != 0) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "remat: the CUDA budget of device ", options.device, " can only change while nothing is allocated (",
+          live.size(), " blocks, ", stats.allocated_bytes.current, " bytes are)"));
+    }
+    ReleaseArenaLocked();
+    return absl::OkStatus();
+  }
+
   absl::StatusOr<std::size_t> ReclaimLocked(bool synchronize) {
     if (pending.empty()) return std::size_t{0};
     ScopedDevice device(runtime, options.device);
@@ -440,13 +452,7 @@ absl::Status DeviceArena::SetBudget(std::size_t bytes) {
   if (bytes == 0) return absl::InvalidArgumentError("remat: the CUDA budget must be > 0 bytes");
   State& s = *state_;
   std::lock_guard<std::mutex> lock(s.mu);
-  (void)s.ReclaimLocked(/*synchronize=*/true);
-  if (!s.live.empty() || !s.pending.empty() || s.inflight != 0) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "remat: the CUDA budget of device ", s.options.device, " can only change while nothing is allocated (",
-        s.live.size(), " blocks, ", s.stats.allocated_bytes.current, " bytes are)"));
-  }
-  s.ReleaseArenaLocked();
+  if (absl::Status empty = s.ReleaseForBudgetChangeLocked(); !empty.ok()) return empty;
   s.options.budget = bytes;
   s.options.budget_fraction = 0;
   s.resolved_budget = 0;
@@ -459,13 +465,7 @@ absl::Status DeviceArena::SetBudgetFraction(double fraction) {
   }
   State& s = *state_;
   std::lock_guard<std::mutex> lock(s.mu);
-  (void)s.ReclaimLocked(/*synchronize=*/true);
-  if (!s.live.empty() || !s.pending.empty() || s.inflight != 0) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "remat: the CUDA budget of device ", s.options.device, " can only change while nothing is allocated (",
-        s.live.size(), " blocks, ", s.stats.allocated_bytes.current, " bytes are)"));
-  }
-  s.ReleaseArenaLocked();
+  if (absl::Status empty = s.ReleaseForBudgetChangeLocked(); !empty.ok()) return empty;
   s.options.budget = 0;
   s.options.budget_fraction = fraction;
   s.resolved_budget = 0;
