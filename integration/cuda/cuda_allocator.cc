@@ -490,15 +490,38 @@ RematCudaAllocator* InstalledCudaAllocator() {
   return g_installed;
 }
 
-absl::Status InstallRematCudaAllocator(const CudaAllocatorOptions& options) {
+absl::StatusOr<RematCudaAllocator*> InstallNewCudaAllocator(cuda::CudaRuntime* runtime,
+                                                            const CudaAllocatorOptions& options, CudaStreams streams) {
+  if (runtime == nullptr) return absl::InvalidArgumentError("remat: the CUDA allocator needs a CUDA runtime");
   if (options.budget == 0 && !(options.budget_fraction > 0 && options.budget_fraction <= 1)) {
     return absl::InvalidArgumentError("remat: the CUDA budget must be > 0 bytes or a fraction in (0, 1]");
   }
-  // Never destroyed: StorageImpls and c10 keep pointers to it.
-  auto* allocator = new RematCudaAllocator(cuda::RealCudaRuntime(), options, TorchCudaStreams());
+  if (InstalledCudaAllocator() != nullptr) {
+    return absl::AlreadyExistsError("remat: a remat CUDA allocator is already installed");
+  }
+  // Before touching the device: once CUDA is initialized, InstallCudaAllocator's message is the useful one.
+  cca::CUDAAllocator* current = cca::allocator.load();
+  if (current == nullptr || !current->initialized()) {
+    absl::StatusOr<int> count = runtime->DeviceCount();
+    if (!count.ok() || *count <= 0) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "remat: no CUDA device is available, so remat's CUDA allocator cannot be installed (",
+          count.ok() ? "the CUDA runtime reports 0 devices" : std::string(count.status().message()),
+          "). It needs an NVIDIA GPU and a driver that supports the CUDA version torch was built for."));
+    }
+  }
+  // Never destroyed here: StorageImpls and c10 keep pointers to it.
+  auto* allocator = new RematCudaAllocator(runtime, options, std::move(streams));
   absl::Status status = InstallCudaAllocator(allocator);
-  if (!status.ok()) delete allocator;
-  return status;
+  if (!status.ok()) {
+    delete allocator;
+    return status;
+  }
+  return allocator;
+}
+
+absl::Status InstallRematCudaAllocator(const CudaAllocatorOptions& options) {
+  return InstallNewCudaAllocator(cuda::RealCudaRuntime(), options, TorchCudaStreams()).status();
 }
 
 CudaStreams TorchCudaStreams() {

@@ -26,7 +26,8 @@
 //
 // Installation (InstallCudaAllocator) stores the allocator in c10's atomic `allocator` and registers it with
 // c10::SetAllocator(kCUDA); it must happen before CUDA initializes: if the allocator already installed reports
-// initialized() (torch ran its CUDA lazy init), installation fails with FailedPrecondition saying so.
+// initialized() (torch ran its CUDA lazy init), installation fails with FailedPrecondition saying so. The
+// production path (InstallNewCudaAllocator) also refuses when the runtime sees no CUDA device.
 // Thread safety: all allocator methods may be called from any thread. Install/Uninstall must not race.
 #pragma once
 
@@ -175,7 +176,15 @@ absl::Status UninstallCudaAllocator();
 // The installed remat CUDA allocator, or nullptr.
 RematCudaAllocator* InstalledCudaAllocator();
 
-// Production: a RematCudaAllocator over the real CUDA runtime and torch's current streams, installed.
+// Makes a new RematCudaAllocator over `runtime` and installs it. Checked first, in this order, each failing without
+// installing anything: invalid options (InvalidArgument); a remat allocator already installed (AlreadyExists); CUDA
+// already initialized (FailedPrecondition, as InstallCudaAllocator); no CUDA device (FailedPrecondition saying so
+// and quoting the runtime's error, e.g. no driver). The allocator is never destroyed by remat (StorageImpls and
+// c10 keep pointers to it); a caller that uninstalls it and has freed everything may delete it (tests do).
+absl::StatusOr<RematCudaAllocator*> InstallNewCudaAllocator(cuda::CudaRuntime* runtime,
+                                                            const CudaAllocatorOptions& options, CudaStreams streams);
+
+// Production: InstallNewCudaAllocator over the real CUDA runtime and torch's current streams.
 absl::Status InstallRematCudaAllocator(const CudaAllocatorOptions& options);
 
 // Which end of a free block this thread's next CUDA allocations take (Coop partitioning). Default kLow.

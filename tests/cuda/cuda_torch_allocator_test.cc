@@ -1,6 +1,8 @@
 // RematCudaAllocator (remat as torch's CUDA allocator) over the test double: c10's allocator interface, stats as
 // torch.cuda reads them, stream-ordered reuse through recordStream, OutOfMemoryError, eviction through the
-// pressure handler, paging round trip, installation into c10, and the unsupported features' messages.
+// pressure handler (simulated eviction, with and without pending stream-ordered frees), paging round trip,
+// installation into c10 (and the calls torch.cuda's memory functions make through it), and the unsupported
+// features' messages.
 // Streams are the double's handles wrapped with c10::cuda::getStreamFromExternal (which touches no driver); the
 // allocator gets their handles back through the injected CudaStreams, never through CUDAStream::stream().
 #include "integration/cuda/cuda_allocator.h"
@@ -12,6 +14,7 @@
 
 #include <cstring>
 #include <map>
+#include <string>
 #include <vector>
 
 #include "allocator/cuda/fake_cuda_runtime.h"
@@ -169,16 +172,21 @@ TEST(CudaTorchAllocator, OutOfBudgetRaisesOutOfMemoryErrorNamingTheRequest) {
   EXPECT_EQ(f.allocator->getDeviceStats(0).num_ooms, 1);
 }
 
+// What the engine does under pressure, simulated: evicting a storage drops its DataPtr, which frees the block.
 class EvictOne final : public PressureHandler {
  public:
   explicit EvictOne(std::vector<c10::DataPtr>* victims) : victims_(victims) {}
-  bool MakeRoom(Arena&, std::size_t) override {
+  bool MakeRoom(Arena& arena, std::size_t bytes) override {
     ++calls;
+    last_arena = &arena;
+    last_request = bytes;
     if (victims_->empty()) return false;
     victims_->pop_back();  // dropping the DataPtr frees the block, as evicting a storage does
     return true;
   }
   int calls = 0;
+  Arena* last_arena = nullptr;
+  std::size_t last_request = 0;
 
  private:
   std::vector<c10::DataPtr>* victims_;
@@ -189,12 +197,101 @@ TEST(CudaTorchAllocator, PressureHandlerEvictsWhenTheBudgetIsFull) {
   std::vector<c10::DataPtr> evictable;
   evictable.push_back(f.allocator->allocate(2048));
   evictable.push_back(f.allocator->allocate(2048));
+  void* victim = evictable.back().get();
+  EvictOne handler(&evictable);
+  f.allocator->SetPressureHandler(0, &handler);
+  c10::DataPtr fresh = f.allocator->allocate(2000);
+  EXPECT_EQ(fresh.get(), victim);  // the evicted block's memory
+  EXPECT_EQ(handler.calls, 1);
+  EXPECT_EQ(handler.last_request, 2048u);  // aligned
+  EXPECT_EQ(handler.last_arena, f.allocator->Device(0).arena());
+  EXPECT_EQ(evictable.size(), 1u);
+  const auto stats = f.allocator->getDeviceStats(0);
+  EXPECT_EQ(stats.num_alloc_retries, 1);
+  EXPECT_EQ(stats.num_ooms, 0);
+  EXPECT_EQ(stats.allocated_bytes[0].current, 4096);
+  EXPECT_EQ(stats.allocated_bytes[0].peak, 4096);
+  // Only device 0 has the handler: device 1 fails without asking it.
+  ASSERT_TRUE(f.rt.SetDevice(1).ok());
+  c10::DataPtr full = f.allocator->allocate(4096);
+  EXPECT_THROW((void)f.allocator->allocate(512), c10::OutOfMemoryError);
+  EXPECT_EQ(handler.calls, 1);
+  ASSERT_TRUE(f.rt.SetDevice(0).ok());
+  f.allocator->SetPressureHandler(0, nullptr);
+}
+
+TEST(CudaTorchAllocator, HandlerThatFreesNothingGivesOutOfMemoryErrorWithTheNumbers) {
+  Fixture f(4096);
+  c10::DataPtr a = f.allocator->allocate(3000);
+  std::vector<c10::DataPtr> nothing;
+  EvictOne handler(&nothing);
+  f.allocator->SetPressureHandler(0, &handler);
+  try {
+    (void)f.allocator->allocate(2000);
+    FAIL() << "expected OutOfMemoryError";
+  } catch (const c10::OutOfMemoryError& e) {
+    const std::string message = e.what_without_backtrace();
+    EXPECT_THAT(message, HasSubstr("tried to allocate 2000 bytes (2048 aligned)"));
+    EXPECT_THAT(message, HasSubstr("budget 4096 bytes, allocated 3072"));
+    EXPECT_THAT(message, HasSubstr("largest free block 1024"));
+    EXPECT_THAT(message, HasSubstr("the pressure handler freed nothing after 1 round(s)"));
+  }
+  EXPECT_EQ(handler.calls, 1);
+  // Larger than the whole budget: evicting everything would not help, so the handler is not asked.
+  EXPECT_THAT(ErrorOf([&] { (void)f.allocator->allocate(8192); }), HasSubstr("larger than any segment"));
+  EXPECT_EQ(handler.calls, 1);
+  const auto stats = f.allocator->getDeviceStats(0);
+  EXPECT_EQ(stats.num_ooms, 2);
+  EXPECT_EQ(stats.allocated_bytes[0].current, 3072);  // the failures changed nothing
+  f.allocator->SetPressureHandler(0, nullptr);
+}
+
+TEST(CudaTorchAllocator, PendingStreamFreesAreReclaimedBeforeTheHandlerIsAsked) {
+  Fixture f(4096);
+  cudaStream_t side = *f.rt.StreamCreate();
+  c10::cuda::CUDAStream side_stream = f.Wrap(side);
+  std::vector<c10::DataPtr> evictable;
+  evictable.push_back(f.allocator->allocate(2048));
+  EvictOne handler(&evictable);
+  f.allocator->SetPressureHandler(0, &handler);
+  bool use_done = false;
+  void* x = nullptr;
+  {
+    c10::DataPtr a = f.allocator->allocate(2048);
+    x = a.get();
+    f.allocator->recordStream(a, side_stream);
+    f.rt.HoldStream(side);
+    f.rt.Launch(side, [&] { use_done = true; });
+  }  // pending: side still uses it
+  EXPECT_EQ(f.allocator->getDeviceStats(0).active_bytes[0].current, 4096);
+  c10::DataPtr b = f.allocator->allocate(2048);
+  EXPECT_EQ(b.get(), x);          // the pending block, once side's use finished
+  EXPECT_TRUE(use_done);
+  EXPECT_EQ(handler.calls, 0);    // waiting was enough: nothing was evicted
+  EXPECT_EQ(evictable.size(), 1u);
+  EXPECT_EQ(f.allocator->getDeviceStats(0).num_sync_all_streams, 1);
+  f.allocator->SetPressureHandler(0, nullptr);
+}
+
+TEST(CudaTorchAllocator, EvictedBlockStillInUseOnAnotherStreamIsReusedOnlyAfterTheUse) {
+  Fixture f(4096);
+  cudaStream_t side = *f.rt.StreamCreate();
+  c10::cuda::CUDAStream side_stream = f.Wrap(side);
+  std::vector<c10::DataPtr> evictable;
+  evictable.push_back(f.allocator->allocate(2048));
+  void* victim = evictable.back().get();
+  f.allocator->recordStream(evictable.back(), side_stream);
+  bool use_done = false;
+  f.rt.HoldStream(side);
+  f.rt.Launch(side, [&] { use_done = true; });  // the victim's last use, still queued when it is evicted
+  c10::DataPtr kept = f.allocator->allocate(2048);
   EvictOne handler(&evictable);
   f.allocator->SetPressureHandler(0, &handler);
   c10::DataPtr fresh = f.allocator->allocate(2048);
   EXPECT_EQ(handler.calls, 1);
-  EXPECT_EQ(evictable.size(), 1u);
-  EXPECT_EQ(f.allocator->getDeviceStats(0).num_alloc_retries, 1);
+  EXPECT_EQ(fresh.get(), victim);
+  EXPECT_TRUE(use_done);  // the allocator waited for side before handing the memory out
+  EXPECT_EQ(f.allocator->getDeviceStats(0).active_bytes[0].current, 4096);
   f.allocator->SetPressureHandler(0, nullptr);
 }
 
@@ -280,6 +377,84 @@ TEST(CudaTorchAllocator, UnsupportedFeaturesSaySo) {
   EXPECT_TRUE(f.allocator->getExpandableSegmentSizes(0).empty());
 }
 
+// Puts c10's CUDA allocator back as it was (at the lowest priority c10 accepts).
+void RestoreNative(cca::CUDAAllocator* native) {
+  cca::allocator.store(native);
+  for (int p = 0; p < 256 && c10::GetAllocator(c10::DeviceType::CUDA) != native; ++p) {
+    c10::SetAllocator(c10::DeviceType::CUDA, native, static_cast<std::uint8_t>(p));
+  }
+}
+
+// What torch.cuda.memory_allocated / memory_reserved / max_memory_allocated / reset_peak_memory_stats /
+// empty_cache and cuDNN's cacheInfo call: c10's free functions, which go to the installed allocator.
+TEST(CudaTorchAllocator, TorchCudaMemoryCallsReachTheInstalledAllocator) {
+  Fixture f;
+  cca::CUDAAllocator* native = cca::allocator.load();
+  ASSERT_TRUE(InstallCudaAllocator(f.allocator.get()).ok());
+  {
+    c10::DataPtr a = c10::GetAllocator(c10::DeviceType::CUDA)->allocate(100000);
+    {
+      c10::DataPtr b = c10::GetAllocator(c10::DeviceType::CUDA)->allocate(4096);
+      EXPECT_EQ(cca::getDeviceStats(0).allocated_bytes[0].current, 100352 + 4096);
+    }
+    const auto stats = cca::getDeviceStats(0);
+    EXPECT_EQ(stats.allocated_bytes[0].current, 100352);        // memory_allocated
+    EXPECT_EQ(stats.allocated_bytes[0].peak, 100352 + 4096);    // max_memory_allocated
+    EXPECT_EQ(stats.reserved_bytes[0].current, kBudget);        // memory_reserved
+    cca::resetPeakStats(0);                                     // reset_peak_memory_stats
+    EXPECT_EQ(cca::getDeviceStats(0).allocated_bytes[0].peak, 100352);
+    std::size_t largest = 0;
+    cca::cacheInfo(0, &largest);                                // cuDNN's workspace sizing
+    EXPECT_EQ(largest, kBudget - 100352);
+    cca::emptyCache();                                          // something is allocated: the segment stays
+    EXPECT_EQ(cca::getDeviceStats(0).reserved_bytes[0].current, kBudget);
+  }
+  cca::emptyCache();
+  EXPECT_EQ(cca::getDeviceStats(0).reserved_bytes[0].current, 0);
+  EXPECT_EQ(f.rt.live_device_allocations(), 0u);
+  EXPECT_EQ(cca::name(), "remat");                              // torch.cuda.get_allocator_backend()
+  ASSERT_TRUE(UninstallCudaAllocator().ok());
+  RestoreNative(native);
+  EXPECT_EQ(c10::GetAllocator(c10::DeviceType::CUDA), native);
+}
+
+TEST(CudaTorchAllocator, InstallNewChecksForADeviceBeforeInstalling) {
+  cca::CUDAAllocator* native = cca::allocator.load();
+  CudaAllocatorOptions options;
+  options.budget = kBudget;
+  auto streams = [] {
+    CudaStreams s;
+    s.current = [](c10::DeviceIndex) { return cudaStream_t{nullptr}; };
+    s.handle = [](const c10::cuda::CUDAStream&) { return cudaStream_t{nullptr}; };
+    return s;
+  };
+  cuda::FakeCudaRuntime no_gpu(cuda::FakeCudaOptions{0, 0});
+  absl::StatusOr<RematCudaAllocator*> failed = InstallNewCudaAllocator(&no_gpu, options, streams());
+  EXPECT_EQ(failed.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(failed.status().message(), HasSubstr("no CUDA device is available"));
+  EXPECT_THAT(failed.status().message(), HasSubstr("reports 0 devices"));
+  EXPECT_EQ(InstalledCudaAllocator(), nullptr);
+  EXPECT_EQ(cca::allocator.load(), native);
+
+  EXPECT_EQ(InstallNewCudaAllocator(&no_gpu, CudaAllocatorOptions{}, streams()).status().code(),
+            absl::StatusCode::kInvalidArgument);
+
+  cuda::FakeCudaRuntime one_gpu;
+  absl::StatusOr<RematCudaAllocator*> installed = InstallNewCudaAllocator(&one_gpu, options, streams());
+  ASSERT_TRUE(installed.ok()) << installed.status();
+  EXPECT_EQ(InstalledCudaAllocator(), *installed);
+  EXPECT_EQ(cca::get(), *installed);
+  EXPECT_EQ(InstallNewCudaAllocator(&one_gpu, options, streams()).status().code(),
+            absl::StatusCode::kAlreadyExists);
+  {
+    c10::DataPtr a = c10::GetAllocator(c10::DeviceType::CUDA)->allocate(512);
+    EXPECT_EQ(cca::getDeviceStats(0).allocated_bytes[0].current, 512);
+  }
+  ASSERT_TRUE(UninstallCudaAllocator().ok());
+  delete *installed;
+  RestoreNative(native);
+}
+
 TEST(CudaTorchAllocator, InstallsIntoC10AndServesItsCudaAllocator) {
   Fixture f;
   cca::CUDAAllocator* native = cca::allocator.load();
@@ -310,10 +485,7 @@ TEST(CudaTorchAllocator, InstallsIntoC10AndServesItsCudaAllocator) {
   EXPECT_THAT(status.message(), HasSubstr("CUDA is already initialized"));
   ASSERT_TRUE(InstallCudaAllocator(f.allocator.get()).ok());  // same allocator: allowed
   ASSERT_TRUE(UninstallCudaAllocator().ok());
-  cca::allocator.store(native);  // leave c10 as we found it (at the lowest priority c10 accepts)
-  for (int p = 0; p < 256 && c10::GetAllocator(c10::DeviceType::CUDA) != native; ++p) {
-    c10::SetAllocator(c10::DeviceType::CUDA, native, static_cast<std::uint8_t>(p));
-  }
+  RestoreNative(native);  // leave c10 as we found it
   EXPECT_EQ(c10::GetAllocator(c10::DeviceType::CUDA), native);
 }
 
