@@ -3,6 +3,7 @@
 
 #include <c10/cuda/CUDAStream.h>
 #include <c10/util/Exception.h>
+#include <torch/headeronly/version.h>
 
 #include <cstddef>
 #include <cstdlib>
@@ -12,6 +13,8 @@
 #include <optional>
 #include <string>
 
+#include "absl/strings/str_cat.h"
+#include "allocator/arena.h"
 #include "integration/cuda/cuda_allocator.h"
 #include "runtime/byte_size.h"
 #include "runtime/config.h"
@@ -24,6 +27,13 @@ void CopyError(const std::string& message, char* error, std::size_t error_size) 
   const std::size_t n = std::min(message.size(), error_size - 1);
   std::memcpy(error, message.data(), n);
   error[n] = '\0';
+}
+
+// 0 for OK, else the status code's number (never 0) with the message in `error`.
+int Report(const absl::Status& status, char* error, std::size_t error_size) {
+  if (status.ok()) return 0;
+  CopyError(std::string(status.message()), error, error_size);
+  return static_cast<int>(status.code());
 }
 
 absl::StatusOr<CudaAllocatorOptions> OptionsFrom(const char* budget, const char* host_budget) {
@@ -75,12 +85,37 @@ int remat_install_cuda_allocator(const char* budget, const char* host_budget, ch
   try {
     absl::StatusOr<CudaAllocatorOptions> options = OptionsFrom(budget, host_budget);
     absl::Status status = options.ok() ? InstallRematCudaAllocator(*options) : options.status();
-    if (status.ok()) return 0;
-    CopyError(std::string(status.message()), error, error_size);
+    return Report(status, error, error_size);
+  } catch (const c10::Error& e) {
+    CopyError(e.what_without_backtrace(), error, error_size);
   } catch (const std::exception& e) {
     CopyError(e.what(), error, error_size);
   }
-  return 1;
+  return static_cast<int>(absl::StatusCode::kInternal);
+}
+
+const char* remat_cuda_torch_version() {
+  static const std::string version = absl::StrCat(TORCH_VERSION_MAJOR, ".", TORCH_VERSION_MINOR);
+  return version.c_str();
+}
+
+int remat_cuda_set_pressure_handler(int device, void* handler, char* error, std::size_t error_size) {
+  using namespace remat::integration;
+  RematCudaAllocator* installed = InstalledCudaAllocator();
+  if (installed == nullptr) {
+    return Report(absl::FailedPreconditionError(
+                      "remat: no remat CUDA allocator is installed to set a pressure handler on"),
+                  error, error_size);
+  }
+  try {
+    installed->SetPressureHandler(static_cast<c10::DeviceIndex>(device), static_cast<remat::PressureHandler*>(handler));
+    return 0;
+  } catch (const c10::Error& e) {
+    CopyError(e.what_without_backtrace(), error, error_size);
+  } catch (const std::exception& e) {
+    CopyError(e.what(), error, error_size);
+  }
+  return static_cast<int>(absl::StatusCode::kInternal);
 }
 
 void* remat_malloc(std::size_t size, int device, cudaStream_t stream) {

@@ -6,6 +6,18 @@
 //        lib.remat_install_cuda_allocator(b"6GiB", None, err, 1024)  # 0 on success, else err holds the message
 //    `budget` is bytes with a unit or a fraction of device memory ("0.5"); NULL or "" reads REMAT_BUDGET.
 //    `host_budget` (pinned host memory for paging) NULL or "" reads REMAT_HOST_BUDGET (unset: no paging).
+//    A failure returns the absl::StatusCode number, never 0: 3 for a malformed or missing budget, 6 when one is
+//    already installed, 9 when CUDA was already initialized or there is no CUDA device, 13 for other errors.
+//    Nothing is installed on failure. remat.install_cuda_allocator() (integration/python/remat/cuda.py) wraps it.
+//    remat_cuda_torch_version() is the torch "major.minor" the library was compiled against (it only works with
+//    that one).
+//
+// 1b. remat_cuda_set_pressure_handler(device, handler): the hook through which the runtime evicts when a CUDA
+//    allocation on `device` does not fit in the budget. `handler` is a remat::PressureHandler* (allocator/arena.h;
+//    nullptr removes it); its MakeRoom(arena, bytes) is called with the device's Arena after pending stream-ordered
+//    frees are exhausted, may free blocks (by freeing the tensors' memory), and returns whether it freed anything.
+//    Returns 0, or the absl::StatusCode number with the message in `error` (no allocator installed: 9; invalid
+//    device: 13). The handler is not owned and must outlive its use.
 //
 // 2. The functions torch.cuda.memory.CUDAPluggableAllocator loads (torch 2.14 signatures):
 //        void* remat_malloc(size_t size, int device, cudaStream_t stream)
@@ -31,6 +43,8 @@
 extern "C" {
 
 int remat_install_cuda_allocator(const char* budget, const char* host_budget, char* error, std::size_t error_size);
+const char* remat_cuda_torch_version();
+int remat_cuda_set_pressure_handler(int device, void* handler, char* error, std::size_t error_size);
 void* remat_malloc(std::size_t size, int device, cudaStream_t stream);
 void remat_free(void* ptr, std::size_t size, int device, cudaStream_t stream);
 void remat_init(int device_count);

@@ -1,6 +1,7 @@
 // The C entry points (c_api.h) over the test double: they serve from the installed remat allocator, which the
 // test installs with a FakeCudaRuntime behind it (c_api.cc is compiled into this test; the .so has the same code).
-// remat_install_cuda_allocator is checked only on paths that fail before touching the CUDA runtime.
+// remat_install_cuda_allocator is checked only on paths that fail before touching the CUDA runtime (the real one,
+// on a machine without a GPU, is checked by tests/python/test_cuda.py).
 #include "integration/cuda/c_api.h"
 
 #include <c10/util/Exception.h>
@@ -9,6 +10,7 @@
 
 #include <cstdlib>
 #include <string>
+#include <vector>
 
 #include "allocator/cuda/fake_cuda_runtime.h"
 #include "integration/cuda/cuda_allocator.h"
@@ -74,22 +76,73 @@ TEST_F(CudaCApi, MallocBeyondTheBudgetThrowsOutOfMemoryError) {
   remat_free(p, 4096, 0, nullptr);
 }
 
-TEST_F(CudaCApi, InstallReportsErrorsAsText) {
+TEST_F(CudaCApi, InstallReportsErrorsAsTextAndStatusCodes) {
   char error[512] = {};
-  EXPECT_EQ(remat_install_cuda_allocator("lots", nullptr, error, sizeof(error)), 1);
+  EXPECT_EQ(remat_install_cuda_allocator("lots", nullptr, error, sizeof(error)), 3);  // InvalidArgument
   EXPECT_THAT(error, HasSubstr("malformed byte size \"lots\""));
-  EXPECT_EQ(remat_install_cuda_allocator("1GiB", "many", error, sizeof(error)), 1);
+  EXPECT_EQ(remat_install_cuda_allocator("1GiB", "many", error, sizeof(error)), 3);
   EXPECT_THAT(error, HasSubstr("\"many\""));
   // One is installed already (this fixture's): a second install says so.
-  EXPECT_EQ(remat_install_cuda_allocator("1GiB", nullptr, error, sizeof(error)), 1);
+  EXPECT_EQ(remat_install_cuda_allocator("1GiB", nullptr, error, sizeof(error)), 6);  // AlreadyExists
   EXPECT_THAT(error, HasSubstr("already installed"));
   ::unsetenv("REMAT_BUDGET");
-  EXPECT_EQ(remat_install_cuda_allocator(nullptr, nullptr, error, sizeof(error)), 1);
+  EXPECT_EQ(remat_install_cuda_allocator(nullptr, nullptr, error, sizeof(error)), 3);
   EXPECT_THAT(error, HasSubstr("set REMAT_BUDGET"));
+  ::setenv("REMAT_BUDGET", "6 bananas", 1);
+  EXPECT_EQ(remat_install_cuda_allocator(nullptr, nullptr, error, sizeof(error)), 3);
+  EXPECT_THAT(error, HasSubstr("REMAT_BUDGET=\"6 bananas\" is not valid"));
+  ::unsetenv("REMAT_BUDGET");
   // A truncated message is still terminated.
   char tiny[8];
-  EXPECT_EQ(remat_install_cuda_allocator("lots", nullptr, tiny, sizeof(tiny)), 1);
+  EXPECT_NE(remat_install_cuda_allocator("lots", nullptr, tiny, sizeof(tiny)), 0);
   EXPECT_EQ(std::string(tiny).size(), 7u);
+  EXPECT_STREQ(remat_cuda_torch_version(), "2.14");
+}
+
+// The runtime's side of eviction: a handler set through the C entry frees what it evicts with remat_free.
+class FreeLast final : public PressureHandler {
+ public:
+  bool MakeRoom(Arena&, std::size_t bytes) override {
+    ++calls;
+    requests.push_back(bytes);
+    if (victims.empty()) return false;
+    remat_free(victims.back(), 0, 0, nullptr);
+    victims.pop_back();
+    return true;
+  }
+  std::vector<void*> victims;
+  std::vector<std::size_t> requests;
+  int calls = 0;
+};
+
+TEST_F(CudaCApi, PressureHandlerSetThroughTheCEntryEvicts) {
+  char error[256] = {};
+  FreeLast handler;
+  handler.victims.push_back(remat_malloc(2048, 0, nullptr));
+  void* kept = remat_malloc(2048, 0, nullptr);
+  ASSERT_EQ(remat_cuda_set_pressure_handler(0, &handler, error, sizeof(error)), 0) << error;
+  void* victim = handler.victims.back();
+  void* fresh = remat_malloc(1024, 0, nullptr);
+  EXPECT_EQ(fresh, victim);
+  EXPECT_EQ(handler.calls, 1);
+  EXPECT_EQ(handler.requests, std::vector<std::size_t>{1024});
+  EXPECT_EQ(Allocated(), 2048 + 1024);
+  // Nothing left to evict: the handler gives up and the request fails with torch's OutOfMemoryError.
+  EXPECT_THROW(remat_malloc(2048, 0, nullptr), c10::OutOfMemoryError);
+  EXPECT_EQ(handler.calls, 2);
+  EXPECT_EQ(remat_cuda_set_pressure_handler(0, nullptr, error, sizeof(error)), 0);
+  EXPECT_THROW(remat_malloc(2048, 0, nullptr), c10::OutOfMemoryError);
+  EXPECT_EQ(handler.calls, 2);  // removed
+  EXPECT_NE(remat_cuda_set_pressure_handler(7, &handler, error, sizeof(error)), 0);
+  EXPECT_THAT(error, HasSubstr("invalid CUDA device 7"));
+  remat_free(fresh, 1024, 0, nullptr);
+  remat_free(kept, 2048, 0, nullptr);
+}
+
+TEST(CudaCApiWithoutAllocator, SetPressureHandlerNeedsAnInstalledAllocator) {
+  char error[256] = {};
+  EXPECT_EQ(remat_cuda_set_pressure_handler(0, nullptr, error, sizeof(error)), 9);  // FailedPrecondition
+  EXPECT_THAT(error, HasSubstr("no remat CUDA allocator is installed"));
 }
 
 }  // namespace
