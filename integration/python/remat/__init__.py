@@ -35,7 +35,7 @@ from typing import Dict, Optional, Union
 import torch
 
 __all__ = ["enable", "disable", "is_enabled", "stats", "reset_peak", "record", "stop_recording", "parse_size",
-           "library_path", "policies"]
+           "library_path", "policies", "install_cuda_allocator"]
 
 _LIBRARY_NAME = "libremat_torch.so"
 
@@ -101,6 +101,7 @@ def _load() -> Path:
 _library_path = _load()
 
 from . import _engine  # noqa: E402  (needs the library loaded)
+from .cuda import install_cuda_allocator  # noqa: E402  (REMAT_DEVICE=cuda installs it here, before CUDA starts)
 
 
 def library_path() -> Path:

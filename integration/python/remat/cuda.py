@@ -1,0 +1,234 @@
+"""remat as PyTorch's CUDA allocator (C++: integration/cuda/, allocator/cuda/).
+
+NOT YET RUN ON A GPU BY US: our machines have no GPU. The allocator's logic is tested in CI against a test double
+of the CUDA runtime (tests/cuda/); on a machine without a GPU, installing it fails with a RuntimeError saying so.
+
+    import torch, remat
+    remat.install_cuda_allocator(budget="6GiB")   # before anything initializes CUDA
+    model = model.cuda()                          # every CUDA allocation now comes from remat's arena
+
+Every CUDA allocation then comes from one arena per device, the size of the budget, a hard limit:
+``torch.cuda.memory_reserved()`` equals the budget and an allocation that does not fit raises
+``torch.OutOfMemoryError`` naming the request, the budget, what is allocated and the largest free block.
+``memory_allocated``, ``max_memory_allocated``, ``reset_peak_memory_stats``, ``memory_stats``, ``empty_cache``,
+``Tensor.record_stream`` and cuDNN's ``cacheInfo`` work as usual.
+
+The engine does not evict CUDA tensors yet: the allocator calls a pressure handler when an allocation does not
+fit (``remat_cuda_set_pressure_handler`` in libremat_cuda.so), but the engine is not connected to it, so a budget
+below the model's peak raises ``torch.OutOfMemoryError``. ``policy`` is validated and recorded for when it is.
+
+The library, ``libremat_cuda.so``, is built when nvcc is found (``make build``). Finding it, in order: the
+``REMAT_CUDA_LIBRARY`` environment variable (a path to the .so); ``libremat_cuda.so`` next to this file;
+``cuda/`` next to the ``libremat_torch.so`` that ``import remat`` loaded; ``$REMAT_BUILD_DIR/integration/cuda/``;
+``<repo>/build/integration/cuda/``. Like libremat_torch.so it only works with the torch minor version it was
+compiled against.
+
+Environment, read by ``import remat``: ``REMAT_DEVICE`` (``cpu``, the default, or ``cuda``). With
+``REMAT_DEVICE=cuda`` and ``REMAT_BUDGET`` set (bytes with a unit such as ``6GiB``, or a fraction of device memory
+such as ``0.5``), importing remat installs the CUDA allocator with that budget (and ``REMAT_HOST_BUDGET`` for
+paging); any problem is an ImportError that names the variable. (Known gap: until ``remat/__init__.py`` skips its
+own REMAT_BUDGET handling when ``device_from_environment() == "cuda"``, that import also enables remat on the CPU
+with the same budget.)
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import sys
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional, Union
+
+import torch
+
+from . import _engine
+
+__all__ = ["install_cuda_allocator", "installed_cuda_allocator", "cuda_library_path"]
+
+_LIBRARY_NAME = "libremat_cuda.so"
+_TORCH_LIBRARY_NAME = "libremat_torch.so"
+_DEVICES = ("cpu", "cuda")
+# absl::StatusCode numbers that remat_install_cuda_allocator returns (integration/cuda/c_api.h).
+_INVALID_ARGUMENT = 3
+
+
+@dataclass(frozen=True)
+class CudaAllocator:
+    """What install_cuda_allocator() installed."""
+
+    budget: str                  # as given ("6GiB", "0.5", bytes), or as read from REMAT_BUDGET
+    host_budget: Optional[str]   # pinned host memory for paging, or None
+    policy: str                  # validated; not used until the engine evicts on CUDA
+    library: Path
+
+
+_lock = threading.Lock()
+_installed: Optional[CudaAllocator] = None
+_library: Optional[ctypes.CDLL] = None
+_library_file: Optional[Path] = None
+
+
+def _candidate_paths() -> list:
+    here = Path(__file__).resolve().parent
+    candidates = [here / _LIBRARY_NAME]
+    loaded = getattr(sys.modules.get(__package__), "_library_path", None)  # the libremat_torch.so remat loaded
+    if loaded is not None:
+        candidates.append(Path(loaded).resolve().parent / "cuda" / _LIBRARY_NAME)
+    build_dir = os.environ.get("REMAT_BUILD_DIR")
+    if build_dir:
+        candidates.append(Path(build_dir) / "integration" / "cuda" / _LIBRARY_NAME)
+    # integration/python/remat/cuda.py -> the repository root is three levels up.
+    candidates.append(here.parents[2] / "build" / "integration" / "cuda" / _LIBRARY_NAME)
+    return candidates
+
+
+def cuda_library_path() -> Path:
+    """The libremat_cuda.so that install_cuda_allocator() loads. RuntimeError if it was not built."""
+    explicit = os.environ.get("REMAT_CUDA_LIBRARY")
+    if explicit:
+        path = Path(explicit)
+        if not path.is_file():
+            raise RuntimeError(f"remat: REMAT_CUDA_LIBRARY={explicit!r} does not name a file")
+        return path
+    candidates = _candidate_paths()
+    for path in candidates:
+        if path.is_file():
+            return path
+    searched = "\n  ".join(str(p) for p in candidates)
+    raise RuntimeError(
+        f"remat: the CUDA library {_LIBRARY_NAME} was not built (it is built by `make build` when nvcc, the CUDA "
+        f"toolkit's compiler, is found), or it is elsewhere: set REMAT_CUDA_LIBRARY to its path. Searched:\n"
+        f"  {searched}"
+    )
+
+
+def _load_library() -> ctypes.CDLL:
+    global _library, _library_file
+    if _library is not None:
+        return _library
+    path = cuda_library_path()
+    try:
+        # RTLD_GLOBAL: one copy of the CUDA runtime and of torch's libraries in the process.
+        lib = ctypes.CDLL(str(path), mode=ctypes.RTLD_GLOBAL)
+    except OSError as error:
+        raise RuntimeError(
+            f"remat: cannot load {path}: {error}\n"
+            f"If it was built against another torch version (this is torch {torch.__version__}), rebuild remat."
+        ) from error
+    lib.remat_cuda_torch_version.argtypes = []
+    lib.remat_cuda_torch_version.restype = ctypes.c_char_p
+    compiled = lib.remat_cuda_torch_version().decode()
+    running = ".".join(torch.__version__.split("+")[0].split(".")[:2])
+    if compiled != running:
+        raise RuntimeError(
+            f"remat: {path} was built against torch {compiled}, but torch {torch.__version__} is running. The "
+            "library is tied to the torch minor version it was compiled against: rebuild remat with this torch."
+        )
+    lib.remat_install_cuda_allocator.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p,
+                                                 ctypes.c_size_t]
+    lib.remat_install_cuda_allocator.restype = ctypes.c_int
+    _library, _library_file = lib, path
+    return lib
+
+
+def _size_text(value: Union[int, float, str, None], name: str, fraction_ok: bool) -> Optional[str]:
+    """The text the C++ parser gets (None: read the environment). ValueError for a value of the wrong type."""
+    if value is None:
+        return None
+    if isinstance(value, bool):
+        raise ValueError(f"remat: {name} must be bytes (int) or a string such as '6GiB', got {value!r}")
+    if isinstance(value, int):
+        if value <= 0:
+            raise ValueError(f"remat: {name} must be > 0 bytes, got {value}")
+        return str(value)
+    if isinstance(value, float) and fraction_ok:
+        if not 0 < value <= 1:
+            raise ValueError(f"remat: a {name} fraction of device memory must be in (0, 1], got {value}")
+        return repr(value)
+    if isinstance(value, str) and value.strip():
+        return value
+    kinds = "bytes (int), a fraction of device memory (float in (0, 1]) or" if fraction_ok else "bytes (int) or"
+    raise ValueError(f"remat: {name} must be {kinds} a string such as '6GiB', got {value!r}")
+
+
+def install_cuda_allocator(budget: Union[int, float, str, None] = None, policy: Optional[str] = None,
+                           host_budget: Union[int, str, None] = None) -> CudaAllocator:
+    """Makes remat PyTorch's CUDA allocator: one arena of `budget` per device, a hard limit (see the module's
+    docstring). Call it after `import torch` and before anything initializes CUDA (the first CUDA tensor,
+    stream or torch.cuda call that initializes CUDA).
+
+    budget: bytes (int), a string with a unit ("6GiB", "512MiB"), or a fraction of each device's memory ("0.5"
+        or 0.5); None reads REMAT_BUDGET. host_budget: pinned host memory for paging (None reads
+        REMAT_HOST_BUDGET; unset: no paging). policy: an eviction policy name (remat.policies(); None reads
+        REMAT_POLICY), validated now, used once the engine evicts on CUDA (not yet: a budget below the peak raises
+        torch.OutOfMemoryError).
+
+    Raises ValueError for a malformed budget or unknown policy, and RuntimeError, with nothing installed, if CUDA
+    was already initialized, if remat's CUDA allocator is already installed, if libremat_cuda.so was not built
+    or does not load, or if there is no CUDA device."""
+    global _installed
+    with _lock:
+        if _installed is not None:
+            raise RuntimeError(f"remat: the CUDA allocator is already installed ({_installed})")
+        if torch.cuda.is_initialized():
+            raise RuntimeError(
+                "remat: CUDA is already initialized in this process, so remat cannot become the CUDA allocator: "
+                "call remat.install_cuda_allocator() (or set REMAT_DEVICE=cuda and REMAT_BUDGET before "
+                "`import remat`) before the first CUDA tensor, stream or torch.cuda call that initializes CUDA"
+            )
+        budget_text = _size_text(budget, "budget", fraction_ok=True)
+        host_text = _size_text(host_budget, "host_budget", fraction_ok=False)
+        policy_name = _engine.resolve_policy(policy)
+        lib = _load_library()
+        error = ctypes.create_string_buffer(4096)
+        status = lib.remat_install_cuda_allocator(
+            budget_text.encode() if budget_text is not None else None,
+            host_text.encode() if host_text is not None else None, error, len(error))
+        if status != 0:
+            message = error.value.decode(errors="replace")
+            if not message.startswith("remat:"):
+                message = f"remat: {message}"
+            if status == _INVALID_ARGUMENT:
+                raise ValueError(message)
+            raise RuntimeError(message)
+        _installed = CudaAllocator(
+            budget=budget_text if budget_text is not None else os.environ.get("REMAT_BUDGET", ""),
+            host_budget=host_text if host_text is not None else (os.environ.get("REMAT_HOST_BUDGET") or None),
+            policy=policy_name, library=_library_file)
+        return _installed
+
+
+def installed_cuda_allocator() -> Optional[CudaAllocator]:
+    """What install_cuda_allocator() installed in this process, or None."""
+    return _installed
+
+
+def device_from_environment() -> str:
+    """REMAT_DEVICE: "cpu" (also when unset or empty) or "cuda". ValueError naming the variable otherwise."""
+    value = os.environ.get("REMAT_DEVICE", "")
+    device = value.strip().lower()
+    if not device:
+        return "cpu"
+    if device not in _DEVICES:
+        raise ValueError(f"remat: REMAT_DEVICE={value!r} is not valid: expected one of {', '.join(_DEVICES)}")
+    return device
+
+
+def _install_from_environment() -> Optional[CudaAllocator]:
+    try:
+        device = device_from_environment()
+    except ValueError as error:
+        raise ImportError(str(error)) from error
+    if device != "cuda":
+        return None
+    if not os.environ.get("REMAT_BUDGET", "").strip():
+        raise ImportError("remat: REMAT_DEVICE=cuda needs REMAT_BUDGET (e.g. 6GiB, or 0.5 of device memory)")
+    try:
+        return install_cuda_allocator()
+    except (ValueError, RuntimeError) as error:
+        raise ImportError(f"remat: REMAT_DEVICE=cuda: {error}") from error
+
+
+_install_from_environment()
