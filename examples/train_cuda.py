@@ -1,73 +1,52 @@
 #!/usr/bin/env python3
 """Train torchvision's resnet50 on synthetic data with remat as PyTorch's CUDA allocator, under a memory budget.
 
-NOT YET RUN ON A GPU BY US: our machines have no GPU. The allocator's logic is tested in CI against a test double
-of the CUDA runtime (tests/cuda/); this script is what a user with an NVIDIA GPU runs.
+NOT RUN ON A GPU BY US: our machines have no GPU. The allocator's logic is tested in CI against a test double of the
+CUDA runtime (tests/cuda/), and this script's failure without a GPU is tested (tests/python/test_cuda.py), but
+nobody on the project has seen it train. It says so when it starts. If you run it, please report what you see.
 
     make build                      # builds build/integration/cuda/libremat_cuda.so when nvcc is present
     python examples/train_cuda.py --budget 6GiB --batch-size 64 --steps 20
 
-What it does: loads libremat_cuda.so, installs remat as torch's CUDA allocator (before anything initializes
-CUDA), then trains resnet50 for a few steps on random images and prints, per step, the time, the loss and
-torch.cuda.memory_allocated / max_memory_allocated / memory_reserved, which remat's allocator answers. The budget is
-a hard limit: memory_reserved equals it, and an allocation that does not fit raises torch.OutOfMemoryError naming
-the request. (Until the engine's eviction is connected to the CUDA allocator, nothing is evicted to make room, so a
-budget below the model's peak fails with that error; the script reports it and exits with status 3.)
+What it does: `remat.install_cuda_allocator(budget=...)` before anything initializes CUDA, then a few training
+steps of resnet50 on random images, printing per step the time, the loss and torch.cuda.memory_allocated /
+max_memory_allocated / memory_reserved, which remat's allocator answers. The budget is a hard limit: memory_reserved
+equals it, and an allocation that does not fit raises torch.OutOfMemoryError naming the request, the budget and
+the largest free block. The engine does not evict CUDA tensors yet, so a budget below the model's peak fails with
+that error; the script reports it and exits with status 3.
 
 Options: --budget (bytes with a unit, e.g. 6GiB, or a fraction of device memory, e.g. 0.5; default REMAT_BUDGET,
-else 0.9), --host-budget (pinned host memory for paging; default REMAT_HOST_BUDGET), --library (path to
-libremat_cuda.so; default REMAT_CUDA_LIBRARY, else build*/integration/cuda/ in this checkout), --batch-size,
---image-size, --steps, --no-remat (torch's own allocator, for comparison).
+else 0.9), --host-budget (pinned host memory for paging; default REMAT_HOST_BUDGET), --policy (checked; not used
+until the engine evicts on CUDA), --batch-size, --image-size, --steps, --no-remat (torch's own allocator, for
+comparison). libremat_cuda.so is found as remat.cuda's docstring says (REMAT_CUDA_LIBRARY, or the build
+directory). REMAT_BUDGET and REMAT_DEVICE are consumed here and removed from the environment before `import
+remat`, so that remat does not also apply the budget to CPU memory.
 Exit status: 0 trained; 2 no GPU or setup error; 3 out of the budget.
 """
 from __future__ import annotations
 
 import argparse
-import ctypes
 import os
 import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-LIBRARY = "libremat_cuda.so"
+NOT_RUN_NOTE = ("note: remat's CUDA allocator has not been run on a GPU by us (our machines have no GPU); "
+                "its logic is tested against a test double of the CUDA runtime only. Please report what you see.")
 
 
-def fail(message: str, status: int = 2) -> "None":
+def fail(message: str, status: int = 2) -> None:
     print(f"train_cuda.py: {message}", file=sys.stderr)
     sys.exit(status)
 
 
-def find_library(explicit: str | None) -> Path:
-    for candidate in (explicit, os.environ.get("REMAT_CUDA_LIBRARY")):
-        if candidate:
-            path = Path(candidate)
-            if not path.is_file():
-                fail(f"{candidate!r} is not a file (expected the built {LIBRARY})")
-            return path
-    build_dirs = [os.environ["BUILD_DIR"]] if os.environ.get("BUILD_DIR") else []
-    build_dirs += ["build"] + sorted(p.name for p in REPO.glob("build*") if p.name != "build")
-    for build_dir in build_dirs:
-        path = REPO / build_dir / "integration" / "cuda" / LIBRARY
-        if path.is_file():
-            return path
-    fail(f"cannot find {LIBRARY}: build it (make build, with nvcc installed) or pass --library / set "
-         "REMAT_CUDA_LIBRARY to its path")
-    raise AssertionError  # unreachable
-
-
-def install_remat(torch, library: Path, budget: str, host_budget: str | None) -> None:
-    """Makes remat torch's CUDA allocator. Must run before anything initializes CUDA in torch."""
-    if torch.cuda.is_initialized():
-        fail("CUDA is already initialized in this process; remat must be installed before the first CUDA tensor")
-    lib = ctypes.CDLL(str(library), mode=ctypes.RTLD_GLOBAL)
-    lib.remat_install_cuda_allocator.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_size_t]
-    lib.remat_install_cuda_allocator.restype = ctypes.c_int
-    error = ctypes.create_string_buffer(4096)
-    status = lib.remat_install_cuda_allocator(budget.encode(), host_budget.encode() if host_budget else None,
-                                              error, len(error))
-    if status != 0:
-        fail(f"cannot install remat's CUDA allocator: {error.value.decode()}")
+def import_remat():
+    try:
+        import remat
+    except ModuleNotFoundError:  # not installed: the package in this checkout
+        sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "integration" / "python"))
+        import remat
+    return remat
 
 
 def mib(n: int) -> str:
@@ -77,26 +56,39 @@ def mib(n: int) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--budget", default=os.environ.get("REMAT_BUDGET") or "0.9")
-    parser.add_argument("--host-budget", default=os.environ.get("REMAT_HOST_BUDGET"))
-    parser.add_argument("--library", default=None)
+    parser.add_argument("--host-budget", default=os.environ.get("REMAT_HOST_BUDGET") or None)
+    parser.add_argument("--policy", default=None)
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--image-size", type=int, default=224)
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--no-remat", action="store_true", help="use torch's own CUDA allocator")
     args = parser.parse_args()
+    print(NOT_RUN_NOTE, flush=True)
+
+    # The budget is the CUDA budget here: without this, `import remat` would also enable remat on the CPU with it
+    # (REMAT_BUDGET), or install the CUDA allocator itself (REMAT_DEVICE=cuda).
+    os.environ.pop("REMAT_BUDGET", None)
+    os.environ.pop("REMAT_DEVICE", None)
 
     import torch  # noqa: E402  (after argument parsing, so --help works without torch)
 
-    # torch.cuda.is_available() asks the driver for a device count; it does not initialize torch's CUDA state, so
-    # the allocator can still be installed afterwards.
-    if not torch.cuda.is_available():
-        fail(f"no CUDA GPU is available (torch.cuda.is_available() is False; torch {torch.__version__}, built for "
-             f"CUDA {torch.version.cuda}). This example trains on an NVIDIA GPU with remat as the CUDA allocator; "
-             "run it on a machine with a GPU and a driver that supports that CUDA version.")
-    if not args.no_remat:
-        library = find_library(args.library)
-        install_remat(torch, library, args.budget, args.host_budget)
-        print(f"remat: CUDA allocator installed from {library} with budget {args.budget}")
+    if args.no_remat:
+        if not torch.cuda.is_available():
+            fail(f"no CUDA GPU is available (torch.cuda.is_available() is False; torch {torch.__version__}, built "
+                 f"for CUDA {torch.version.cuda}). This example trains on an NVIDIA GPU.")
+    else:
+        try:
+            remat = import_remat()
+        except ImportError as error:
+            fail(f"cannot import remat: {error}")
+        try:
+            # Checks the budget, that CUDA is not initialized yet and that there is a CUDA device (RuntimeError
+            # saying so on a machine without a GPU), then installs remat as torch's CUDA allocator.
+            installed = remat.install_cuda_allocator(budget=args.budget, policy=args.policy,
+                                                     host_budget=args.host_budget)
+        except (ValueError, RuntimeError) as error:
+            fail(f"cannot install remat's CUDA allocator: {error}")
+        print(f"remat: CUDA allocator installed from {installed.library} with budget {installed.budget}")
 
     import torchvision  # noqa: E402
 
@@ -123,8 +115,10 @@ def main() -> None:
                   f"peak {mib(torch.cuda.max_memory_allocated(device))}  "
                   f"reserved {mib(torch.cuda.memory_reserved(device))}")
     except torch.OutOfMemoryError as error:
-        fail(f"out of the CUDA memory budget ({args.budget}): {error}\nRaise --budget or lower --batch-size.", 3)
+        fail(f"out of the CUDA memory budget ({args.budget}): {error}\nThe engine does not evict CUDA tensors "
+             "yet: raise --budget or lower --batch-size.", 3)
     print("done")
+    print(NOT_RUN_NOTE)
 
 
 if __name__ == "__main__":
