@@ -34,23 +34,28 @@ class NullExecutor : public Executor {
   Arena* arena_;
 };
 
-// A registered policy without its batch fast path: the engine then takes the default route (pool walk, then
-// Policy::Choose with per-candidate virtual calls). Only used to put the two engine routes side by side.
-class NoBatch final : public Policy {
+// A registered policy without its staleness weights: the engine then takes the default route (pool walk, then
+// Policy::Choose with per-candidate virtual calls; windows with a WindowCost call per block). Only used to put the
+// two engine routes side by side.
+class NoWeights final : public Policy {
  public:
-  explicit NoBatch(std::unique_ptr<Policy> inner) : inner_(std::move(inner)) {}
+  explicit NoWeights(std::unique_ptr<Policy> inner) : inner_(std::move(inner)) {}
   std::string_view name() const override { return inner_->name(); }
   PolicyFeatures features() const override { return inner_->features(); }
   double Score(const StorageView& v, StorageId s) const override { return inner_->Score(v, s); }
+  bool UsesWindows() const override { return inner_->UsesWindows(); }
+  std::optional<double> WindowCost(const StorageView& v, StorageId s) const override {
+    return inner_->WindowCost(v, s);
+  }
 
  private:
   std::unique_ptr<Policy> inner_;
 };
 
 struct Setup {
-  Setup(const std::string& name, int chain, Arena* arena_ptr, bool no_batch = false) : executor(arena_ptr) {
+  Setup(const std::string& name, int chain, Arena* arena_ptr, bool virtual_path = false) : executor(arena_ptr) {
     policy = *MakePolicy(name);
-    if (no_batch) policy = std::make_unique<NoBatch>(std::move(policy));
+    if (virtual_path) policy = std::make_unique<NoWeights>(std::move(policy));
     EngineOptions o;
     o.policy = policy.get();
     o.arena = arena_ptr;
@@ -90,10 +95,11 @@ void BM_Choose(benchmark::State& state, std::string name, bool sample) {
 }
 
 // The engine's own choice (Engine::PickVictim): what MakeRoom does under pressure, including building the candidate
-// list from the pool, through the policy's batch fast path when it has one (dtr-eq). BM_Choose above is the
+// list from the pool, through the engine's dense scan when the policy has staleness weights (dtr-eq, dtr-local).
+// BM_Choose above is the
 // per-candidate virtual-call path over a prebuilt candidate list: the two side by side give the ratio.
-void BM_EngineChoose(benchmark::State& state, std::string name, bool no_batch) {
-  Setup setup(name, 20000, nullptr, no_batch);
+void BM_EngineChoose(benchmark::State& state, std::string name, bool virtual_path) {
+  Setup setup(name, 20000, nullptr, virtual_path);
   std::int64_t before = setup.engine->stats().heuristic_evaluations;
   for (auto _ : state) {
     std::optional<StorageIndex> pick = setup.engine->PickVictim();
@@ -107,8 +113,8 @@ void BM_EngineChoose(benchmark::State& state, std::string name, bool no_batch) {
 // Choice after a state change, as in a run under pressure: each iteration picks the victim, evicts it, brings it
 // back (replaying its evicted input) and evicts that input again, so the graph keeps its shape. Times the whole
 // iteration; the eq-class sums cached by the engine are invalidated by the evictions and replays.
-void BM_EngineChooseAfterChange(benchmark::State& state, std::string name, bool no_batch) {
-  Setup setup(name, 20000, nullptr, no_batch);
+void BM_EngineChooseAfterChange(benchmark::State& state, std::string name, bool virtual_path) {
+  Setup setup(name, 20000, nullptr, virtual_path);
   Engine& e = *setup.engine;
   for (auto _ : state) {
     std::optional<StorageIndex> pick = e.PickVictim();
@@ -145,6 +151,26 @@ void BM_CoopWindow(benchmark::State& state) {
   state.counters["blocks"] = static_cast<double>(blocks);
 }
 
+// The same window search through the engine (Engine::PickWindow, what MakeRoom does under pressure): window costs
+// precomputed from the engine's dense arrays, or (/virtual) a WindowCost call per block.
+void BM_EngineCoopWindow(benchmark::State& state, bool virtual_path) {
+  ArenaOptions ao;
+  ao.capacity = std::size_t{20001} * 1024 + 4096;
+  ao.alignment = 512;
+  std::unique_ptr<Arena> arena = *Arena::Create(MakeVirtualProvider(), ao);
+  Setup setup("coop", 20000, arena.get(), virtual_path);
+  std::optional<Window> first = setup.engine->PickWindow(8 * 1024);
+  if (!first || first->owners.empty()) {
+    state.SkipWithError("no window");
+    return;
+  }
+  for (auto _ : state) {
+    std::optional<Window> w = setup.engine->PickWindow(8 * 1024);
+    benchmark::DoNotOptimize(w);
+  }
+  state.counters["owners"] = static_cast<double>(first->owners.size());
+}
+
 void Register() {
   for (const std::string& name : PolicyNames()) {
     benchmark::RegisterBenchmark(("BM_Choose/" + name).c_str(), BM_Choose, name, false)
@@ -160,13 +186,19 @@ void Register() {
                                  std::string(name), true)
         ->Unit(benchmark::kMicrosecond);
   }
-  for (bool no_batch : {false, true}) {
-    benchmark::RegisterBenchmark(no_batch ? "BM_EngineChooseAfterChange/dtr-eq/virtual"
+  for (bool virtual_path : {false, true}) {
+    benchmark::RegisterBenchmark(virtual_path ? "BM_EngineChooseAfterChange/dtr-eq/virtual"
                                           : "BM_EngineChooseAfterChange/dtr-eq",
-                                 BM_EngineChooseAfterChange, std::string("dtr-eq"), no_batch)
+                                 BM_EngineChooseAfterChange, std::string("dtr-eq"), virtual_path)
         ->Unit(benchmark::kMicrosecond);
   }
   benchmark::RegisterBenchmark("BM_CoopWindow/10k_blocks", BM_CoopWindow)->Unit(benchmark::kMicrosecond);
+  for (bool virtual_path : {false, true}) {
+    benchmark::RegisterBenchmark(
+        virtual_path ? "BM_EngineCoopWindow/10k_blocks/virtual" : "BM_EngineCoopWindow/10k_blocks",
+        BM_EngineCoopWindow, virtual_path)
+        ->Unit(benchmark::kMicrosecond);
+  }
 }
 
 }  // namespace

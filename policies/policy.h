@@ -14,6 +14,7 @@
 #pragma once
 
 #include <cstdint>
+#include <limits>
 #include <optional>
 #include <random>
 #include <span>
@@ -58,17 +59,6 @@ struct ChooseOptions {
   bool ignore_small = false;
 };
 
-// Contiguous facts about the candidates (index i describes candidates[i]), for policies with a batch fast path
-// (Policy::ChooseBatch). The engine fills the arrays in one pass over its pool, without per-candidate virtual
-// calls. eq_class_compute is filled only when the policy's features() ask for eq_classes (empty otherwise).
-struct CandidateBatch {
-  std::int64_t clock = 0;
-  std::span<const std::int64_t> bytes;
-  std::span<const std::int64_t> compute;
-  std::span<const std::int64_t> last_access;
-  std::span<const std::int64_t> eq_class_compute;
-};
-
 struct ChooseContext {
   std::mt19937_64* rng = nullptr;    // for random choices and sampling; must be set if either is used
   std::int64_t* evaluations = nullptr;  // incremented once per scored candidate when set
@@ -83,13 +73,21 @@ class Policy {
   // Index into `candidates` of the victim, or nullopt when there are none.
   virtual std::optional<std::size_t> Choose(const StorageView& view, std::span<const StorageId> candidates,
                                             const ChooseOptions& options, ChooseContext& context) const;
-  // Optional fast path. When SupportsBatch(options) is true, ChooseBatch(batch, ...) must return exactly what
-  // Choose(view, candidates, options, context) returns over the same candidates (same index, same tie-breaking,
-  // same early stop, same evaluation count). The default Choose path stays for policies that do not opt in.
-  virtual bool SupportsBatch(const ChooseOptions& options) const { return false; }
-  virtual std::optional<std::size_t> ChooseBatch(const CandidateBatch& batch, const ChooseOptions& options,
-                                                 ChooseContext& context) const {
-    return std::nullopt;
+  // Optional dense fast path for scores of the form Score(v, s) = W(s) / staleness(s). A policy returning true from
+  // HasStalenessWeight() promises, for every storage s with Bytes(s) >= 0 and staleness t = Clock - LastAccess > 0:
+  //   - W = StalenessWeight(v, s) does not depend on the clock nor on last accesses: only on Bytes(s), Compute(s),
+  //     EqClassCompute(s) and EvictedNeighbourCompute(s) (the engine recomputes W when one of those may change);
+  //   - Score(v, s) is +infinity iff W is +infinity, 0 iff W == 0, negative iff W < 0, and otherwise
+  //     |W / t - Score(v, s)| <= 1e-12 * |Score(v, s)| with W / t computed in double;
+  //   - for t <= 0, Score(v, s) is +infinity;
+  //   - window policies: WindowCost(v, s) is, bit for bit, W / t (double) when s is evictable and that is finite,
+  //     nullopt otherwise.
+  // The engine then keeps W per candidate in contiguous arrays and scans them (for the full scan only: no sampling,
+  // no small-storage filter); scores near the minimum are re-checked with Score, so its choice is exactly Choose's
+  // (same victim, same ties to the later candidate, same early stop at 0, same evaluation count).
+  virtual bool HasStalenessWeight() const { return false; }
+  virtual double StalenessWeight(const StorageView& view, StorageId s) const {
+    return std::numeric_limits<double>::infinity();
   }
   // Window policies evict a contiguous run of blocks chosen by the arena's window search.
   virtual bool UsesWindows() const { return false; }

@@ -24,6 +24,11 @@ class Coop final : public Policy {
     if (staleness <= 0) return std::numeric_limits<double>::infinity();
     return static_cast<double>(v.Compute(s) + v.EvictedNeighbourCompute(s)) / static_cast<double>(staleness);
   }
+  // The same numerator as Score, so W / staleness (double) is Score bit for bit.
+  bool HasStalenessWeight() const override { return true; }
+  double StalenessWeight(const StorageView& v, StorageId s) const override {
+    return static_cast<double>(v.Compute(s) + v.EvictedNeighbourCompute(s));
+  }
   bool UsesWindows() const override { return true; }
   std::optional<double> WindowCost(const StorageView& v, StorageId s) const override {
     if (!v.Evictable(s)) return std::nullopt;

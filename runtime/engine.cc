@@ -1,11 +1,15 @@
 // Engine implementation. Hot paths are flat vectors indexed by dense ids; the eviction pool is an intrusive
 // doubly-linked list in insertion order (lock removes, unlock appends), which is what the prototype's tie-breaking
-// depends on.
+// depends on. The pool is mirrored in dense arrays (struct of arrays, arbitrary slot order: swap-remove) carrying
+// each candidate's insertion sequence number, last access and the policy's staleness weight W (see
+// Policy::HasStalenessWeight), so a full scan is a tight loop over contiguous doubles; the sequence numbers give
+// back the pool order for ties and the early stop.
 #include "runtime/engine.h"
 
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstring>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
@@ -23,6 +27,60 @@ std::int64_t NowNs() {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(
              std::chrono::steady_clock::now().time_since_epoch())
       .count();
+}
+
+// The dense scan's approximate score W / staleness (Policy::HasStalenessWeight), +infinity when the staleness is
+// not positive (the division is then discarded: IEEE division by zero only raises a masked flag).
+inline double ApproxScore(double weight, double last_access, double clock) {
+  const double t = clock - last_access;
+  const double x = weight / t;
+  return t > 0 ? x : std::numeric_limits<double>::infinity();
+}
+
+constexpr std::size_t kScanChunk = 64;
+
+// Pass 1 of the dense scan: the minimum approximate score of each chunk of kScanChunk slots, and overall, with the
+// same operations as ApproxScore four lanes at a time (GCC vector extensions: the compiler does not vectorize a
+// floating-point min reduction by itself). Cloned for AVX-512 and AVX2 where the CPU has them; subtraction and
+// division are correctly rounded IEEE operations, so every clone returns the same values.
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && defined(__ELF__)
+__attribute__((target_clones("avx512f", "avx2", "default")))
+#endif
+double ChunkMinima(const double* __restrict weight, const double* __restrict last, std::size_t n, double clock,
+                   double* __restrict chunk_min) {
+  constexpr double kInf = std::numeric_limits<double>::infinity();
+#if defined(__GNUC__)
+  typedef double V4 __attribute__((vector_size(32)));
+  const V4 clock4 = {clock, clock, clock, clock};
+  const V4 inf4 = {kInf, kInf, kInf, kInf};
+  const V4 zero4 = {0, 0, 0, 0};
+#endif
+  double total = kInf;
+  for (std::size_t base = 0; base < n; base += kScanChunk) {
+    const std::size_t end = std::min(n, base + kScanChunk);
+    std::size_t i = base;
+    double m = kInf;
+#if defined(__GNUC__)
+    V4 m4 = inf4;
+    for (; i + 4 <= end; i += 4) {
+      V4 w4, l4;
+      std::memcpy(&w4, weight + i, sizeof(V4));
+      std::memcpy(&l4, last + i, sizeof(V4));
+      const V4 t4 = clock4 - l4;
+      const V4 x4 = w4 / t4;
+      const V4 q4 = t4 > zero4 ? x4 : inf4;
+      m4 = q4 < m4 ? q4 : m4;
+    }
+    for (int k = 0; k < 4; ++k) m = m4[k] < m ? m4[k] : m;
+#endif
+    for (; i < end; ++i) {
+      const double q = ApproxScore(weight[i], last[i], clock);
+      m = q < m ? q : m;
+    }
+    chunk_min[base / kScanChunk] = m;
+    total = m < total ? m : total;
+  }
+  return total;
 }
 
 }  // namespace
@@ -52,6 +110,8 @@ struct Engine::Impl {
     std::int64_t compute = 0;
     std::int64_t last_access = 0;
     std::uint32_t pool_prev = kNone, pool_next = kNone;  // next to size/compute/last_access: one line per pool step
+    std::uint32_t pool_pos = kNone;  // slot in the dense pool arrays while in the pool
+    bool weight_dirty = false;       // queued in `dirty`: its staleness weight must be recomputed
     std::int32_t locks = 0;
     std::int32_t ext_refs = 0;
     bool material = false;
@@ -116,7 +176,34 @@ struct Engine::Impl {
     return id;
   }
 
-  // Pool: insertion-ordered intrusive list.
+  // Pool: insertion-ordered intrusive list, mirrored in the dense arrays below (appended at the end, swap-removed;
+  // dense_seq increases with insertion, so ordering slots by it gives the list order back).
+  std::vector<StorageIndex> dense_storage;
+  std::vector<double> dense_weight;  // the policy's StalenessWeight (valid when `weights` and not dirty)
+  std::vector<double> dense_last;    // last access, as a double (exact below 2^53)
+  std::vector<std::uint64_t> dense_seq;
+  std::vector<double> chunk_min;     // the scan's scratch: minimum approximate score per chunk of slots
+  std::uint64_t next_seq = 0;
+  std::size_t pool_negative = 0;     // pool members with negative bytes (the default path skips them)
+  // Staleness weights: maintained when the policy has them (Policy::HasStalenessWeight). A storage whose weight
+  // may have changed is queued once in `dirty` and recomputed at the next choice; `all_dirty` recomputes every
+  // pool member (a union-find class too large to walk changed).
+  bool weights = false;
+  bool all_dirty = false;
+  std::vector<StorageIndex> dirty;
+  std::vector<double> window_cost;   // per storage, during a window search: W / staleness, NaN = barrier
+
+  void MarkDirty(StorageIndex x) {
+    Storage& st = storages[x];
+    if (st.weight_dirty) return;
+    st.weight_dirty = true;
+    dirty.push_back(x);
+  }
+  void SetLastAccess(StorageIndex s, std::int64_t clock) {
+    Storage& st = storages[s];
+    st.last_access = clock;
+    if (st.pool_pos != kNone) dense_last[st.pool_pos] = static_cast<double>(clock);
+  }
   void PoolAppend(StorageIndex s) {
     Storage& st = storages[s];
     if (st.in_pool) return;
@@ -126,6 +213,13 @@ struct Engine::Impl {
     if (pool_tail != kNone) storages[pool_tail].pool_next = s; else pool_head = s;
     pool_tail = s;
     ++pool_size;
+    st.pool_pos = static_cast<std::uint32_t>(dense_storage.size());
+    dense_storage.push_back(s);
+    dense_weight.push_back(0);
+    dense_last.push_back(static_cast<double>(st.last_access));
+    dense_seq.push_back(next_seq++);
+    if (st.size < 0) ++pool_negative;
+    if (weights) MarkDirty(s);
   }
   void PoolRemove(StorageIndex s) {
     Storage& st = storages[s];
@@ -135,6 +229,22 @@ struct Engine::Impl {
     if (st.pool_next != kNone) storages[st.pool_next].pool_prev = st.pool_prev; else pool_tail = st.pool_prev;
     st.pool_prev = st.pool_next = kNone;
     --pool_size;
+    const std::uint32_t pos = st.pool_pos;
+    const std::uint32_t last = static_cast<std::uint32_t>(dense_storage.size() - 1);
+    if (pos != last) {
+      const StorageIndex moved = dense_storage[last];
+      dense_storage[pos] = moved;
+      dense_weight[pos] = dense_weight[last];
+      dense_last[pos] = dense_last[last];
+      dense_seq[pos] = dense_seq[last];
+      storages[moved].pool_pos = pos;
+    }
+    dense_storage.pop_back();
+    dense_weight.pop_back();
+    dense_last.pop_back();
+    dense_seq.pop_back();
+    st.pool_pos = kNone;
+    if (st.size < 0) --pool_negative;
   }
 
   void Lock(StorageIndex s) {
@@ -164,7 +274,6 @@ struct Engine::Impl {
 
   // Summed value of the distinct union-find classes of s's non-material neighbours (EqClassCompute), in one pass
   // without building the neighbour list: a neighbour met twice has the same root, so deduplicating roots is enough.
-  std::vector<std::int64_t> batch_bytes, batch_compute, batch_last, batch_eq;  // ChooseFromPool's arrays
   std::int64_t EqSum(StorageIndex s) {
     std::int32_t local[16];
     std::size_t count = 0;
@@ -195,27 +304,29 @@ struct Engine::Impl {
   std::vector<std::uint8_t> state;
   std::vector<std::int64_t> costs;
   RegionWalker walker;
-  // Cache of EqSum per storage for the batch choice: valid when eq_cache_epoch[s] == eq_epoch. Any change that can
-  // alter EqSum(x) invalidates x: a storage's own status/ecn/edges (Touch: x and its neighbours) and a union-find
-  // class's value or membership (TouchClass: the neighbours of every storage that ever had a node in the class; past
-  // kClassTouchLimit nodes, every entry at once by bumping eq_epoch). Invalidation only marks; EqSum is recomputed
-  // lazily at the next choice, so over-invalidating is always safe.
+  // Staleness-weight invalidation. A weight depends on the storage's bytes and compute, its neighbours' status,
+  // compute and union-find classes (EqClassCompute, EvictedNeighbourCompute). Any change that can alter them for x
+  // marks x dirty: a storage's own status/ecn/edges/compute (Touch: x and its neighbours) and a union-find class's
+  // value or membership (TouchClass: the neighbours of every storage whose current node is in the class; past
+  // kClassTouchLimit such nodes, every weight at once). Marking is lazy (recomputed at the next choice), so
+  // over-invalidating is always safe.
   static constexpr std::size_t kClassTouchLimit = 256;
-  std::vector<std::int64_t> eq_cache;
-  std::vector<std::uint64_t> eq_cache_epoch;
-  std::uint64_t eq_epoch = 1;
   std::vector<StorageIndex> node_storage;               // per union-find node: its storage
   std::vector<std::vector<std::int32_t>> node_members;  // per root: the nodes of its class
   void Touch(StorageIndex x) {
-    if (!eq_classes) return;
-    eq_cache_epoch[x] = 0;
-    for (StorageIndex n : storage_parents[x]) eq_cache_epoch[n] = 0;
-    for (StorageIndex n : storage_children[x]) eq_cache_epoch[n] = 0;
+    if (!weights) return;
+    MarkDirty(x);
+    for (StorageIndex n : storage_parents[x]) MarkDirty(n);
+    for (StorageIndex n : storage_children[x]) MarkDirty(n);
   }
   void TouchClass(std::int32_t node) {
-    const std::vector<std::int32_t>& members = node_members[eq.Find(node)];
+    if (!weights) return;
+    std::vector<std::int32_t>& members = node_members[eq.Find(node)];
+    // Only the current nodes matter: a storage that left its node (resident again, or evicted anew under a fresh
+    // node) never returns to it, and EqSum only reaches classes through current nodes. Drop the others for good.
+    std::erase_if(members, [&](std::int32_t x) { return storages[node_storage[x]].ecn != x; });
     if (members.size() > kClassTouchLimit) {
-      ++eq_epoch;
+      all_dirty = true;
       return;
     }
     for (std::int32_t x : members) Touch(node_storage[x]);
@@ -235,13 +346,6 @@ struct Engine::Impl {
     big.insert(big.end(), small.begin(), small.end());
     std::vector<std::int32_t>().swap(small);
     eq.Merge(joining, into);
-  }
-  std::int64_t CachedEqSum(StorageIndex s) {
-    if (eq_cache_epoch[s] == eq_epoch) return eq_cache[s];
-    std::int64_t v = EqSum(s);
-    eq_cache[s] = v;
-    eq_cache_epoch[s] = eq_epoch;
-    return v;
   }
 
   void SetMaterial(StorageIndex s, bool material) {
@@ -265,6 +369,7 @@ Engine::Engine(EngineOptions options, Executor* executor)
     PolicyFeatures f = options_.policy->features();
     impl_->regions = f.regions;
     impl_->eq_classes = f.eq_classes;
+    impl_->weights = options_.policy->HasStalenessWeight();
   }
 }
 
@@ -333,8 +438,6 @@ absl::Status Engine::AddOutputs(OpId op_id, std::span<const OutputSpec> outputs)
         m.fwd.emplace_back();
         m.rev.emplace_back();
       }
-      m.eq_cache.push_back(0);
-      m.eq_cache_epoch.push_back(0);
       if (m.eq_classes) m.storages.back().ecn = m.EqAdd(s, 0);  // placeholder until first computed
     }
     tensor.storage = s;
@@ -344,6 +447,7 @@ absl::Status Engine::AddOutputs(OpId op_id, std::span<const OutputSpec> outputs)
     if (!op_seen) {
       st.compute += op.cost;
       m.costs[s] += op.cost;
+      m.Touch(s);
     }
     st.tensors.push_back(t);
     st.ext_refs += 1;
@@ -386,7 +490,7 @@ TensorId Engine::AdoptConstant(std::int64_t bytes, std::uintptr_t address, std::
   m.tensors[t].defined = true;
   m.SetMaterial(s, true);
   m.storages[s].computed = true;
-  m.storages[s].last_access = stats_.clock;
+  m.SetLastAccess(s, stats_.clock);
   m.storages[s].ecn = -1;
   m.Touch(s);
   if (address != 0) SetAddress(s, address);
@@ -408,14 +512,14 @@ absl::StatusOr<std::span<const TensorId>> Engine::Call(std::span<const TensorId>
   std::span<const TensorId> outs = m.Outputs(m.ops[op_id]);
   if (outs.empty()) {
     // An op without outputs only advances the clock (its inputs still count as accessed).
-    for (TensorId p : m.Inputs(m.ops[op_id])) m.storages[m.tensors[p].storage].last_access = stats_.clock;
+    for (TensorId p : m.Inputs(m.ops[op_id])) m.SetLastAccess(m.tensors[p].storage, stats_.clock);
     stats_.clock += cost;
     stats_.model_compute += cost;
     return outs;
   }
   m.stack.push_back({outs[0], op_id, false, 0, 0, 0, 0});  // a first execution, driven like a replay
   if (absl::Status run = RunFrames(); !run.ok()) return run;
-  for (TensorId t : outs) m.storages[m.tensors[t].storage].last_access = stats_.clock;
+  for (TensorId t : outs) m.SetLastAccess(m.tensors[t].storage, stats_.clock);
   return outs;
 }
 
@@ -501,7 +605,7 @@ absl::StatusOr<std::span<const TensorId>> Engine::EndOp(OpId op_id, std::span<co
     m.constant_bytes += m.storages[c].size;
   }
   for (TensorId p : m.Inputs(m.ops[op_id])) m.Unlock(m.tensors[p].storage);
-  for (TensorId t : outs) m.storages[m.tensors[t].storage].last_access = stats_.clock;
+  for (TensorId t : outs) m.SetLastAccess(m.tensors[t].storage, stats_.clock);
   return outs;
 }
 
@@ -677,7 +781,7 @@ absl::Status Engine::RunFramesFrom(std::size_t base) {
     std::span<const TensorId> inputs = m.Inputs(op);
     if (f.stage == 0) {
       f.lock_begin = static_cast<std::uint32_t>(m.lock_log.size());
-      for (TensorId p : inputs) m.storages[m.tensors[p].storage].last_access = stats_.clock;
+      for (TensorId p : inputs) m.SetLastAccess(m.tensors[p].storage, stats_.clock);
       for (TensorId p : inputs) {
         if (m.tensors[p].defined) {
           m.Lock(m.tensors[p].storage);
@@ -885,13 +989,7 @@ bool Engine::MakeRoom(Arena& arena, std::size_t bytes) {
   }
   std::int64_t start = NowNs();
   if (options_.policy->UsesWindows()) {
-    std::int64_t evaluations = 0;
-    std::optional<Window> window = arena.FindWindow(bytes, [&](const BlockInfo& block) -> std::optional<double> {
-      if (block.owner == kNoOwner) return std::nullopt;
-      ++evaluations;
-      return options_.policy->WindowCost(*this, block.owner - 1);
-    });
-    stats_.heuristic_evaluations += evaluations;
+    std::optional<Window> window = ChooseWindow(arena, bytes);
     stats_.search_ns += NowNs() - start;
     if (!window || window->owners.empty()) return PageLruConstant();
     for (OwnerId o : window->owners) {
@@ -906,10 +1004,10 @@ bool Engine::MakeRoom(Arena& arena, std::size_t bytes) {
     stats_.search_ns += NowNs() - start;
     return PageLruConstant();
   }
-  std::optional<std::size_t> pick = ChooseFromPool();
+  std::optional<StorageIndex> pick = ChooseFromPool();
   stats_.search_ns += NowNs() - start;
   if (!pick) return false;
-  if (absl::Status s = Reclaim(static_cast<StorageIndex>(m.candidates[*pick])); !s.ok()) {
+  if (absl::Status s = Reclaim(*pick); !s.ok()) {
     pending_ = s;
     return false;
   }
@@ -1027,7 +1125,7 @@ absl::StatusOr<bool> Engine::PageInStorage(StorageIndex s, bool prefetch, bool m
   stats_.paged_in_bytes += st.size;
   if (prefetch) {
     ++stats_.prefetches;
-    st.last_access = stats_.clock;  // fresh: it is about to be used
+    m.SetLastAccess(s, stats_.clock);  // fresh: it is about to be used
   }
   if (st.locks == 0) m.PoolAppend(s);
   return true;
@@ -1106,10 +1204,10 @@ absl::Status Engine::MakeRoomCounter(std::int64_t bytes, std::string_view what) 
           what, bytes, options_.budget, stats_.used_bytes, locked, m.constant_bytes));
     }
     std::int64_t start = NowNs();
-    std::optional<std::size_t> pick = ChooseFromPool();
+    std::optional<StorageIndex> pick = ChooseFromPool();
     stats_.search_ns += NowNs() - start;
     if (!pick) return absl::InternalError("policy chose nothing from a non-empty pool");
-    if (absl::Status s = Reclaim(static_cast<StorageIndex>(m.candidates[*pick])); !s.ok()) return s;
+    if (absl::Status s = Reclaim(*pick); !s.ok()) return s;
   }
   return absl::OkStatus();
 }
@@ -1155,41 +1253,153 @@ std::vector<StorageIndex> Engine::PoolOrder() const {
   return out;
 }
 
-std::optional<std::size_t> Engine::ChooseFromPool() {
+std::optional<StorageIndex> Engine::ChooseFromPool() {
   Impl& m = *impl_;
+  if (m.weights && !options_.choose.sample_sqrt && !options_.choose.ignore_small) {
+    if (std::optional<StorageIndex> pick = DenseChoice()) return pick;
+  }
   ChooseContext ctx{&m.rng, &stats_.heuristic_evaluations};
   m.candidates.clear();
-  if (!options_.policy->SupportsBatch(options_.choose)) {
-    for (std::uint32_t s = m.pool_head; s != kNone; s = m.storages[s].pool_next) m.candidates.push_back(s);
-    return options_.policy->Choose(*this, m.candidates, options_.choose, ctx);
+  for (std::uint32_t s = m.pool_head; s != kNone; s = m.storages[s].pool_next) m.candidates.push_back(s);
+  std::optional<std::size_t> pick = options_.policy->Choose(*this, m.candidates, options_.choose, ctx);
+  if (!pick) return std::nullopt;
+  return static_cast<StorageIndex>(m.candidates[*pick]);
+}
+
+void Engine::RefreshWeights() {
+  Impl& m = *impl_;
+  if (m.all_dirty) {
+    for (std::size_t i = 0; i < m.dense_storage.size(); ++i) {
+      m.dense_weight[i] = options_.policy->StalenessWeight(*this, m.dense_storage[i]);
+    }
+    for (StorageIndex x : m.dirty) m.storages[x].weight_dirty = false;
+    m.dirty.clear();
+    m.all_dirty = false;
+    return;
   }
-  // Batch fast path: one pass over the pool fills contiguous arrays (no virtual call per candidate).
-  m.batch_bytes.clear();
-  m.batch_compute.clear();
-  m.batch_last.clear();
-  m.batch_eq.clear();
-  for (std::uint32_t s = m.pool_head; s != kNone; s = m.storages[s].pool_next) {
-    const Impl::Storage& st = m.storages[s];
-    m.candidates.push_back(s);
-    m.batch_bytes.push_back(st.size);
-    m.batch_compute.push_back(st.compute);
-    m.batch_last.push_back(st.last_access);
-    if (m.eq_classes) m.batch_eq.push_back(m.CachedEqSum(s));
+  for (StorageIndex x : m.dirty) {
+    Impl::Storage& st = m.storages[x];
+    st.weight_dirty = false;
+    if (st.pool_pos != kNone) m.dense_weight[st.pool_pos] = options_.policy->StalenessWeight(*this, x);
   }
-  CandidateBatch batch;
-  batch.clock = stats_.clock;
-  batch.bytes = m.batch_bytes;
-  batch.compute = m.batch_compute;
-  batch.last_access = m.batch_last;
-  batch.eq_class_compute = m.batch_eq;
-  return options_.policy->ChooseBatch(batch, options_.choose, ctx);
+  m.dirty.clear();
+}
+
+// Clocks and last accesses below 2^53 are exact doubles, so clock - last access is the exact staleness.
+constexpr std::int64_t kExactDoubleLimit = std::int64_t{1} << 53;
+
+// Policy::Choose's full scan (ties to the later candidate in pool order, stop at the first score of exactly 0)
+// over the dense arrays. Pass 1 computes the approximate score W / staleness of every slot (a branch-free loop the
+// compiler vectorizes) and its minimum qmin. By the policy's contract each approximate score is within 1e-12
+// relative of the exact one with the same sign, zero-ness and infinity, so:
+//   - qmin > 0 finite: no zero stops the scan and every candidate is evaluated; the exact minimum and all its ties
+//     have approximate scores <= qmin * (1 + 1e-9), and only those are re-scored exactly (Policy::Score), ties
+//     going to the highest sequence number (the later candidate);
+//   - qmin == 0: no score is negative; the scan stops at the zero-scored candidate with the lowest sequence
+//     number, which is the choice (nothing before it scores 0 or less), after evaluating every candidate up to it;
+//   - qmin == infinity: every score is infinite; the last candidate (the pool's tail) wins the ties.
+// Negative scores, negative byte counts and clocks past 2^53 are left to the default path (nullopt).
+std::optional<StorageIndex> Engine::DenseChoice() {
+  Impl& m = *impl_;
+  const std::size_t n = m.dense_storage.size();
+  if (n == 0 || m.pool_negative > 0 || stats_.clock >= kExactDoubleLimit) return std::nullopt;
+  RefreshWeights();
+  const double clock = static_cast<double>(stats_.clock);
+  const double inf = std::numeric_limits<double>::infinity();
+  const double* w = m.dense_weight.data();
+  const double* last = m.dense_last.data();
+  const std::uint64_t* seq = m.dense_seq.data();
+  const std::size_t chunks = (n + kScanChunk - 1) / kScanChunk;
+  m.chunk_min.resize(chunks);
+  const double qmin = ChunkMinima(w, last, n, clock, m.chunk_min.data());
+  if (!(qmin >= 0)) return std::nullopt;  // a negative score (or NaN): the ordered default path
+  std::size_t pick = 0;
+  std::int64_t evaluated = static_cast<std::int64_t>(n);
+  if (qmin == inf) {
+    stats_.heuristic_evaluations += evaluated;
+    return m.pool_tail;
+  }
+  // Pass 2 revisits only the chunks whose minimum is within reach.
+  if (qmin == 0) {
+    std::uint64_t first = std::numeric_limits<std::uint64_t>::max();
+    for (std::size_t c = 0; c < chunks; ++c) {
+      if (m.chunk_min[c] > 0) continue;
+      for (std::size_t i = c * kScanChunk, end = std::min(n, i + kScanChunk); i < end; ++i) {
+        if (ApproxScore(w[i], last[i], clock) == 0 && seq[i] < first) {
+          first = seq[i];
+          pick = i;
+        }
+      }
+    }
+    evaluated = 0;
+    for (std::size_t i = 0; i < n; ++i) evaluated += seq[i] <= first;
+  } else {
+    const double threshold = qmin * (1 + 1e-9);
+    double best = inf;
+    bool found = false;
+    for (std::size_t c = 0; c < chunks; ++c) {
+      if (m.chunk_min[c] > threshold) continue;
+      for (std::size_t i = c * kScanChunk, end = std::min(n, i + kScanChunk); i < end; ++i) {
+        if (ApproxScore(w[i], last[i], clock) > threshold) continue;
+        const double exact = options_.policy->Score(*this, m.dense_storage[i]);
+        if (!found || exact < best || (exact == best && seq[i] > seq[pick])) {
+          best = exact;
+          pick = i;
+          found = true;
+        }
+      }
+    }
+  }
+  stats_.heuristic_evaluations += evaluated;
+  return m.dense_storage[pick];
+}
+
+std::optional<Window> Engine::ChooseWindow(Arena& arena, std::size_t bytes) {
+  Impl& m = *impl_;
+  std::int64_t evaluations = 0;
+  std::optional<Window> window;
+  if (m.weights && stats_.clock < kExactDoubleLimit) {
+    // Every evictable storage's window cost (W / staleness, bit for bit the policy's WindowCost by its contract)
+    // into a per-storage array before the search, so the per-block callback is one load; the pool's entries are
+    // reset to NaN (barrier) afterwards.
+    RefreshWeights();
+    const double nan = std::numeric_limits<double>::quiet_NaN();
+    if (m.window_cost.size() < m.storages.size()) m.window_cost.resize(m.storages.size(), nan);
+    const double clock = static_cast<double>(stats_.clock);
+    for (std::size_t i = 0; i < m.dense_storage.size(); ++i) {
+      const double t = clock - m.dense_last[i];
+      const double cost = m.dense_weight[i] / t;
+      m.window_cost[m.dense_storage[i]] = t > 0 && std::isfinite(cost) ? cost : nan;
+    }
+    const double* costs = m.window_cost.data();
+    const std::size_t count = m.window_cost.size();
+    window = arena.FindWindow(bytes, [&](const BlockInfo& block) -> std::optional<double> {
+      if (block.owner == kNoOwner) return std::nullopt;
+      ++evaluations;
+      const OwnerId s = block.owner - 1;
+      if (s >= count || std::isnan(costs[s])) return std::nullopt;
+      return costs[s];
+    });
+    for (StorageIndex s : m.dense_storage) m.window_cost[s] = nan;
+  } else {
+    window = arena.FindWindow(bytes, [&](const BlockInfo& block) -> std::optional<double> {
+      if (block.owner == kNoOwner) return std::nullopt;
+      ++evaluations;
+      return options_.policy->WindowCost(*this, block.owner - 1);
+    });
+  }
+  stats_.heuristic_evaluations += evaluations;
+  return window;
+}
+
+std::optional<Window> Engine::PickWindow(std::size_t bytes) {
+  if (options_.arena == nullptr || !options_.policy->UsesWindows()) return std::nullopt;
+  return ChooseWindow(*options_.arena, bytes);
 }
 
 std::optional<StorageIndex> Engine::PickVictim() {
   if (impl_->pool_size == 0) return std::nullopt;
-  std::optional<std::size_t> pick = ChooseFromPool();
-  if (!pick) return std::nullopt;
-  return static_cast<StorageIndex>(impl_->candidates[*pick]);
+  return ChooseFromPool();
 }
 
 // StorageView.

@@ -204,10 +204,13 @@ class Engine final : public PressureHandler, private StorageView {
   const StorageView& view() const { return *this; }
   // Storages in eviction-pool order (resident, unlocked, not constant).
   std::vector<StorageIndex> PoolOrder() const;
-  // The victim the policy picks from the pool now, exactly as the engine does under pressure (the policy's batch
-  // fast path when it has one), without evicting it. Counts heuristic evaluations and consumes the RNG like a real
+  // The victim the policy picks from the pool now, exactly as the engine does under pressure (the dense scan when
+  // the policy has staleness weights), without evicting it. Counts heuristic evaluations and consumes the RNG like a real
   // choice. nullopt when the pool is empty. For benchmarks and tests.
   std::optional<StorageIndex> PickVictim();
+  // Window policies (arena mode): the window MakeRoom would evict for `bytes` now, without evicting it. Counts
+  // heuristic evaluations like a real search. nullopt without an arena, for other policies, or when none fits.
+  std::optional<Window> PickWindow(std::size_t bytes);
 
   // Paging (see the contract above).
   bool Paged(StorageIndex s) const;
@@ -246,9 +249,15 @@ class Engine final : public PressureHandler, private StorageView {
   std::int64_t AdjacentFreeBytes(StorageId s) const override;
   bool Costly(StorageId s) const override;
 
-  // Builds the candidate list from the pool and asks the policy (batch path when supported); index into
-  // impl_->candidates.
-  std::optional<std::size_t> ChooseFromPool();
+  // The policy's victim among the pool: the dense scan when the policy has staleness weights (and no sampling nor
+  // small-storage filter), else the pool walk and Policy::Choose. nullopt when the pool is empty.
+  std::optional<StorageIndex> ChooseFromPool();
+  // The dense scan (see engine.cc); nullopt when the case is left to the default path.
+  std::optional<StorageIndex> DenseChoice();
+  // Recomputes the staleness weights marked dirty.
+  void RefreshWeights();
+  // The arena's window search with the policy's window costs.
+  std::optional<Window> ChooseWindow(Arena& arena, std::size_t bytes);
   absl::Status RunFrames();
   absl::Status RunFramesFrom(std::size_t base);
   OpId NewOp(std::span<const TensorId> inputs, std::int64_t cost, std::string_view name);
