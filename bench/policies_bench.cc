@@ -151,6 +151,22 @@ void BM_CoopWindow(benchmark::State& state) {
   state.counters["blocks"] = static_cast<double>(blocks);
 }
 
+// The arena's window search alone: every owned block costs 1, so this is the floor under any window policy.
+void BM_ArenaWindowRaw(benchmark::State& state) {
+  ArenaOptions ao;
+  ao.capacity = std::size_t{20001} * 1024 + 4096;
+  ao.alignment = 512;
+  std::unique_ptr<Arena> arena = *Arena::Create(MakeVirtualProvider(), ao);
+  Setup setup("coop", 20000, arena.get());
+  for (auto _ : state) {
+    std::optional<Window> w = arena->FindWindow(8 * 1024, [&](const BlockInfo& b) -> std::optional<double> {
+      if (b.owner == kNoOwner) return std::nullopt;
+      return 1.0;
+    });
+    benchmark::DoNotOptimize(w);
+  }
+}
+
 // The same window search through the engine (Engine::PickWindow, what MakeRoom does under pressure): window costs
 // precomputed from the engine's dense arrays, or (/virtual) a WindowCost call per block.
 void BM_EngineCoopWindow(benchmark::State& state, bool virtual_path) {
@@ -193,6 +209,7 @@ void Register() {
         ->Unit(benchmark::kMicrosecond);
   }
   benchmark::RegisterBenchmark("BM_CoopWindow/10k_blocks", BM_CoopWindow)->Unit(benchmark::kMicrosecond);
+  benchmark::RegisterBenchmark("BM_ArenaWindowRaw/10k_blocks", BM_ArenaWindowRaw)->Unit(benchmark::kMicrosecond);
   for (bool virtual_path : {false, true}) {
     benchmark::RegisterBenchmark(
         virtual_path ? "BM_EngineCoopWindow/10k_blocks/virtual" : "BM_EngineCoopWindow/10k_blocks",

@@ -191,7 +191,9 @@ struct Engine::Impl {
   bool weights = false;
   bool all_dirty = false;
   std::vector<StorageIndex> dirty;
-  std::vector<double> window_cost;   // per storage, during a window search: W / staleness, NaN = barrier
+  // Per storage, during a window search: W / staleness, nullopt = barrier. Kept as optionals so the per-block
+  // callback returns a copy from memory (building the optional in the callback stalls on store forwarding).
+  std::vector<std::optional<double>> window_cost;
 
   void MarkDirty(StorageIndex x) {
     Storage& st = storages[x];
@@ -1360,27 +1362,25 @@ std::optional<Window> Engine::ChooseWindow(Arena& arena, std::size_t bytes) {
   std::optional<Window> window;
   if (m.weights && stats_.clock < kExactDoubleLimit) {
     // Every evictable storage's window cost (W / staleness, bit for bit the policy's WindowCost by its contract)
-    // into a per-storage array before the search, so the per-block callback is one load; the pool's entries are
-    // reset to NaN (barrier) afterwards.
+    // into a per-storage array before the search, so the per-block callback is one copy; the pool's entries are
+    // reset to nullopt (barrier) afterwards.
     RefreshWeights();
-    const double nan = std::numeric_limits<double>::quiet_NaN();
-    if (m.window_cost.size() < m.storages.size()) m.window_cost.resize(m.storages.size(), nan);
+    if (m.window_cost.size() < m.storages.size()) m.window_cost.resize(m.storages.size());
     const double clock = static_cast<double>(stats_.clock);
+    std::optional<double>* costs = m.window_cost.data();
     for (std::size_t i = 0; i < m.dense_storage.size(); ++i) {
       const double t = clock - m.dense_last[i];
       const double cost = m.dense_weight[i] / t;
-      m.window_cost[m.dense_storage[i]] = t > 0 && std::isfinite(cost) ? cost : nan;
+      if (t > 0 && std::isfinite(cost)) costs[m.dense_storage[i]] = cost;
     }
-    const double* costs = m.window_cost.data();
+    static const std::optional<double> kBarrier;
     const std::size_t count = m.window_cost.size();
     window = arena.FindWindow(bytes, [&](const BlockInfo& block) -> std::optional<double> {
-      if (block.owner == kNoOwner) return std::nullopt;
-      ++evaluations;
-      const OwnerId s = block.owner - 1;
-      if (s >= count || std::isnan(costs[s])) return std::nullopt;
-      return costs[s];
+      evaluations += block.owner != kNoOwner;
+      const OwnerId s = block.owner - 1;  // kNoOwner wraps around past `count`
+      return s < count ? costs[s] : kBarrier;
     });
-    for (StorageIndex s : m.dense_storage) m.window_cost[s] = nan;
+    for (StorageIndex s : m.dense_storage) costs[s].reset();
   } else {
     window = arena.FindWindow(bytes, [&](const BlockInfo& block) -> std::optional<double> {
       if (block.owner == kNoOwner) return std::nullopt;
