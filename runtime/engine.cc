@@ -111,7 +111,6 @@ struct Engine::Impl {
     std::int64_t last_access = 0;
     std::uint32_t pool_prev = kNone, pool_next = kNone;  // next to size/compute/last_access: one line per pool step
     std::uint32_t pool_pos = kNone;  // slot in the dense pool arrays while in the pool
-    bool weight_dirty = false;       // queued in `dirty`: its staleness weight must be recomputed
     std::int32_t locks = 0;
     std::int32_t ext_refs = 0;
     bool material = false;
@@ -185,20 +184,22 @@ struct Engine::Impl {
   std::vector<double> chunk_min;     // the scan's scratch: minimum approximate score per chunk of slots
   std::uint64_t next_seq = 0;
   std::size_t pool_negative = 0;     // pool members with negative bytes (the default path skips them)
-  // Staleness weights: maintained when the policy has them (Policy::HasStalenessWeight). A storage whose weight
-  // may have changed is queued once in `dirty` and recomputed at the next choice; `all_dirty` recomputes every
-  // pool member (a union-find class too large to walk changed).
+  // Staleness weights: maintained when the policy has them (Policy::HasStalenessWeight). Only pool members'
+  // weights matter (joining the pool marks one dirty), so weight_mark per storage is kOut (not in the pool),
+  // kClean or kDirty (queued in `dirty`, recomputed at the next choice). `all_dirty` recomputes every pool member
+  // (a union-find class too large to walk changed, or the queue outgrew the storages).
+  static constexpr std::uint8_t kOut = 0, kClean = 1, kDirty = 2;
   bool weights = false;
   bool all_dirty = false;
+  std::vector<std::uint8_t> weight_mark;
   std::vector<StorageIndex> dirty;
   // Per storage, during a window search: W / staleness, nullopt = barrier. Kept as optionals so the per-block
   // callback returns a copy from memory (building the optional in the callback stalls on store forwarding).
   std::vector<std::optional<double>> window_cost;
 
   void MarkDirty(StorageIndex x) {
-    Storage& st = storages[x];
-    if (st.weight_dirty) return;
-    st.weight_dirty = true;
+    if (weight_mark[x] != kClean) return;
+    weight_mark[x] = kDirty;
     dirty.push_back(x);
   }
   void SetLastAccess(StorageIndex s, std::int64_t clock) {
@@ -221,7 +222,14 @@ struct Engine::Impl {
     dense_last.push_back(static_cast<double>(st.last_access));
     dense_seq.push_back(next_seq++);
     if (st.size < 0) ++pool_negative;
-    if (weights) MarkDirty(s);
+    if (weights) {
+      weight_mark[s] = kDirty;
+      if (dirty.size() > 2 * storages.size()) {  // no choice for a long while: recompute everything instead
+        dirty.clear();
+        all_dirty = true;
+      }
+      if (!all_dirty) dirty.push_back(s);
+    }
   }
   void PoolRemove(StorageIndex s) {
     Storage& st = storages[s];
@@ -247,6 +255,7 @@ struct Engine::Impl {
     dense_seq.pop_back();
     st.pool_pos = kNone;
     if (st.size < 0) --pool_negative;
+    if (weights) weight_mark[s] = kOut;
   }
 
   void Lock(StorageIndex s) {
@@ -310,34 +319,47 @@ struct Engine::Impl {
   // compute and union-find classes (EqClassCompute, EvictedNeighbourCompute). Any change that can alter them for x
   // marks x dirty: a storage's own status/ecn/edges/compute (Touch: x and its neighbours) and a union-find class's
   // value or membership (TouchClass: the neighbours of every storage whose current node is in the class; past
-  // kClassTouchLimit such nodes, every weight at once). Marking is lazy (recomputed at the next choice), so
+  // kClassTouchLimit such nodes or a quarter of the pool, every weight at once). Marking is lazy (recomputed at the next choice), so
   // over-invalidating is always safe.
   static constexpr std::size_t kClassTouchLimit = 256;
   std::vector<StorageIndex> node_storage;               // per union-find node: its storage
-  std::vector<std::vector<std::int32_t>> node_members;  // per root: the nodes of its class
+  std::vector<std::vector<std::int32_t>> node_members;  // per root: the nodes of its class (some no longer current)
+  std::vector<std::int32_t> node_live;                  // per root: the current nodes of its class
   void Touch(StorageIndex x) {
-    if (!weights) return;
+    if (!weights || all_dirty) return;  // every weight is recomputed at the next choice anyway
     MarkDirty(x);
     for (StorageIndex n : storage_parents[x]) MarkDirty(n);
     for (StorageIndex n : storage_children[x]) MarkDirty(n);
   }
   void TouchClass(std::int32_t node) {
-    if (!weights) return;
-    std::vector<std::int32_t>& members = node_members[eq.Find(node)];
-    // Only the current nodes matter: a storage that left its node (resident again, or evicted anew under a fresh
-    // node) never returns to it, and EqSum only reaches classes through current nodes. Drop the others for good.
-    std::erase_if(members, [&](std::int32_t x) { return storages[node_storage[x]].ecn != x; });
-    if (members.size() > kClassTouchLimit) {
+    if (!weights || all_dirty) return;
+    const std::int32_t root = eq.Find(node);
+    // Walking the class costs about as much per member as recomputing one weight: past a quarter of the pool (or
+    // kClassTouchLimit), recomputing every weight once at the next choice is cheaper.
+    const std::size_t live = static_cast<std::size_t>(node_live[root]);
+    if (live > kClassTouchLimit || live * 4 > pool_size) {
       all_dirty = true;
       return;
     }
+    // Only the current nodes matter: a storage that left its node (resident again) never returns to it, and EqSum
+    // only reaches classes through current nodes. Drop the others for good (each node once: amortized O(1)).
+    std::vector<std::int32_t>& members = node_members[root];
+    std::erase_if(members, [&](std::int32_t x) { return storages[node_storage[x]].ecn != x; });
     for (std::int32_t x : members) Touch(node_storage[x]);
   }
   std::int32_t EqAdd(StorageIndex s, std::int64_t value) {
     std::int32_t node = eq.Add(value);
     node_storage.push_back(s);
     node_members.emplace_back(1, node);
+    node_live.push_back(1);
     return node;
+  }
+  // s's storage leaves its union-find node (it is resident again): the node stays in its class, no longer current.
+  void LeaveNode(StorageIndex s) {
+    Storage& st = storages[s];
+    if (st.ecn < 0) return;
+    --node_live[eq.Find(st.ecn)];
+    st.ecn = -1;
   }
   void EqMerge(std::int32_t joining, std::int32_t into) {
     std::int32_t l = eq.Find(joining), r = eq.Find(into);
@@ -347,7 +369,8 @@ struct Engine::Impl {
     if (small.size() > big.size()) big.swap(small);
     big.insert(big.end(), small.begin(), small.end());
     std::vector<std::int32_t>().swap(small);
-    eq.Merge(joining, into);
+    node_live[r] += node_live[l];
+    eq.Merge(joining, into);  // r stays the root
   }
 
   void SetMaterial(StorageIndex s, bool material) {
@@ -436,6 +459,7 @@ absl::Status Engine::AddOutputs(OpId op_id, std::span<const OutputSpec> outputs)
       m.storage_children.emplace_back();
       m.state.push_back(0);
       m.costs.push_back(0);
+      m.weight_mark.push_back(Impl::kOut);
       if (m.regions) {
         m.fwd.emplace_back();
         m.rev.emplace_back();
@@ -448,8 +472,7 @@ absl::Status Engine::AddOutputs(OpId op_id, std::span<const OutputSpec> outputs)
     for (TensorId u : st.tensors) op_seen = op_seen || m.tensors[u].op == op_id;
     if (!op_seen) {
       st.compute += op.cost;
-      m.costs[s] += op.cost;
-      m.Touch(s);
+      m.costs[s] += op.cost;  // a view's base: touched with the op's edges below (views have inputs)
     }
     st.tensors.push_back(t);
     st.ext_refs += 1;
@@ -493,7 +516,7 @@ TensorId Engine::AdoptConstant(std::int64_t bytes, std::uintptr_t address, std::
   m.SetMaterial(s, true);
   m.storages[s].computed = true;
   m.SetLastAccess(s, stats_.clock);
-  m.storages[s].ecn = -1;
+  if (m.eq_classes) m.LeaveNode(s);
   m.Touch(s);
   if (address != 0) SetAddress(s, address);
   m.storages[s].locks = 1;
@@ -724,6 +747,7 @@ void Engine::MarkEvicted(StorageIndex s, bool held_memory) {
     m.rev[s].Clear();
   }
   if (m.eq_classes) {
+    m.LeaveNode(s);  // resident storages have none; kept for the count's sake
     st.ecn = m.EqAdd(s, st.compute);
     m.Touch(s);
     m.NonMaterialNeighbours(s, m.neighbours);
@@ -950,7 +974,7 @@ void Engine::AfterCompute() {
         m.eq.Value(st.ecn) -= st.compute;
         m.TouchClass(st.ecn);
       }
-      st.ecn = -1;
+      m.LeaveNode(s);
       m.Touch(s);
     }
   }
@@ -1273,16 +1297,16 @@ void Engine::RefreshWeights() {
   if (m.all_dirty) {
     for (std::size_t i = 0; i < m.dense_storage.size(); ++i) {
       m.dense_weight[i] = options_.policy->StalenessWeight(*this, m.dense_storage[i]);
+      m.weight_mark[m.dense_storage[i]] = Impl::kClean;
     }
-    for (StorageIndex x : m.dirty) m.storages[x].weight_dirty = false;
     m.dirty.clear();
     m.all_dirty = false;
     return;
   }
   for (StorageIndex x : m.dirty) {
-    Impl::Storage& st = m.storages[x];
-    st.weight_dirty = false;
-    if (st.pool_pos != kNone) m.dense_weight[st.pool_pos] = options_.policy->StalenessWeight(*this, x);
+    if (m.weight_mark[x] != Impl::kDirty) continue;  // left the pool, or queued twice
+    m.weight_mark[x] = Impl::kClean;
+    m.dense_weight[m.storages[x].pool_pos] = options_.policy->StalenessWeight(*this, x);
   }
   m.dirty.clear();
 }
