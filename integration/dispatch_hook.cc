@@ -145,7 +145,12 @@ const OpTraits* SharedTraits(const c10::OperatorHandle& op) {
   OpsWithAGeneratorOverload();  // the first call scans every registered operator: do it outside our lock
   std::lock_guard<std::mutex> lock(mutex);
   std::unique_ptr<OpTraits>& slot = (*traits)[&op.schema()];
-  if (slot == nullptr) slot = ComputeTraits(op.schema());
+  if (slot == nullptr) {
+    slot = ComputeTraits(op.schema());
+    // Some composites also register an Autograd kernel (aten::linear, aten::matmul, aten::max_pool2d) that still
+    // runs the decomposition; recording their parts is right either way, since each part replays itself.
+    slot->decomposes = slot->tracked && op.hasKernelForDispatchKey(c10::DispatchKey::CompositeImplicitAutograd);
+  }
   return slot.get();
 }
 
@@ -336,7 +341,7 @@ void Fallback(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch::ji
     return;
   }
   const OpTraits& traits = TraitsOf(op);
-  if (!traits.tracked) {
+  if (!traits.tracked || traits.decomposes) {
     op.redispatchBoxed(below, stack);
     return;
   }

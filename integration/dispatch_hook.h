@@ -5,7 +5,8 @@
 // fallback on: DeferredInit, else TESTING_ONLY_GenericMode (kHookKeyCandidates, the one place to change it).
 // InstallHook checks hasBackendFallbackForDispatchKey, registers the fallback once per process and returns the
 // key; if both candidates are taken it fails with a clear error. Both keys sit above Autograd, so the hook sees
-// an op as the user called it (aten::dropout, not its decomposition) and before autograd records it.
+// an op before autograd records it; composite ops are seen as their decomposition (aten::native_dropout for
+// aten::dropout, aten::convolution for aten::conv2d), the ops autograd records.
 //
 // Switching on. The key must be in the thread's included set: ScopedHook (RAII) or SetHookEnabledOnThisThread
 // (Python's global switch). autograd's engine threads copy the calling thread's dispatch key set into the graph
@@ -93,6 +94,11 @@ struct OpTraits {
   std::string name;  // "aten::add_.Tensor"
   // Recorded at all (false for remat:: ops, which pass through).
   bool tracked = true;
+  // A CompositeImplicitAutograd op (aten::conv2d, aten::dropout, aten::matmul, aten::lstm): it has no autograd
+  // formula of its own, autograd sees the ops it decomposes into and saves their intermediates. The hook passes
+  // it through and records those ops instead, so every tensor autograd saves is an output of a recorded op
+  // (evictable) rather than memory produced inside an op (a constant).
+  bool decomposes = false;
   // Running it again recomputes its outputs and nothing else (false for collectives and profiler ops).
   bool replayable = true;
   // Draws random numbers: has a Generator argument, or is one of the known generator-less random ops (dropout).

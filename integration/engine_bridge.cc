@@ -34,6 +34,21 @@ bool Uninitialized(const std::string& name) {
          absl::StartsWith(name, "aten::resize");
 }
 
+// In-place ops that write every element of `self` without reading it.
+bool OverwritesSelf(const c10::OperatorHandle& op) {
+  static const absl::flat_hash_set<std::string> kNames = {
+      "aten::fill_",   "aten::zero_",     "aten::copy_",     "aten::bernoulli_", "aten::uniform_",
+      "aten::normal_", "aten::random_",   "aten::exponential_", "aten::geometric_", "aten::cauchy_",
+      "aten::log_normal_"};
+  return kNames.contains(op.schema().name());
+}
+
+// `t` reaches every byte of its storage, once.
+bool CoversStorage(const at::Tensor& t) {
+  return t.storage_offset() == 0 && t.is_non_overlapping_and_dense() &&
+         static_cast<std::size_t>(t.numel()) * t.element_size() == t.storage().nbytes();
+}
+
 template <typename Visit>
 void ForEachTensor(const c10::IValue& value, Visit&& visit) {
   if (value.isTensor()) {
@@ -201,23 +216,52 @@ void EngineBridge::BeforeOp(OpRecord& record) {
     current_.inputs.assign(n, kNoIndex);
     current_.written.assign(n, false);
     current_.written_returned.assign(n, false);
-    for (const int a : traits.written_arguments) {
+    current_.overwrite.assign(n, false);
+    std::vector<bool> covered(n, false);
+    for (std::size_t w = 0; w < traits.written_arguments.size(); ++w) {
+      const int a = traits.written_arguments[w];
       const bool returned =
           std::find(traits.return_aliases.begin(), traits.return_aliases.end(), a) != traits.return_aliases.end();
+      const bool overwrites = traits.out_argument[w] || (a == 0 && OverwritesSelf(record.op));
       ForEachTensor(record.arguments[a], [&](const at::Tensor& t) {
         if (!t.defined() || !t.has_storage()) return;
         for (std::size_t k = 0; k < n; ++k) {
           if (record.input_storages[k].get() != t.storage().unsafeGetStorageImpl()) continue;
           current_.written[k] = true;
           current_.written_returned[k] = current_.written_returned[k] || returned;
+          covered[k] = covered[k] || (overwrites && returned && CoversStorage(t));
         }
       });
+    }
+    // A blank constant overwritten entirely: its old value leaves the engine now (nothing can read garbage), the
+    // new one is registered by AfterOp as a fresh output. Only when the storage is passed once (not also read).
+    for (std::size_t k = 0; k < n; ++k) {
+      if (!covered[k]) continue;
+      auto it = entries_.find(record.input_storages[k].get());
+      if (it == entries_.end() || !it->second.blank || it->second.released) continue;
+      int uses = 0;
+      for (const c10::IValue& value : record.arguments) {
+        ForEachTensor(value, [&](const at::Tensor& t) {
+          uses += t.defined() && t.has_storage() && t.storage().unsafeGetStorageImpl() == record.input_storages[k].get();
+        });
+      }
+      if (uses != 1) continue;
+      Entry& entry = it->second;
+      const StorageIndex old = engine_->StorageOf(entry.root);
+      if (entry.record_refs > 0) PinDependents(old);
+      executor_.ClearHome(old);
+      owner_.erase(old);
+      engine_->Release(entry.root);
+      entry.blank = false;
+      entry.pinned = false;
+      current_.overwrite[k] = true;
     }
     std::vector<StorageIndex> overwritten;  // constants this op writes
     std::vector<TensorId> engine_inputs;
     engine_inputs.reserve(n);
     for (std::size_t k = 0; k < n; ++k) {
       Entry& entry = EntryFor(record.input_storages[k].get());
+      if (current_.overwrite[k]) continue;
       if (current_.written[k] && !current_.written_returned[k]) {
         PinEntry(entry);  // written on the side (running stats): a constant, replayed on a copy
         continue;
@@ -226,7 +270,7 @@ void EngineBridge::BeforeOp(OpRecord& record) {
     }
     for (const StorageIndex s : overwritten) PinDependents(s);
     for (std::size_t k = 0; k < n; ++k) {
-      if (current_.written[k] && !current_.written_returned[k]) continue;
+      if (current_.overwrite[k] || (current_.written[k] && !current_.written_returned[k])) continue;
       current_.inputs[k] = entries_.at(record.input_storages[k].get()).root;
       engine_inputs.push_back(current_.inputs[k]);
     }
@@ -284,6 +328,16 @@ void EngineBridge::AfterOp(OpRecord&& record) {
     spec_impl.push_back(std::move(impl));
   }
   for (std::size_t k = 0; k < n; ++k) {
+    if (!current_.overwrite[k]) continue;
+    c10::StorageImpl& impl = *record.input_storages[k];
+    OutputSpec spec;
+    spec.bytes = static_cast<std::int64_t>(impl.nbytes());
+    spec.address = AddressOf(impl);
+    specs.push_back(spec);
+    spec_output.push_back(-1 - static_cast<int>(k));
+    spec_impl.push_back(record.input_storages[k]);
+  }
+  for (std::size_t k = 0; k < n; ++k) {
     if (!current_.written_returned[k] || engine_position[k] < 0) continue;
     OutputSpec spec;
     spec.in_place_of = engine_position[k];
@@ -316,6 +370,7 @@ void EngineBridge::AfterOp(OpRecord&& record) {
       } else {
         engine_->Pin(t);
         entry.pinned = true;
+        entry.blank = Uninitialized(traits.name);
         ++stats_.pinned_outputs;
       }
       entries_.emplace(impl.get(), std::move(entry));
@@ -326,6 +381,21 @@ void EngineBridge::AfterOp(OpRecord&& record) {
     // An in-place write of input k: the StorageImpl now holds the new version t; the old one has no home.
     const int k = -1 - spec_output[j];
     Entry& entry = entries_.at(impl.get());
+    if (current_.overwrite[k]) {  // a blank storage overwritten entirely: a fresh value in the same StorageImpl
+      entry.root = t;
+      owner_[s] = impl.get();
+      executor_.SetHome(s, impl);
+      if (replayable && EvictableMemory(*impl)) {
+        executor_.SetOwner(AddressOf(*impl), s, /*evictable=*/true);
+        replay->in_place.emplace_back(k, s);
+        keep = true;
+      } else {
+        engine_->Pin(t);
+        entry.pinned = true;
+        executor_.SetOwner(AddressOf(*impl), s, /*evictable=*/false);
+      }
+      continue;
+    }
     const TensorId old = entry.root;
     executor_.ClearHome(engine_->StorageOf(old));
     owner_.erase(engine_->StorageOf(old));
@@ -347,6 +417,7 @@ void EngineBridge::AfterOp(OpRecord&& record) {
   if (!keep) return;
   replay->inputs = current_.inputs;
   replay->written = current_.written;
+  replay->overwritten = current_.overwrite;
   for (const TensorId t : current_.inputs) {
     if (t != kNoIndex) readers_[engine_->StorageOf(t)].push_back(current_.op);
   }
@@ -359,6 +430,16 @@ void EngineBridge::OpFailed(OpRecord& record) noexcept {
   if (current_.active) {
     engine_->AbortOp(current_.op);
     current_.active = false;
+    // A blank storage the op was to overwrite left the engine in BeforeOp: it is a constant again.
+    for (std::size_t k = 0; k < current_.overwrite.size(); ++k) {
+      if (!current_.overwrite[k]) continue;
+      c10::StorageImpl& impl = *record.input_storages[k];
+      Entry& entry = entries_.at(&impl);
+      entry.root = engine_->AdoptConstant(static_cast<std::int64_t>(impl.nbytes()), AddressOf(impl), "constant");
+      entry.pinned = true;
+      owner_[engine_->StorageOf(entry.root)] = &impl;
+      executor_.SetHome(engine_->StorageOf(entry.root), record.input_storages[k]);
+    }
   }
   if (policy_->UsesWindows()) SetCpuPlacementForThisThread(Placement::kLow);
   if (options_.next != nullptr) options_.next->OpFailed(record);

@@ -25,6 +25,9 @@
 // (directly or through storages nobody holds any more, following the kept records) is made resident
 // (rematerialized if needed) and pinned; likewise before a constant that records still read is freed (a saved
 // intermediate of a composite op, such as dropout's mask, when autograd lets it go).
+// Exception: a blank constant (an aten::empty result nobody wrote yet) that an op overwrites entirely without
+// reading it (fill_, zero_, copy_, the random fills such as dropout's bernoulli_, an out= argument) becomes an
+// ordinary output of that op: evictable, replayed into a fresh buffer.
 // Constants an op writes without returning them (batch norm's running_mean/running_var) are not engine inputs;
 // replays write a private copy of their current value (in training mode the outputs do not depend on them).
 //
@@ -95,6 +98,9 @@ class EngineBridge final : public OpObserver, public PressureHandler {
     std::int64_t record_refs = 0;  // strong references our records hold
     bool pinned = false;
     bool released = false;
+    // A constant only because an uninitializing op (aten::empty) made it, not written since: an op that
+    // overwrites all of it (dropout's bernoulli_ on empty_like) makes an evictable value out of it.
+    bool blank = false;
   };
   struct InFlight {
     bool active = false;
@@ -102,6 +108,7 @@ class EngineBridge final : public OpObserver, public PressureHandler {
     std::vector<TensorId> inputs;  // per record.input_storages, kNoIndex when not an engine input
     std::vector<bool> written;
     std::vector<bool> written_returned;
+    std::vector<bool> overwrite;  // per record.input_storages: a blank storage this op overwrites entirely
     // Ops not known to be random: the default CPU generator's state before the op. If the op moved it (a
     // composite such as aten::lstm with dropout), a replay would not reproduce it: its outputs become constants.
     bool check_rng = false;

@@ -76,6 +76,12 @@ c10::intrusive_ptr<c10::StorageImpl> CopyStorage(c10::StorageImpl& source) {
                                                allocator, /*resizable=*/true);
 }
 
+c10::intrusive_ptr<c10::StorageImpl> BlankStorage(std::size_t nbytes) {
+  c10::Allocator* allocator = c10::GetCPUAllocator();
+  return c10::make_intrusive<c10::StorageImpl>(c10::StorageImpl::use_byte_size_t(), nbytes,
+                                               allocator->allocate(nbytes), allocator, /*resizable=*/true);
+}
+
 bool EvictableMemory(c10::StorageImpl& storage) {
   if (storage.has_materializer() || storage.throw_on_immutable_data_ptr() || storage.throw_on_mutable_data_ptr()) {
     return false;
@@ -173,6 +179,13 @@ absl::Status TorchExecutor::ExecuteOrThrow(Engine& engine, OpId op, bool replay,
   std::vector<c10::intrusive_ptr<c10::StorageImpl>> holders(record.input_storages.size());
   std::vector<c10::intrusive_ptr<c10::StorageImpl>> scratch(record.input_storages.size());
   for (std::size_t k = 0; k < record.input_storages.size(); ++k) {
+    if (!r.overwritten.empty() && r.overwritten[k]) {  // its old contents do not matter
+      const StorageIndex s = r.in_place_storage(static_cast<int>(k));
+      if (s == kNoIndex) return absl::InternalError("remat: an overwritten argument without a new value");
+      scratch[k] = BlankStorage(static_cast<std::size_t>(engine.StorageBytes(s)));
+      subst[record.input_storages[k].get()] = scratch[k];
+      continue;
+    }
     c10::intrusive_ptr<c10::StorageImpl> holder;
     if (r.inputs[k] == kNoIndex) {
       holder = record.input_storages[k];  // a constant the op writes: its current value (see engine_bridge.h)

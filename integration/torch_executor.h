@@ -13,7 +13,8 @@
 // Execute(engine, op, replay, fresh): builds a fresh argument stack from the record (ReplayArguments) and points
 // every tensor argument at the holder of the engine storage it read when the op first ran; arguments the op
 // writes (in-place self, out=, batch norm's running stats) get a private copy instead, so a replay never writes
-// into memory the user (or another version) owns. Runs the op with ReplayWith (key excluded, below autograd and
+// into memory the user (or another version) owns; arguments it overwrites entirely (ReplayOp::overwritten) get a
+// fresh buffer of the same size. Runs the op with ReplayWith (key excluded, below autograd and
 // ADInplaceOrView, captured RNG and autocast state), then, for each storage in `fresh`, moves the result into
 // its home (or keeps it as a shadow) and reports the address with Engine::SetAddress and the arena owner
 // (storage + 1) for window policies. Results of storages not in `fresh` (still resident) are dropped.
@@ -49,10 +50,21 @@ struct ReplayOp {
   std::vector<TensorId> inputs;
   // Per record.input_storages: the op writes it (replays write a private copy).
   std::vector<bool> written;
+  // Per record.input_storages: the op overwrites all of it without reading it (a fill, a random fill, an out=
+  // argument) and its old contents were uninitialized (aten::empty): replays write a fresh uninitialized buffer.
+  std::vector<bool> overwritten;
   // Per record.outputs: the engine storage the op produced there, or kNoIndex (a view, a pinned output).
   std::vector<StorageIndex> output_storage;
   // In-place writes the engine tracks: (index into record.input_storages, engine storage of the new value).
   std::vector<std::pair<int, StorageIndex>> in_place;
+
+  // The engine storage of the new value of input k written in place, or kNoIndex.
+  StorageIndex in_place_storage(int k) const {
+    for (const auto& [input, storage] : in_place) {
+      if (input == k) return storage;
+    }
+    return kNoIndex;
+  }
 };
 
 struct ExecutorStats {
@@ -103,6 +115,8 @@ class TorchExecutor final : public Executor {
 
 // A new CPU StorageImpl holding a copy of `source`'s bytes (allocated by the current CPU allocator).
 c10::intrusive_ptr<c10::StorageImpl> CopyStorage(c10::StorageImpl& source);
+// A new CPU StorageImpl of `nbytes` uninitialized bytes (allocated by the current CPU allocator).
+c10::intrusive_ptr<c10::StorageImpl> BlankStorage(std::size_t nbytes);
 
 // True when remat may evict this storage's memory: it came from a remat arena, holds bytes and torch puts no
 // guard on it (copy-on-write materializer, data-access checks).

@@ -8,6 +8,7 @@
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/add.h>
 #include <ATen/ops/bernoulli.h>
+#include <ATen/ops/conv2d.h>
 #include <ATen/ops/dropout.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/max.h>
@@ -19,6 +20,7 @@
 #include <ATen/ops/randn.h>
 #include <ATen/ops/sum.h>
 #include <ATen/ops/tanh.h>
+#include <ATen/ops/zeros.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -255,32 +257,48 @@ TEST_F(DispatchHookTest, ReplayedDropoutReproducesItsMaskWithoutMovingTheRandomS
     ScopedHook hook;
     y = at::dropout(x, 0.5, /*train=*/true);
   }
-  // Only the op the user called is recorded; native_dropout inside it is part of it.
-  EXPECT_THAT(observer_.Names(), ElementsAre("aten::dropout"));
-  std::shared_ptr<OpRecord> dropout = observer_.Only("aten::dropout");
-  ASSERT_TRUE(dropout->traits->random);
-  EXPECT_EQ(dropout->traits->generator_argument, -1);
-  ASSERT_TRUE(dropout->rng.has_value());
-  ASSERT_TRUE(dropout->replayable);
+  // aten::dropout is a composite: the hook records what autograd sees, the mask drawn in place into a blank
+  // buffer, scaled, then applied.
+  EXPECT_THAT(observer_.Names(),
+              ElementsAre("aten::empty_like", "aten::bernoulli_.float", "aten::div_.Scalar", "aten::mul.Tensor"));
+  std::shared_ptr<OpRecord> bernoulli = observer_.Only("aten::bernoulli_.float");
+  ASSERT_TRUE(bernoulli->traits->random);
+  EXPECT_GE(bernoulli->traits->generator_argument, 0);
+  ASSERT_TRUE(bernoulli->rng.has_value());
+  ASSERT_TRUE(bernoulli->replayable);
+  const at::Tensor mask = bernoulli->arguments[0].toTensor().clone();
+  int zeros = 0;
+  for (int i = 0; i < 64 * 64; ++i) zeros += mask.const_data_ptr<float>()[i] == 0.0f;
+  EXPECT_GT(zeros, 64 * 64 * 0.4);
+  EXPECT_LT(zeros, 64 * 64 * 0.6);
 
   const at::Tensor next_draw_reference = [] {
     at::Generator copy = at::detail::getDefaultCPUGenerator().clone();
     return at::rand({16}, copy);
   }();
-  absl::StatusOr<c10::Stack> replayed = Replay(*dropout);
+  c10::Stack arguments = ReplayArguments(*bernoulli);
+  const at::Tensor blank = at::zeros({64, 64});
+  arguments[0] = blank;  // replayed into a fresh buffer, as the executor does
+  absl::StatusOr<c10::Stack> replayed = ReplayWith(*bernoulli, std::move(arguments));
   ASSERT_TRUE(replayed.ok()) << replayed.status();
-  ASSERT_EQ(replayed->size(), 1u);
-  const at::Tensor again = (*replayed)[0].toTensor();
-  EXPECT_NE(again.storage().unsafeGetStorageImpl(), y.storage().unsafeGetStorageImpl());
-  EXPECT_TRUE(BitwiseEqual(again, y)) << "the replay drew a different mask";
-  int zeros = 0;
-  for (int i = 0; i < 64 * 64; ++i) zeros += y.const_data_ptr<float>()[i] == 0.0f;
-  EXPECT_GT(zeros, 64 * 64 * 0.4);
-  EXPECT_LT(zeros, 64 * 64 * 0.6);
+  // The mask was scaled in place after it was drawn: replay the scaling too.
+  c10::Stack scale = ReplayArguments(*observer_.Only("aten::div_.Scalar"));
+  scale[0] = blank;
+  ASSERT_TRUE(ReplayWith(*observer_.Only("aten::div_.Scalar"), std::move(scale)).ok());
+  EXPECT_TRUE(BitwiseEqual(blank, mask)) << "the replay drew a different mask";
   // The user's stream continues as if no replay happened.
   EXPECT_TRUE(BitwiseEqual(at::rand({16}), next_draw_reference));
-  // A second replay is as good as the first.
-  EXPECT_TRUE(BitwiseEqual((*Replay(*dropout))[0].toTensor(), y));
+}
+
+TEST_F(DispatchHookTest, CompositeOpsAreRecordedAsTheOpsTheyDecomposeInto) {
+  at::Tensor x = at::randn({1, 2, 8, 8});
+  at::Tensor w = at::randn({3, 2, 3, 3});
+  {
+    ScopedHook hook;
+    (void)at::conv2d(x, w);
+  }
+  // aten::conv2d (CompositeImplicitAutograd) is not recorded; aten::convolution, which autograd records, is.
+  EXPECT_THAT(observer_.Names(), ElementsAre("aten::convolution"));
 }
 
 TEST_F(DispatchHookTest, ReplayWithAnExplicitGeneratorAndGeneratorlessOverload) {

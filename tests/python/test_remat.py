@@ -270,8 +270,8 @@ def test_recorded_trace_replays_in_remat_sim(tmp_path):
     lines = trace.read_text().splitlines()
     assert lines[0] == '{"INSTRUCTION":"ANNOTATE","ANNOTATION":"START"}'
     text = trace.read_text()
-    # The hook records outermost ops: conv2d as the user called it, not its decomposition.
-    for needle in ('"NAME":"aten::conv2d"', '"INSTRUCTION":"MUTATE"', '"INSTRUCTION":"RELEASE"',
+    # The hook records the ops autograd sees: conv2d as aten::convolution (its decomposition).
+    for needle in ('"NAME":"aten::convolution"', '"INSTRUCTION":"MUTATE"', '"INSTRUCTION":"RELEASE"',
                    '"INSTRUCTION":"CONSTANT"', '"NAME":"aten::convolution_backward"'):
         assert needle in text, needle
     remat_sim = Path(os.environ["REMAT_LIBRARY"]).resolve().parents[1] / "tools" / "remat-sim"
