@@ -19,6 +19,8 @@ class NullExecutor : public Executor {
  public:
   absl::Status Execute(Engine&, OpId, bool, std::span<const std::uint32_t>) override { return absl::OkStatus(); }
   void Evict(Engine&, std::uint32_t) override {}
+  absl::Status PageOut(Engine&, std::uint32_t) override { return absl::OkStatus(); }
+  absl::Status PageIn(Engine&, std::uint32_t) override { return absl::OkStatus(); }
 };
 
 // Places outputs in an arena (owner = storage + 1), as the simulator's executor does.
@@ -60,10 +62,11 @@ void CheckSameChoice(Engine& engine, const Policy& policy, int& compared) {
 struct Counts {
   int compared = 0;
   int early_stops = 0;  // choices where the default path stopped at a zero score before the end
+  std::int64_t page_outs = 0;
 };
 
 void RunRandom(const char* name, std::uint64_t seed, bool free_dead, Counts& counts, int ops = 400,
-               std::int64_t budget = 8 * 4096) {
+               std::int64_t budget = 8 * 4096, bool paging = false) {
   std::unique_ptr<Policy> policy = *MakePolicy(name);
   ASSERT_TRUE(policy->HasStalenessWeight());
   std::mt19937_64 rng(seed);
@@ -76,6 +79,10 @@ void RunRandom(const char* name, std::uint64_t seed, bool free_dead, Counts& cou
   o.policy = policy.get();
   o.budget = budget;
   o.free_dead = free_dead;
+  if (paging) {  // paged storages count as resident for the neighbourhood sums, and are no victims
+    o.paging.mode = OffloadMode::kAlways;
+    o.paging.host_budget = 6 * 4096;
+  }
   Engine engine(o, &executor);
   std::vector<TensorId> live;
   live.push_back(*engine.Constant(1024));
@@ -104,6 +111,11 @@ void RunRandom(const char* name, std::uint64_t seed, bool free_dead, Counts& cou
       if (!pool.empty()) (void)engine.Evict(pool[rng() % pool.size()]);
       (void)engine.Rematerialize(live[rng() % live.size()]);
     }
+    if (paging && rng() % 4 == 0) {
+      std::vector<StorageIndex> pool = engine.PoolOrder();
+      if (!pool.empty()) (void)engine.PageOut(pool[rng() % pool.size()]);
+      (void)engine.Prefetch(live[rng() % live.size()]);
+    }
     std::size_t pool_size = engine.PoolOrder().size();
     std::int64_t before = engine.stats().heuristic_evaluations;
     CheckSameChoice(engine, *policy, counts.compared);
@@ -113,6 +125,7 @@ void RunRandom(const char* name, std::uint64_t seed, bool free_dead, Counts& cou
       ++counts.early_stops;
     }
   }
+  counts.page_outs += engine.stats().page_outs;
 }
 
 TEST(ChooseBatchTest, DenseScanMatchesDefaultPath) {
@@ -126,6 +139,19 @@ TEST(ChooseBatchTest, DenseScanMatchesDefaultPath) {
     }
     EXPECT_GT(counts.compared, 1000) << name;
     EXPECT_GT(counts.early_stops, 10) << name;  // the zero-score case was exercised
+  }
+}
+
+// The same with paging: victims go to a small host tier while it lasts, storages are paged out and prefetched.
+TEST(ChooseBatchTest, DenseScanMatchesDefaultPathWithPaging) {
+  for (const char* name : {"dtr-eq", "dtr-local", "coop"}) {
+    Counts counts;
+    for (std::uint64_t seed = 1; seed <= 15; ++seed) {
+      RunRandom(name, seed + 3000, seed % 2 == 0, counts, 400, 8 * 4096, /*paging=*/true);
+      if (HasFatalFailure()) return;
+    }
+    EXPECT_GT(counts.compared, 1000) << name;
+    EXPECT_GT(counts.page_outs, 200) << name;
   }
 }
 
