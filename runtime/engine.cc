@@ -15,6 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "policies/window.h"
+#include "runtime/dense_scan.h"
 #include "runtime/eq_classes.h"
 #include "runtime/regions.h"
 
@@ -27,60 +28,6 @@ std::int64_t NowNs() {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(
              std::chrono::steady_clock::now().time_since_epoch())
       .count();
-}
-
-// The dense scan's approximate score W / staleness (Policy::HasStalenessWeight), +infinity when the staleness is
-// not positive (the division is then discarded: IEEE division by zero only raises a masked flag).
-inline double ApproxScore(double weight, double last_access, double clock) {
-  const double t = clock - last_access;
-  const double x = weight / t;
-  return t > 0 ? x : std::numeric_limits<double>::infinity();
-}
-
-constexpr std::size_t kScanChunk = 64;
-
-// Pass 1 of the dense scan: the minimum approximate score of each chunk of kScanChunk slots, and overall, with the
-// same operations as ApproxScore four lanes at a time (GCC vector extensions: the compiler does not vectorize a
-// floating-point min reduction by itself). Cloned for AVX-512 and AVX2 where the CPU has them; subtraction and
-// division are correctly rounded IEEE operations, so every clone returns the same values.
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && defined(__ELF__)
-__attribute__((target_clones("avx512f", "avx2", "default")))
-#endif
-double ChunkMinima(const double* __restrict weight, const double* __restrict last, std::size_t n, double clock,
-                   double* __restrict chunk_min) {
-  constexpr double kInf = std::numeric_limits<double>::infinity();
-#if defined(__GNUC__)
-  typedef double V4 __attribute__((vector_size(32)));
-  const V4 clock4 = {clock, clock, clock, clock};
-  const V4 inf4 = {kInf, kInf, kInf, kInf};
-  const V4 zero4 = {0, 0, 0, 0};
-#endif
-  double total = kInf;
-  for (std::size_t base = 0; base < n; base += kScanChunk) {
-    const std::size_t end = std::min(n, base + kScanChunk);
-    std::size_t i = base;
-    double m = kInf;
-#if defined(__GNUC__)
-    V4 m4 = inf4;
-    for (; i + 4 <= end; i += 4) {
-      V4 w4, l4;
-      std::memcpy(&w4, weight + i, sizeof(V4));
-      std::memcpy(&l4, last + i, sizeof(V4));
-      const V4 t4 = clock4 - l4;
-      const V4 x4 = w4 / t4;
-      const V4 q4 = t4 > zero4 ? x4 : inf4;
-      m4 = q4 < m4 ? q4 : m4;
-    }
-    for (int k = 0; k < 4; ++k) m = m4[k] < m ? m4[k] : m;
-#endif
-    for (; i < end; ++i) {
-      const double q = ApproxScore(weight[i], last[i], clock);
-      m = q < m ? q : m;
-    }
-    chunk_min[base / kScanChunk] = m;
-    total = m < total ? m : total;
-  }
-  return total;
 }
 
 }  // namespace

@@ -1,0 +1,1 @@
+remat_test(dense_scan_test SOURCES dense_scan_test.cc DEPS remat_runtime)
