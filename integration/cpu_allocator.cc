@@ -269,6 +269,8 @@ void SetCpuPressureHandler(PressureHandler* handler) {
 
 void SetCpuPlacementForThisThread(Placement placement) { t_placement = placement; }
 
+Placement CpuPlacementForThisThread() { return t_placement; }
+
 Arena* InstalledCpuArena() {
   std::shared_lock<std::shared_mutex> lock(g_registry_mutex);
   return g_active != nullptr ? g_active->arena.get() : nullptr;

@@ -70,6 +70,7 @@ void SetCpuPressureHandler(PressureHandler* handler);
 // Which end of a free block this thread's next CPU allocations take (Coop's cheap-tensor partitioning: the
 // runtime sets kLow around costly ops). Default kLow.
 void SetCpuPlacementForThisThread(Placement placement);
+Placement CpuPlacementForThisThread();
 
 // The installed arena, for the runtime (SetOwner, FindWindow, Free of evicted blocks); nullptr when none.
 // Valid until UninstallCpuArena.

@@ -471,6 +471,7 @@ absl::StatusOr<c10::Stack> ReplayWith(const OpRecord& record, c10::Stack argumen
     AutocastDtypeGuard autocast_cpu(c10::DeviceType::CPU, record.autocast_cpu_dtype);
     AutocastDtypeGuard autocast_cuda(c10::DeviceType::CUDA, record.autocast_cuda_dtype);
     SuspendHook suspend;
+    c10::AutoGradMode grad_mode(record.grad_enabled);
     at::AutoDispatchBelowADInplaceOrView below_autograd;
     if (swap_default_generator) {
       const at::Tensor captured = record.rng->get_state();  // our private copy: no lock needed

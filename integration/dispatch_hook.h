@@ -35,6 +35,7 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/stack.h>
 #include <c10/core/DispatchKey.h>
+#include <c10/core/GradMode.h>
 #include <c10/core/StorageImpl.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <c10/util/intrusive_ptr.h>
@@ -138,7 +139,10 @@ struct CapturedOutput {
 struct OpRecord {
   // Captures the calling thread's dispatch key state.
   OpRecord(c10::OperatorHandle handle, const OpTraits& op_traits)
-      : op(std::move(handle)), traits(&op_traits), tls_keys(c10::impl::tls_local_dispatch_key_set()) {}
+      : op(std::move(handle)),
+        traits(&op_traits),
+        tls_keys(c10::impl::tls_local_dispatch_key_set()),
+        grad_enabled(c10::GradMode::is_enabled()) {}
 
   c10::OperatorHandle op;
   const OpTraits* traits;
@@ -159,6 +163,9 @@ struct OpRecord {
   bool replayable = true;
   // The thread's dispatch key state at capture (autocast on/off and friends), restored for a replay.
   c10::impl::LocalDispatchKeySet tls_keys;
+  // Grad mode at capture, restored for a replay: some kernels return more when it is on (mkldnn_rnn_layer's
+  // workspace), and replays run from backward, where it is off.
+  bool grad_enabled;
   // The autocast dtypes in effect at capture, for the devices whose autocast was on; restored for a replay.
   std::optional<c10::ScalarType> autocast_cpu_dtype;
   std::optional<c10::ScalarType> autocast_cuda_dtype;

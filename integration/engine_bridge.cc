@@ -6,6 +6,7 @@
 #include <c10/util/Exception.h>
 
 #include <algorithm>
+#include <cstring>
 #include <utility>
 
 #include "absl/container/flat_hash_set.h"
@@ -74,6 +75,9 @@ std::uintptr_t AddressOf(c10::StorageImpl& impl) {
   return reinterpret_cast<std::uintptr_t>(impl._mutable_data_ptr_no_checks().get());
 }
 
+// Dying constants up to this size that records read are kept (at most 1/64 of the budget in all).
+constexpr std::int64_t kKeptConstantMaxBytes = 4096;
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<EngineBridge>> EngineBridge::Create(const BridgeOptions& options) {
@@ -101,7 +105,10 @@ EngineBridge::~EngineBridge() {
   engine_.reset();
 }
 
-void EngineBridge::Unlock() { mutex_.unlock(); }
+void EngineBridge::Unlock() {
+  current_record_ = nullptr;
+  mutex_.unlock();
+}
 
 EngineBridge::Entry& EngineBridge::EntryFor(c10::StorageImpl* impl) {
   auto it = entries_.find(impl);
@@ -179,8 +186,17 @@ void EngineBridge::Sweep(const OpRecord& record) {
     entry.released = true;
     ++stats_.released;
     if (entry.pinned) {
+      const StorageIndex s = engine_->StorageOf(entry.root);
+      const std::int64_t bytes = engine_->StorageBytes(s);
+      // A small constant that records read (a wrapped scalar such as the 1/sqrt(d) of attention) is kept, still
+      // a constant: cheaper than pinning everything computed from it.
+      if (entry.record_refs > 0 && bytes <= kKeptConstantMaxBytes &&
+          stats_.kept_constant_bytes + bytes <= static_cast<std::int64_t>(options_.budget / 64)) {
+        stats_.kept_constant_bytes += bytes;
+        continue;
+      }
       // A constant goes away. If a record may read it in a replay, nothing live may need such a replay.
-      if (entry.record_refs > 0) PinDependents(engine_->StorageOf(entry.root));
+      if (entry.record_refs > 0) PinDependents(s);
       engine_->Release(entry.root);
       if (c10::intrusive_ptr<c10::StorageImpl> impl = entry.weak.lock()) {
         if (!IsEvicted(*impl) && impl->nbytes() > 0 && AddressOf(*impl) != 0) (void)EvictStorage(*impl);
@@ -207,6 +223,7 @@ void EngineBridge::CountRecordRefs(const OpRecord& record) {
 
 void EngineBridge::BeforeOp(OpRecord& record) {
   mutex_.lock();
+  current_record_ = &record;
   try {
     if (options_.next != nullptr) options_.next->BeforeOp(record);
     engine_->NoteAllocation();
@@ -449,7 +466,59 @@ void EngineBridge::OpFailed(OpRecord& record) noexcept {
 bool EngineBridge::MakeRoom(Arena& arena, std::size_t bytes) {
   std::unique_lock<std::recursive_mutex> lock(mutex_, std::try_to_lock);
   if (!lock.owns_lock()) return false;  // another thread is inside an op; see the header
-  return engine_->MakeRoom(arena, bytes);
+  if (compacting_) return false;        // a compaction's own allocation: it only takes free memory
+  if (engine_->MakeRoom(arena, bytes)) return true;
+  return &arena == options_.arena && Compact(bytes);
+}
+
+bool EngineBridge::Compact(std::size_t bytes) {
+  Arena& arena = *options_.arena;
+  auto in_use = [&](const c10::StorageImpl* impl) {
+    if (executor_.InUse(impl)) return true;
+    if (current_record_ == nullptr) return false;
+    for (const auto& input : current_record_->input_storages) {
+      if (input.get() == impl) return true;
+    }
+    return false;
+  };
+  std::vector<std::pair<std::uintptr_t, const c10::StorageImpl*>> movable;
+  for (const c10::StorageImpl* key : live_) {
+    const Entry& entry = entries_.at(key);
+    if (!entry.pinned || entry.released) continue;
+    c10::intrusive_ptr<c10::StorageImpl> impl = entry.weak.lock();
+    if (!impl || IsEvicted(*impl) || !EvictableMemory(*impl) || in_use(impl.get())) continue;
+    movable.emplace_back(AddressOf(*impl), key);
+  }
+  std::sort(movable.begin(), movable.end());
+  compacting_ = true;
+  const Placement placement = CpuPlacementForThisThread();
+  SetCpuPlacementForThisThread(Placement::kHigh);
+  bool moved = false;
+  for (const auto& [address, key] : movable) {
+    if (arena.Stats().largest_free_block >= bytes) break;
+    const Entry& entry = entries_.at(key);
+    c10::intrusive_ptr<c10::StorageImpl> impl = entry.weak.lock();
+    const std::size_t nbytes = impl->nbytes();
+    c10::DataPtr fresh;
+    try {
+      fresh = RematCpuAllocator()->allocate(nbytes);
+    } catch (const c10::Error&) {
+      break;  // no hole for it: nothing more to gain
+    }
+    const auto destination = reinterpret_cast<std::uintptr_t>(fresh.get());
+    if (destination < address) break;  // it would move down: the high end is full
+    std::memcpy(fresh.get(), impl->_mutable_data_ptr_no_checks().get(), nbytes);
+    c10::DataPtr old = impl->set_data_ptr(std::move(fresh));  // freed when `old` goes
+    const StorageIndex s = engine_->StorageOf(entry.root);
+    engine_->SetAddress(s, destination);
+    executor_.SetOwner(destination, s, /*evictable=*/false);
+    ++stats_.relocations;
+    stats_.relocated_bytes += static_cast<std::int64_t>(nbytes);
+    moved = true;
+  }
+  SetCpuPlacementForThisThread(placement);
+  compacting_ = false;
+  return moved;
 }
 
 absl::Status EngineBridge::MaterializeLive() {

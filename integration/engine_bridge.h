@@ -23,13 +23,21 @@
 // Writes to constants (optimizer steps, zero_ of a gradient, fills of an aten::empty result): a replay after the
 // write would read the new value. So before such a write every live storage whose replay could read the old value
 // (directly or through storages nobody holds any more, following the kept records) is made resident
-// (rematerialized if needed) and pinned; likewise before a constant that records still read is freed (a saved
-// intermediate of a composite op, such as dropout's mask, when autograd lets it go).
+// (rematerialized if needed) and pinned; likewise before a constant that records still read is freed, unless it
+// is small (up to 4 KiB, a wrapped scalar; 1/64 of the budget in all): such a constant is kept instead.
 // Exception: a blank constant (an aten::empty result nobody wrote yet) that an op overwrites entirely without
 // reading it (fill_, zero_, copy_, the random fills such as dropout's bernoulli_, an out= argument) becomes an
 // ordinary output of that op: evictable, replayed into a fresh buffer.
 // Constants an op writes without returning them (batch norm's running_mean/running_var) are not engine inputs;
 // replays write a private copy of their current value (in training mode the outputs do not depend on them).
+//
+// Compaction. Constants are never evicted, and the blocks they hold (gradients, optimizer state, results pinned
+// because what they were computed from changed) are scattered among evictable ones, so the arena can have the
+// free bytes a request needs but no hole. When the engine can evict nothing more, MakeRoom moves constants to
+// the arena's high end, lowest first (copy, then swap the StorageImpl's DataPtr, as eviction does; views and
+// saved tensors follow), until a hole fits. Never moved: storages the running op or replay uses. What users can
+// see: the data_ptr() of a tensor made under remat may change between ops, as it does when remat evicts and
+// restores it; raw pointers into it (a numpy array from .numpy()) must not be kept across ops.
 //
 // Threads: one recursive mutex, held from BeforeOp to AfterOp/OpFailed, serializes ops of every thread
 // (autograd's engine threads included). MakeRoom from the thread that holds it (a kernel's allocation, a replay)
@@ -73,6 +81,9 @@ struct BridgeStats {
   std::int64_t pinned_outputs = 0;  // outputs made constants (not replayable, not arena memory, ...)
   std::int64_t generations = 0;     // constants overwritten or freed while records read them
   std::int64_t released = 0;        // storages whose last user reference died
+  std::int64_t kept_constant_bytes = 0;  // small dead constants kept because records read them
+  std::int64_t relocations = 0;          // constants moved to the arena's high end to join free holes
+  std::int64_t relocated_bytes = 0;
 };
 
 class EngineBridge final : public OpObserver, public PressureHandler {
@@ -122,6 +133,7 @@ class EngineBridge final : public OpObserver, public PressureHandler {
   void PinEntry(Entry& entry);
   void CountRecordRefs(const OpRecord& record);
   void Unlock();
+  bool Compact(std::size_t bytes);
 
   BridgeOptions options_;
   std::unique_ptr<Policy> policy_;
@@ -133,6 +145,8 @@ class EngineBridge final : public OpObserver, public PressureHandler {
   absl::flat_hash_map<StorageIndex, const c10::StorageImpl*> owner_;  // engine storage -> entry whose version it is
   absl::flat_hash_map<StorageIndex, std::vector<OpId>> readers_;      // engine storage -> kept records reading it
   InFlight current_;
+  const OpRecord* current_record_ = nullptr;  // the user op between BeforeOp and AfterOp/OpFailed
+  bool compacting_ = false;
   BridgeStats stats_;
 };
 

@@ -6,6 +6,7 @@
 #include <c10/core/TensorImpl.h>
 #include <c10/util/Exception.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <exception>
@@ -173,6 +174,10 @@ absl::Status TorchExecutor::ExecuteOrThrow(Engine& engine, OpId op, bool replay,
   }
   (void)replay;  // first executions run in the user's thread (BeginOp/EndOp); everything here is a replay
   const std::int64_t start = NowNs();
+  struct ClearInUse {
+    std::vector<const c10::StorageImpl*>* in_use;
+    ~ClearInUse() { in_use->clear(); }
+  } clear_in_use{&in_use_};
   ReplayOp& r = *ops_[op];
   const OpRecord& record = r.record;
   Substitutions subst;
@@ -197,6 +202,7 @@ absl::Status TorchExecutor::ExecuteOrThrow(Engine& engine, OpId op, bool replay,
                                               " is not resident"));
     }
     holders[k] = holder;
+    in_use_.push_back(holder.get());
     if (r.written[k]) {
       scratch[k] = CopyStorage(*holder);
       subst[record.input_storages[k].get()] = scratch[k];
@@ -261,6 +267,10 @@ void TorchExecutor::Evict(Engine& engine, std::uint32_t s) {
   } else {
     ++stats_.empty_evictions;
   }
+}
+
+bool TorchExecutor::InUse(const c10::StorageImpl* impl) const {
+  return std::find(in_use_.begin(), in_use_.end(), impl) != in_use_.end();
 }
 
 void TorchExecutor::Clear() {

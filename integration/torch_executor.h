@@ -96,6 +96,9 @@ class TorchExecutor final : public Executor {
   absl::Status Execute(Engine& engine, OpId op, bool replay, std::span<const std::uint32_t> fresh) override;
   void Evict(Engine& engine, std::uint32_t storage) override;
 
+  // A replay running now reads or writes `impl` (its memory must not move).
+  bool InUse(const c10::StorageImpl* impl) const;
+
   // Drops every record and shadow (the engine is going away).
   void Clear();
   const ExecutorStats& stats() const { return stats_; }
@@ -111,6 +114,7 @@ class TorchExecutor final : public Executor {
   std::vector<c10::weak_intrusive_ptr<c10::StorageImpl>> homes_;  // by StorageIndex
   std::vector<c10::intrusive_ptr<c10::StorageImpl>> shadows_;     // by StorageIndex
   ExecutorStats stats_;
+  std::vector<const c10::StorageImpl*> in_use_;  // storages of the replay running now
 };
 
 // A new CPU StorageImpl holding a copy of `source`'s bytes (allocated by the current CPU allocator).
