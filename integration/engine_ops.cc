@@ -54,6 +54,9 @@ c10::Dict<std::string, double> EngineStatsDict() {
   put("pinned_outputs", s->pinned_outputs);
   put("generations", s->generations);
   put("released", s->released);
+  put("kept_constant_bytes", s->kept_constant_bytes);
+  put("relocations", s->relocations);
+  put("relocated_bytes", s->relocated_bytes);
   put("shadows", s->executor.shadows);
   put("empty_evictions", s->executor.empty_evictions);
   return out;
