@@ -238,6 +238,9 @@ atexit.register(_close_trace_at_exit)
 
 
 def _enable_from_environment() -> Optional[_Enabled]:
+    from . import cuda
+    if cuda.device_from_environment() == "cuda":
+        return None  # REMAT_BUDGET is the CUDA allocator's (installed by remat.cuda at import), not the CPU's
     if os.environ.get("REMAT_POLICY"):
         try:
             _engine.resolve_policy(None)
