@@ -13,6 +13,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "integration/cpu_allocator.h"
+#include "integration/op_cost.h"
 #include "integration/storage_eviction.h"
 #include "policies/registry.h"
 
@@ -362,7 +363,8 @@ void EngineBridge::AfterOp(OpRecord&& record) {
     spec_output.push_back(-1 - static_cast<int>(k));
     spec_impl.push_back(record.input_storages[k]);
   }
-  const std::int64_t cost = std::max<std::int64_t>(1, static_cast<std::int64_t>(record.duration_ns));
+  const std::int64_t cost = std::max<std::int64_t>(
+      1, options_.estimated_costs ? EstimatedCostNs(record) : static_cast<std::int64_t>(record.duration_ns));
   absl::StatusOr<std::span<const TensorId>> outs = engine_->EndOp(current_.op, specs, cost);
   if (!outs.ok()) Throw(outs.status());
   const std::vector<TensorId> out_tensors(outs->begin(), outs->end());

@@ -71,6 +71,9 @@ struct BridgeOptions {
   std::string policy = "dtr-eq";  // a name from policies/registry.h
   Arena* arena = nullptr;         // the installed CPU arena (InstalledCpuArena())
   OpObserver* next = nullptr;     // also told about every op (the session's tracker: counts, traces)
+  // Op costs for the engine: measured wall time (default), or EstimatedCostNs (op_cost.h): the same choices in
+  // every run.
+  bool estimated_costs = false;
 };
 
 struct BridgeStats {

@@ -17,9 +17,9 @@ namespace {
 
 void ThrowIfError(const absl::Status& status) { TORCH_CHECK(status.ok(), std::string(status.message())); }
 
-void EnableEngine(int64_t budget, const std::string& policy) {
+void EnableEngine(int64_t budget, const std::string& policy, const std::string& costs) {
   TORCH_CHECK(budget > 0, "remat: budget must be a positive number of bytes, got ", budget);
-  ThrowIfError(EnableRematEngine(EngineSessionOptions{static_cast<std::size_t>(budget), policy}));
+  ThrowIfError(EnableRematEngine(EngineSessionOptions{static_cast<std::size_t>(budget), policy, costs}));
 }
 
 void DisableEngine() { ThrowIfError(DisableRematEngine()); }
@@ -67,7 +67,7 @@ c10::Dict<std::string, double> EngineStatsDict() {
 
 TORCH_LIBRARY_FRAGMENT(remat, m) {
   using namespace remat::integration;
-  m.def("enable_engine(int budget, str policy) -> ()", &EnableEngine);
+  m.def("enable_engine(int budget, str policy, str costs=\"measured\") -> ()", &EnableEngine);
   m.def("disable_engine() -> ()", &DisableEngine);
   m.def("engine_enabled() -> bool", &EngineEnabled);
   m.def("policies() -> str[]", &Policies);

@@ -29,6 +29,11 @@ absl::Status EnableRematEngine(const EngineSessionOptions& options) {
   BridgeOptions bridge_options;
   bridge_options.budget = options.budget;
   bridge_options.policy = options.policy;
+  if (options.costs != "measured" && options.costs != "estimated") {
+    return absl::InvalidArgumentError("remat: unknown costs '" + options.costs +
+                                      "'; expected 'measured' or 'estimated'");
+  }
+  bridge_options.estimated_costs = options.costs == "estimated";
   // Check the policy before touching torch's allocator.
   if (absl::StatusOr<std::unique_ptr<EngineBridge>> probe = EngineBridge::Create(bridge_options); !probe.ok()) {
     return probe.status();

@@ -26,6 +26,7 @@ namespace remat::integration {
 struct EngineSessionOptions {
   std::size_t budget = 0;         // bytes; > 0
   std::string policy = "dtr-eq";  // a registered policy (PolicyNames())
+  std::string costs = "measured";  // op costs: "measured" (wall time) or "estimated" (op_cost.h, reproducible)
 };
 
 absl::Status EnableRematEngine(const EngineSessionOptions& options);

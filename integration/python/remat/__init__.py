@@ -144,14 +144,16 @@ class _Enabled:
         return f"remat.enable(budget={self.budget}, policy={self.policy!r})"
 
 
-def enable(budget: Union[int, str], policy: Optional[str] = None) -> _Enabled:
+def enable(budget: Union[int, str], policy: Optional[str] = None, costs: str = "measured") -> _Enabled:
     """Switches remat on: CPU tensors come from an arena of `budget` bytes (a hard limit), and the ops of this
     thread are tracked; under pressure the engine evicts storages it can recompute, chosen by `policy` (default
     $REMAT_POLICY, else "dtr-eq"; see policies()), and rematerializes them when they are read. An allocation that
     no eviction can make room for raises torch.OutOfMemoryError. Usable as a context manager. Raises ValueError for
-    an unknown policy and RuntimeError if remat is already enabled."""
+    an unknown policy and RuntimeError if remat is already enabled. `costs`: how the engine weighs an op,
+    "measured" (its wall time, the default) or "estimated" (from its shapes: the same eviction choices in every
+    run, for tests and reproducible experiments)."""
     nbytes = parse_size(budget)
-    name = _engine.enable(nbytes, policy)
+    name = _engine.enable(nbytes, policy, costs)
     return _Enabled(nbytes, name)
 
 

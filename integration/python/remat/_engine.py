@@ -36,10 +36,15 @@ def resolve_policy(policy: Optional[str]) -> str:
     return policy
 
 
-def enable(nbytes: int, policy: Optional[str] = None) -> str:
+COSTS = ("measured", "estimated")
+
+
+def enable(nbytes: int, policy: Optional[str] = None, costs: str = "measured") -> str:
     """Switches remat on with the engine; returns the policy used."""
     name = resolve_policy(policy)
-    torch.ops.remat.enable_engine(int(nbytes), name)
+    if costs not in COSTS:
+        raise ValueError(f"remat: unknown costs {costs!r}; expected one of {', '.join(COSTS)}")
+    torch.ops.remat.enable_engine(int(nbytes), name, costs)
     return name
 
 
