@@ -297,6 +297,11 @@ struct Arena::State {
       it = free_index.lower_bound(FreeKey{aligned, 0, nullptr});
     }
     if (it == free_index.end()) return nullptr;
+    if (placement == Placement::kTop) {
+      for (auto candidate = it; candidate != free_index.end(); ++candidate) {
+        if (candidate->block->address > it->block->address) it = candidate;
+      }
+    }
     Node* f = it->block;
     free_index.erase(it);
     Node* b;

@@ -38,8 +38,10 @@ namespace remat {
 using OwnerId = std::uint64_t;
 inline constexpr OwnerId kNoOwner = 0;
 
-// Which end of the chosen free block a new block takes.
-enum class Placement { kLow, kHigh };
+// Where a new block goes. kLow / kHigh: the best-fitting free block (the smallest that holds it), at its low or
+// high end. kTop: the free block with the highest address that holds it, at its high end (slower: it looks at
+// every free block large enough; for moving long-lived blocks out of the way, not for every allocation).
+enum class Placement { kLow, kHigh, kTop };
 
 struct ArenaOptions {
   // Bytes reserved from the provider up front, in one segment. 0 reserves nothing until the first allocation.

@@ -96,7 +96,7 @@ def run(args, budget=None):
     stats = None
     times = []
     if budget is not None:
-        remat.enable(budget, policy=args.policy)
+        remat.enable(budget, policy=args.policy, costs=args.costs)
     try:
         losses = []
         for _ in range(args.steps):
@@ -134,6 +134,9 @@ def main():
                              "...) or 'transformer'")
     parser.add_argument("--budget", default="0.8", help="bytes (6GiB) or a fraction of the measured peak (0.5)")
     parser.add_argument("--policy", default=None, help=f"eviction policy, one of {', '.join(remat.policies())}")
+    parser.add_argument("--costs", choices=("measured", "estimated"), default="measured",
+                        help="how the engine weighs ops: measured time, or an estimate from shapes (the same "
+                             "eviction choices in every run)")
     parser.add_argument("--optimizer", choices=("sgd", "adam"), default="sgd")
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--batch", type=int, default=2)
@@ -144,7 +147,7 @@ def main():
     torch.set_num_threads(max(1, torch.get_num_threads()))
 
     print(f"model {args.model}, batch {args.batch}, {args.steps} steps, {args.optimizer}, "
-          f"policy {args.policy or 'default'}")
+          f"policy {args.policy or 'default'}, {args.costs} costs")
     base_losses, base_params, base_time, _ = run(args)
     print(f"baseline (no remat):       {base_time * 1e3:8.1f} ms/step")
     _, _, _, free = run(args, budget=HUGE)

@@ -11,6 +11,7 @@
 // A second test runs a growing arena (several segments) and checks the same invariants segment by segment, and
 // that windows never cross a segment boundary.
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <limits>
 #include <map>
@@ -150,14 +151,18 @@ TEST_P(ArenaRandomTest, MatchesTheReferenceModel) {
       std::size_t bytes = units * a - std::uniform_int_distribution<std::size_t>(0, a - 1)(rng);
       if (std::uniform_int_distribution<int>(0, 50)(rng) == 0) bytes = 0;
       const std::size_t aligned = std::max<std::size_t>(a, (bytes + a - 1) / a * a);
-      const Placement placement = (rng() & 1) ? Placement::kLow : Placement::kHigh;
+      const Placement placement = std::array{Placement::kLow, Placement::kHigh, Placement::kTop}[rng() % 3];
       const OwnerId owner = rng() % 1000;
-      // The model's prediction: smallest hole that fits, lowest address on ties.
+      // The model's prediction: smallest hole that fits, lowest address on ties; for kTop the highest hole that
+      // fits.
       std::optional<std::pair<std::size_t, std::uintptr_t>> hole;  // (size, start)
       std::uintptr_t cursor = base;
       auto consider = [&](std::uintptr_t lo, std::uintptr_t hi) {
         const std::size_t size = hi - lo;
-        if (size >= aligned && (!hole || size < hole->first)) hole = {size, lo};
+        if (size < aligned) return;
+        if (placement == Placement::kTop ? (!hole || lo > hole->second) : (!hole || size < hole->first)) {
+          hole = {size, lo};
+        }
       };
       for (const auto& [addr, blk] : model) {
         consider(cursor, addr);

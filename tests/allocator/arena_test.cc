@@ -95,6 +95,23 @@ TEST(ArenaTest, LowAndHighPlacementTakeTheEndsOfTheFreeBlock) {
   EXPECT_TRUE(blocks[2].free);
 }
 
+TEST(ArenaTest, TopPlacementTakesTheHighestHoleThatFits) {
+  auto arena = MakeArena(16 * kA);
+  const std::uintptr_t base = Base(*arena);
+  // Blocks at units 0..15: holes of 4 units at [0,4), 2 units at [6,8), 3 units at [10,13); 13..15 allocated.
+  std::vector<std::uintptr_t> blocks;
+  for (int i = 0; i < 16; ++i) blocks.push_back(*arena->Allocate(kA, 1));
+  for (int i : {0, 1, 2, 3, 6, 7, 10, 11, 12}) ASSERT_TRUE(arena->Free(blocks[i]).ok());
+  // Best fit would take the 2-unit hole for 2 units; top takes the highest hole that holds them, at its high end.
+  auto top = arena->Allocate(2 * kA, 2, Placement::kTop);
+  ASSERT_TRUE(top.ok());
+  EXPECT_EQ(*top, base + 11 * kA);
+  // 4 units fit only in the lowest hole.
+  auto big = arena->Allocate(4 * kA, 3, Placement::kTop);
+  ASSERT_TRUE(big.ok());
+  EXPECT_EQ(*big, base);
+}
+
 TEST(ArenaTest, BestFitTakesTheSmallestHoleThenTheLowestAddress) {
   auto arena = MakeArena(64 * kA);
   const std::uintptr_t base = Base(*arena);
