@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "integration/held_references.h"
 
 namespace remat::integration {
 namespace {
@@ -63,7 +64,7 @@ std::string TraceRecorder::NewName() { return absl::StrCat("t", next_name_++); }
 
 void TraceRecorder::ReleaseDead() {
   for (auto it = known_.begin(); it != known_.end();) {
-    if (it->second.storage.expired()) {
+    if (DeadToTheUser(it->second.storage, it->first)) {
       for (const std::string& name : it->second.names) {
         out_ << "{\"INSTRUCTION\":\"RELEASE\",\"NAME\":" << Quoted(name) << "}\n";
       }

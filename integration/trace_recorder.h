@@ -10,8 +10,8 @@
 //     else the ARGS index of the argument whose storage it shares and the view's own bytes;
 //   - ARGS name storages (a view used as an argument is named by its storage), so aliasing is by storage, which
 //     is the unit remat evicts;
-//   - when a storage dies (its last tensor is gone), every name on it is RELEASEd, detected at the next op or at
-//     Close. Names alive at Close are the trace's outputs.
+//   - when a storage dies (its last tensor is gone; references remat's own op records hold do not count, see
+//     held_references.h), every name on it is RELEASEd, detected at the next op or at Close. Names alive at Close are the trace's outputs.
 // TIME is the op's measured wall time (nested calls included). Ops whose only tensors are not strided (sparse)
 // contribute only their strided tensors.
 //
