@@ -820,8 +820,15 @@ absl::Status Engine::RunFramesFrom(std::size_t base) {
     for (TensorId u : outs) {
       if (u != t && m.tensors[u].defined) m.dup.push_back(u);
     }
+    // A paged pinned sibling keeps its host copy: a storage pinned for good may no longer be reproducible.
+    auto paged_pinned = [&](TensorId u) {
+      const Impl::Storage& us = m.storages[m.tensors[u].storage];
+      return us.paged && us.pinned;
+    };
     for (TensorId u : outs) {
-      if (u != t && !m.storages[m.tensors[u].storage].material) m.remat_storages.push_back(m.tensors[u].storage);
+      if (u != t && !m.storages[m.tensors[u].storage].material && !paged_pinned(u)) {
+        m.remat_storages.push_back(m.tensors[u].storage);
+      }
     }
     if (!m.storages[m.tensors[t].storage].material) m.remat_storages.push_back(m.tensors[t].storage);
     stats_.clock += m.ops[op_id].cost;
@@ -867,7 +874,7 @@ absl::Status Engine::RunFramesFrom(std::size_t base) {
     m.storages[m.tensors[t].storage].computed = true;
     m.tensors[t].defined = true;
     for (TensorId u : outs) {
-      if (u == t || m.tensors[u].defined) continue;
+      if (u == t || m.tensors[u].defined || paged_pinned(u)) continue;
       m.SetMaterial(m.tensors[u].storage, true);
       m.storages[m.tensors[u].storage].computed = true;
       m.tensors[u].defined = true;
@@ -964,7 +971,7 @@ bool Engine::MakeRoom(Arena& arena, std::size_t bytes) {
   if (options_.policy->UsesWindows()) {
     std::optional<Window> window = ChooseWindow(arena, bytes);
     stats_.search_ns += NowNs() - start;
-    if (!window || window->owners.empty()) return PageLruConstant();
+    if (!window || window->owners.empty()) return PageLruConstant() || RelocateConstants(arena, bytes);
     for (OwnerId o : window->owners) {
       if (absl::Status s = Reclaim(static_cast<StorageIndex>(o - 1)); !s.ok()) {
         pending_ = s;
@@ -975,7 +982,7 @@ bool Engine::MakeRoom(Arena& arena, std::size_t bytes) {
   }
   if (m.pool_size == 0) {
     stats_.search_ns += NowNs() - start;
-    return PageLruConstant();
+    return PageLruConstant() || RelocateConstants(arena, bytes);
   }
   std::optional<StorageIndex> pick = ChooseFromPool();
   stats_.search_ns += NowNs() - start;
@@ -985,6 +992,44 @@ bool Engine::MakeRoom(Arena& arena, std::size_t bytes) {
     return false;
   }
   return true;
+}
+
+bool Engine::RelocateConstants(Arena& arena, std::size_t bytes) {
+  Impl& m = *impl_;
+  if (!options_.relocate || !pending_.ok()) return false;
+  // Resident constants held by nothing but their pin (not inputs of the running op), by address.
+  absl::flat_hash_map<std::uintptr_t, StorageIndex> movable;
+  for (StorageIndex s = 0; s < m.storages.size(); ++s) {
+    const Impl::Storage& st = m.storages[s];
+    if (st.material && st.pinned && st.locks == 1 && st.has_address && !st.paged) movable.emplace(st.address, s);
+  }
+  if (movable.empty()) return false;
+  // The run that needs the fewest bytes moved: free blocks cost nothing, movable constants their size, anything
+  // else (locked, or evictable but not evicted: the policy had its chance) is a barrier.
+  std::optional<Window> window = arena.FindWindow(bytes, [&](const BlockInfo& block) -> std::optional<double> {
+    if (movable.contains(block.address)) return static_cast<double>(block.size);
+    return std::nullopt;
+  });
+  if (!window) return false;
+  const Executor::AddressRange avoid{window->address, window->address + window->size};
+  std::vector<std::pair<std::uintptr_t, StorageIndex>> inside;
+  for (const auto& [address, s] : movable) {
+    if (avoid.Overlaps(address, static_cast<std::size_t>(m.storages[s].size))) inside.emplace_back(address, s);
+  }
+  std::sort(inside.begin(), inside.end());
+  bool moved = false;
+  for (const auto& [address, s] : inside) {
+    absl::StatusOr<bool> relocated = executor_->Relocate(*this, s, avoid);
+    if (!relocated.ok()) {
+      pending_ = relocated.status();
+      return false;
+    }
+    if (!*relocated) break;  // no hole outside the window holds it
+    moved = true;
+    ++stats_.relocations;
+    stats_.relocated_bytes += m.storages[s].size;
+  }
+  return moved;
 }
 
 // ---- Paging ----
@@ -1039,7 +1084,7 @@ absl::Status Engine::PageOutStorage(StorageIndex s) {
   Impl& m = *impl_;
   Impl::Storage& st = m.storages[s];
   const bool pageable = st.material && !st.paged && !st.dead &&
-                        (st.constant ? options_.paging.page_constants && st.locks == 1 : st.locks == 0 && !st.pinned);
+                        (st.pinned ? options_.paging.page_constants && st.locks == 1 : st.locks == 0);
   if (!pageable) return absl::FailedPreconditionError(absl::StrCat("storage ", s, " cannot be paged out"));
   if (absl::Status x = executor_->PageOut(*this, s); !x.ok()) return x;
   st.ready_at = IssueCopy(st.size, /*in=*/false, 0);  // when the host copy is complete
@@ -1192,7 +1237,9 @@ bool Engine::PageLruConstant() {
   StorageIndex best = kNone;
   for (StorageIndex s = 0; s < m.storages.size(); ++s) {
     const Impl::Storage& st = m.storages[s];
-    if (!st.constant || !st.material || st.paged || st.dead || st.locks != 1) continue;
+    if (!st.pinned || !st.material || st.paged || st.dead || st.locks != 1) continue;
+    // Arena mode: a constant outside the arena (adopted without an address) frees nothing there.
+    if (options_.mode == AccountingMode::kArena && !st.has_address) continue;
     if (stats_.host_used_bytes > p.host_budget - st.size) continue;
     if (best == kNone || st.last_access < m.storages[best].last_access) best = s;
   }

@@ -41,7 +41,10 @@
 //     waits for the link. With `paging.duplex` the two directions are independent links (a page-in still starts
 //     after its own page-out has ended).
 //   - Constants are never dropped. With `paging.page_constants` they may be paged, as a last resort: when the policy
-//     finds no victim, the least recently used constant that is held only by its pin is paged out.
+//     finds no victim, the least recently used constant that is held only by its pin is paged out. The same holds
+//     for storages pinned for good (Pin): they are constants to the policy. In arena mode only constants with an
+//     address (in the arena) are paged: one outside it frees nothing there. A paged pinned storage is never
+//     recomputed as the sibling of a replayed output: it comes back from its host copy.
 //   - Prefetch(t) pages t's storage in ahead of use, only into free memory (it never evicts), and marks it fresh.
 //     PrefetchAhead does it for a list of upcoming inputs and may, when asked, make room as an op would.
 //   - A paged storage whose last reference dies loses its host copy and becomes evicted (recomputable), as a
@@ -99,6 +102,11 @@ struct EngineOptions {
   bool free_dead = false;
   Arena* arena = nullptr;                  // arena mode: the arena the executor allocates from (for windows, stats)
   PagingOptions paging;
+  // Arena mode: when nothing more can be evicted (or paged) and the request still has no hole, find the run of
+  // free blocks and movable constants (held only by their pin) that holds it with the fewest bytes to move, and
+  // move those constants out of it (Executor::Relocate). Constants are never evicted, so without this the blocks
+  // they hold, scattered among evicted ones, can leave free bytes but no hole.
+  bool relocate = true;
 };
 
 struct OutputSpec {
@@ -135,6 +143,9 @@ struct EngineStats {
   std::int64_t stall_ns = 0;           // clock time ops waited for their inputs' page-ins
   std::int64_t host_used_bytes = 0;    // second tier in use now
   std::int64_t host_peak_bytes = 0;
+  // Relocation (arena mode).
+  std::int64_t relocations = 0;
+  std::int64_t relocated_bytes = 0;
 };
 
 using StorageIndex = std::uint32_t;
@@ -277,6 +288,8 @@ class Engine final : public PressureHandler, private StorageView {
   absl::Status MakeRoomCounter(std::int64_t bytes, std::string_view what);
   // page_constants: pages the least recently used constant held only by its pin. False if none fits.
   bool PageLruConstant();
+  // Relocation of constants (EngineOptions::relocate); true when something moved.
+  bool RelocateConstants(Arena& arena, std::size_t bytes);
   // Starts a copy (`in`: a page-in) no earlier than `not_before`, when its direction of the link is free.
   std::int64_t IssueCopy(std::int64_t bytes, bool in, std::int64_t not_before);
   // Waits (advancing the clock, counting stall) until the inputs of `op` are on the device.

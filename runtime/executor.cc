@@ -16,4 +16,6 @@ absl::Status Executor::PageIn(Engine&, std::uint32_t storage) {
 
 void Executor::DropPaged(Engine&, std::uint32_t) {}
 
+absl::StatusOr<bool> Executor::Relocate(Engine&, std::uint32_t, AddressRange) { return false; }
+
 }  // namespace remat

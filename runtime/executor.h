@@ -26,12 +26,19 @@
 //         reference died); release it.
 //     The defaults of PageOut and PageIn return Unimplemented: an executor that cannot page never loses data, and
 //     an engine configured to page with it fails its call loudly instead.
+//   - Relocate(engine, s, avoid) (arena mode, EngineOptions::relocate): move constant s's bytes to a free block of
+//     the arena outside the address range `avoid` (the highest hole that holds them first, Placement::kTop, else
+//     the best fit), without asking the arena's pressure handler, and report the new address with
+//     Engine::SetAddress. Returns whether s moved; false when no hole outside `avoid` holds it (and by default:
+//     an executor that cannot move memory). s is resident, pinned and not used by the running op. An error aborts
+//     the engine's call.
 #pragma once
 
 #include <cstdint>
 #include <span>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 
 namespace remat {
 
@@ -47,6 +54,12 @@ class Executor {
   virtual absl::Status PageOut(Engine& engine, std::uint32_t storage);
   virtual absl::Status PageIn(Engine& engine, std::uint32_t storage);
   virtual void DropPaged(Engine& engine, std::uint32_t storage);
+  struct AddressRange {
+    std::uintptr_t begin = 0;
+    std::uintptr_t end = 0;  // exclusive
+    bool Overlaps(std::uintptr_t address, std::size_t size) const { return address < end && address + size > begin; }
+  };
+  virtual absl::StatusOr<bool> Relocate(Engine& engine, std::uint32_t storage, AddressRange avoid);
 };
 
 }  // namespace remat

@@ -32,6 +32,23 @@ absl::Status SimExecutor::PageOut(Engine& engine, std::uint32_t storage) {
   return absl::OkStatus();
 }
 
+absl::StatusOr<bool> SimExecutor::Relocate(Engine& engine, std::uint32_t s, AddressRange avoid) {
+  if (arena_ == nullptr) return false;
+  const auto bytes = static_cast<std::size_t>(engine.StorageBytes(s));
+  for (const Placement placement : {Placement::kTop, Placement::kLow}) {
+    absl::StatusOr<std::uintptr_t> to = arena_->TryAllocate(bytes, OwnerId{s} + 1, placement);
+    if (!to.ok()) return false;
+    if (avoid.Overlaps(*to, arena_->Block(*to)->size)) {
+      (void)arena_->Free(*to);
+      continue;
+    }
+    (void)arena_->Free(engine.StorageAddress(s));
+    engine.SetAddress(s, *to);
+    return true;
+  }
+  return false;
+}
+
 absl::Status SimExecutor::PageIn(Engine& engine, std::uint32_t s) {
   if (arena_ == nullptr) return absl::OkStatus();
   const bool low = !partition_ || engine.OpCostly(engine.ProducerOf(engine.StorageRoot(s)));

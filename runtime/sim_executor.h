@@ -21,6 +21,7 @@ class SimExecutor final : public Executor {
   absl::Status PageOut(Engine& engine, std::uint32_t storage) override;
   absl::Status PageIn(Engine& engine, std::uint32_t storage) override;
   void DropPaged(Engine&, std::uint32_t) override {}
+  absl::StatusOr<bool> Relocate(Engine& engine, std::uint32_t storage, AddressRange avoid) override;
 
  private:
   Arena* arena_;
