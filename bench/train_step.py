@@ -4,21 +4,26 @@ at budgets that are fractions of the unconstrained peak, side by side with a bas
     python bench/train_step.py                                    # resnet50 and transformer, budgets 1,0.7,0.5,0.3
     python bench/train_step.py --models transformer --budgets 0.5 --steps 6 --csv /tmp/steps.csv
 
-Per model, in one process and in this order, with the same seeds (examples/train.py's build(): synthetic data,
-SGD with momentum by default):
-  1. baseline: the model trained without remat;
-  2. unconstrained: under remat with a budget that never binds (64 GiB); its arena peak is "the peak", what remat
-     allocates during training (activations, gradients, optimizer state; the model and the data are made before
-     remat is enabled), measured as examples/train.py does;
-  3. each budget: int(fraction * peak) bytes.
-Each run trains --steps steps; the first is a warm-up (it allocates gradients and the optimizer's state), the
-step time is the median of the others, by wall clock and by the process's CPU time (all threads; steadier than
-wall time when other processes share the cores, though a thread that spins while waiting counts too). Per run:
-step time, overhead (step time / the baseline's, by wall and by CPU), the arena's peak, the engine's evictions and rematerializations, the first-run time of the replayed ops, and whether losses
-and parameters are bitwise identical to the baseline. A budget that raises torch.OutOfMemoryError is reported as
-"oom" with the first line of the message. At the end, the baseline is measured again ("baseline, again"): the
-difference between the two baselines is the drift of the machine's load over the model's runs, a scale for how
-far the overheads can be trusted on a shared machine.
+Per model, in one process, with the same seeds (examples/train.py's build(): synthetic data, SGD with momentum by
+default), these configurations:
+  baseline       the model trained without remat;
+  unconstrained  under remat with a budget that never binds (64 GiB); its arena peak is "the peak", what remat
+                 allocates during training (activations, gradients, optimizer state; the model and the data are made
+                 before remat is enabled), measured as examples/train.py does;
+  each budget    int(fraction * peak) bytes.
+Each run trains --steps steps from a fresh model; the first step is a warm-up (it allocates gradients and the
+optimizer's state). Every configuration runs --rounds times: the first round in the order above, the next in
+reverse, and so on, so that drift in the machine's load weighs on all of them alike; the baseline's per-round
+step times are printed under the table as the scale of that drift. Step time is the median over all rounds' steps
+after the warm-ups, by wall clock and by the process's CPU time (all threads; steadier than wall time when other
+processes share the cores, though time a thread spins waiting counts too).
+
+Per configuration: step time, overhead (step time / the baseline's, by wall and by CPU), the arena's peak (the
+highest of the rounds), the engine's evictions and rematerializations (one number when the rounds agree, else
+each round's: with measured op costs the eviction choices depend on timing), the first-run time of the replayed
+ops, and whether losses and parameters are bitwise identical to the first baseline's. A budget that raises
+torch.OutOfMemoryError is reported as "oom" with the first line of the message (all of it in the progress lines
+on stderr and in the CSV), or, if only some rounds ran out, with the others' figures and a note.
 
 Prints a markdown table (and writes the rows as CSV with --csv). Exits 0 when every run that finished was
 bitwise identical (an oom is a result, not a failure), 1 otherwise.
@@ -106,73 +111,105 @@ def timed_run(args, budget=None):
     return losses, params, times, stats
 
 
-def median_step(times, cpu=False):
-    """Median over the steps after the warm-up, of wall time or of the process's CPU time (every thread's)."""
-    return statistics.median(t[1 if cpu else 0] for t in times[1:])
+def median_step(runs, cpu=False):
+    """Median over the steps after each run's warm-up, pooled over runs (rounds), of wall time or of the process's
+    CPU time (every thread's)."""
+    return statistics.median(t[1 if cpu else 0] for times in runs for t in times[1:])
 
 
 def mib(n):
     return n / (1 << 20)
 
 
+def joined(values):
+    """One value when every round agrees, else each round's, separated by slashes."""
+    return values[0] if len(set(values)) == 1 else " / ".join(str(v) for v in values)
+
+
 def bench_model(cli, model):
     args = model_args(cli, model)
     shape = f"batch {args.batch}" + ("" if model == "transformer" else f", {args.image_size}x{args.image_size}")
-    print(f"# {model} ({shape}, {args.steps} steps, {args.optimizer}, policy {args.policy or 'default'}, "
-          f"{args.costs} costs, {torch.get_num_threads()} threads)", file=sys.stderr, flush=True)
-    rows = []
-
-    def row(label, fraction, budget, times=None, base=None, stats=None, same=None, error=None):
-        step = median_step(times) if times else None
-        cpu = median_step(times, cpu=True) if times else None
-        r = {"model": model, "run": label, "fraction": fraction,
-             "budget_mib": None if budget is None else round(mib(budget), 1),
-             "step_ms": None if step is None else round(step * 1e3, 1),
-             "overhead": None if step is None or base is None else round(step / base[0], 3),
-             "cpu_ms": None if cpu is None else round(cpu * 1e3, 1),
-             "cpu_overhead": None if cpu is None or base is None else round(cpu / base[1], 3),
-             "peak_mib": None if stats is None else round(mib(stats["peak_allocated_bytes"]), 1),
-             "evictions": None if stats is None else stats.get("evictions", 0),
-             "rematerializations": None if stats is None else stats.get("rematerializations", 0),
-             "replayed_ms": None if stats is None else round(stats.get("replayed_time_ns", 0) / 1e6, 1),
-             "identical": None if same is None else ("yes" if same else "NO"),
-             "error": error or ""}
-        rows.append(r)
-        shown = {k: v for k, v in r.items() if v not in (None, "")}
-        print(f"  {shown}", file=sys.stderr, flush=True)
-        return r
-
-    base_losses, base_params, base_times, _ = timed_run(args)
-    base = (median_step(base_times), median_step(base_times, cpu=True))
-    row("baseline", None, None, base_times, base)
-    gc.collect()
-
-    losses, params, times, free = timed_run(args, budget=train.HUGE)
-    peak = free["peak_allocated_bytes"]
-    row("unconstrained", None, None, times, base, free,
-        train.identical(base_losses, losses) and train.identical(base_params, params))
-    del losses, params
-    gc.collect()
-
-    for fraction in cli.budgets:
-        budget = int(peak * fraction)
-        try:
-            losses, params, times, stats = timed_run(args, budget=budget)
-        except torch.OutOfMemoryError as error:
-            lines = str(error).strip().splitlines()
-            message = lines[0] if lines else type(error).__name__
-            print(f"  oom at {fraction:g}: {message}", file=sys.stderr, flush=True)
-            row(f"{fraction:g}", fraction, budget, error="oom: " + message)
+    print(f"# {model} ({shape}, {args.steps} steps, {cli.rounds} rounds, {args.optimizer}, policy "
+          f"{args.policy or 'default'}, {args.costs} costs, {torch.get_num_threads()} threads)",
+          file=sys.stderr, flush=True)
+    configs = ["baseline", "unconstrained"] + list(cli.budgets)
+    runs = {c: [] for c in configs}    # per config: the step times of each run that finished
+    stats = {c: [] for c in configs}   # remat.stats() of each run that finished
+    same = {c: [] for c in configs}    # per finished run: bitwise identical to the first baseline
+    errors = {c: [] for c in configs}  # first line of each OutOfMemoryError
+    budgets = {}
+    reference = None  # the first baseline's (losses, params)
+    baseline_rounds = []
+    for r in range(cli.rounds):
+        # Odd rounds run the configurations in reverse, so that drift in the machine's load weighs on all alike.
+        # The first round is in order: the baseline first (the reference) and the unconstrained peak before any
+        # budget that is a fraction of it.
+        order = configs if r % 2 == 0 else configs[::-1]
+        for config in order:
+            budget = None
+            if config == "unconstrained":
+                budget = train.HUGE
+            elif config != "baseline":
+                budget = budgets[config]
+            try:
+                losses, params, times, run_stats = timed_run(args, budget=budget)
+            except torch.OutOfMemoryError as error:
+                lines = str(error).strip().splitlines()
+                message = lines[0] if lines else type(error).__name__
+                errors[config].append(message)
+                print(f"  round {r + 1}, {config}: oom: {message}", file=sys.stderr, flush=True)
+                gc.collect()
+                continue
+            if reference is None:
+                reference = (losses, params)
+            identical = train.identical(reference[0], losses) and train.identical(reference[1], params)
+            runs[config].append(times)
+            same[config].append(identical)
+            if run_stats is not None:
+                stats[config].append(run_stats)
+            if config == "baseline":
+                baseline_rounds.append(median_step([times]))
+            if config == "unconstrained" and not budgets:
+                peak = run_stats["peak_allocated_bytes"]
+                budgets.update({f: int(peak * f) for f in cli.budgets})
+            print(f"  round {r + 1}, {config}: {median_step([times]) * 1e3:.0f} ms/step wall, "
+                  f"{median_step([times], cpu=True) * 1e3:.0f} ms CPU"
+                  + ("" if run_stats is None else f", peak {mib(run_stats['peak_allocated_bytes']):.1f} MiB, "
+                     f"{run_stats.get('evictions', 0)} evictions")
+                  + f", identical {'yes' if identical else 'NO'}", file=sys.stderr, flush=True)
+            del losses, params
             gc.collect()
-            continue
-        row(f"{fraction:g}", fraction, budget, times, base, stats,
-            train.identical(base_losses, losses) and train.identical(base_params, params))
-        del losses, params
-        gc.collect()
 
-    _, _, again_times, _ = timed_run(args)
-    row("baseline, again", None, None, again_times, base)
-    gc.collect()
+    base = (median_step(runs["baseline"]), median_step(runs["baseline"], cpu=True))
+    rows = []
+    for config in configs:
+        finished = runs[config]
+        step = median_step(finished) if finished else None
+        cpu = median_step(finished, cpu=True) if finished else None
+        st = stats[config]
+        fraction = None if isinstance(config, str) else config
+        error = ""
+        if errors[config]:
+            error = "oom: " + errors[config][0]
+            if finished:
+                error = f"oom in {len(errors[config])} of {cli.rounds} rounds: " + errors[config][0]
+        rows.append({
+            "model": model,
+            "run": config if isinstance(config, str) else f"{config:g}",
+            "fraction": fraction,
+            "budget_mib": round(mib(budgets[config]), 1) if fraction is not None and config in budgets else None,
+            "step_ms": None if step is None else round(step * 1e3, 1),
+            "overhead": None if step is None else round(step / base[0], 3),
+            "cpu_ms": None if cpu is None else round(cpu * 1e3, 1),
+            "cpu_overhead": None if cpu is None else round(cpu / base[1], 3),
+            "peak_mib": round(mib(max(s["peak_allocated_bytes"] for s in st)), 1) if st else None,
+            "evictions": joined([s.get("evictions", 0) for s in st]) if st else None,
+            "rematerializations": joined([s.get("rematerializations", 0) for s in st]) if st else None,
+            "replayed_ms": round(statistics.median(s.get("replayed_time_ns", 0) for s in st) / 1e6, 1) if st else None,
+            "identical": None if not same[config] else ("yes" if all(same[config]) else "NO"),
+            "baseline_rounds_ms": " / ".join(f"{t * 1e3:.0f}" for t in baseline_rounds) if config == "baseline" else "",
+            "error": error,
+        })
     return rows
 
 
@@ -192,7 +229,7 @@ def markdown(rows):
              "| evictions | remats | replayed | identical |",
              "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
     for r in rows:
-        if r["error"]:
+        if r["error"] and r["step_ms"] is None:
             lines.append(f"| {r['model']} | {r['run']} | {cell(r['budget_mib'], '{:.1f} MiB')} | "
                          f"{short_error(r['error'])} | | | | | | | | |")
             continue
@@ -201,6 +238,14 @@ def markdown(rows):
             f"| {cell(r['overhead'], '{:.2f}x')} | {cell(r['cpu_ms'], '{:.0f} ms')} "
             f"| {cell(r['cpu_overhead'], '{:.2f}x')} | {cell(r['peak_mib'], '{:.1f} MiB')} | {cell(r['evictions'])} "
             f"| {cell(r['rematerializations'])} | {cell(r['replayed_ms'], '{:.0f} ms')} | {cell(r['identical'])} |")
+    drift = [f"{r['model']} {r['baseline_rounds_ms']} ms" for r in rows if r["baseline_rounds_ms"]]
+    partial = [f"{r['model']} at {r['run']}: {short_error(r['error'])}" for r in rows
+               if r["error"] and r["step_ms"] is not None]
+    if drift:
+        lines.append("\nBaseline step time per round (wall; the spread is the drift of the machine's load): "
+                     + "; ".join(drift) + ".")
+    if partial:
+        lines.append("\nSome rounds ran out of memory: " + "; ".join(partial) + ".")
     return "\n".join(lines)
 
 
@@ -250,8 +295,11 @@ def main(argv=None):
                              "(default: resnet50,transformer)")
     parser.add_argument("--budgets", type=parse_budgets, default=[1.0, 0.7, 0.5, 0.3],
                         help="comma-separated fractions of the unconstrained peak (default: 1,0.7,0.5,0.3)")
-    parser.add_argument("--steps", type=positive_int(2), default=4,
-                        help="steps per run, the first a warm-up (default 4: the median of 3)")
+    parser.add_argument("--steps", type=positive_int(2), default=3,
+                        help="steps per run, the first a warm-up (default 3)")
+    parser.add_argument("--rounds", type=positive_int(1), default=2,
+                        help="times every configuration runs, in order then reversed (default 2); step times are "
+                             "the median over all rounds' steps after the warm-ups")
     parser.add_argument("--policy", default=None, help="eviction policy (default: remat's); one of "
                                                        + ", ".join(remat.policies()))
     parser.add_argument("--costs", choices=("measured", "estimated"), default="measured",
