@@ -57,9 +57,9 @@ train = _load_train_example()
 remat = train.remat
 
 # Per model: batch and image size when --batch / --image-size are not given. resnet50 at 8 x 3 x 128 x 128 takes
-# about 3.5 s of CPU a step (2 threads), and its activations are more than half of the peak (beside about 180 MiB of
-# gradients and momentum); the transformer (examples/train.py's defaults: width 64, 4 layers, context 128) at batch
-# 32 takes about 0.6 s.
+# 3 to 6 s of CPU a step on the 2-core development machine, and its activations are about half of the 360 MiB peak
+# (beside about 180 MiB of gradients and momentum); the transformer (examples/train.py's defaults: width 64, 4
+# layers, context 128) at batch 32 takes 0.6 to 1.3 s, with a 184 MiB peak.
 DEFAULT_BATCH = {"resnet50": 8, "transformer": 32}
 DEFAULT_IMAGE_SIZE = 128
 FALLBACK_BATCH = 8
@@ -309,6 +309,10 @@ def main(argv=None):
                         help=f"batch size for every model (default: {DEFAULT_BATCH}, others {FALLBACK_BATCH})")
     parser.add_argument("--image-size", type=positive_int(32), default=None,
                         help=f"image side for torchvision models (default {DEFAULT_IMAGE_SIZE})")
+    parser.add_argument("--threads", type=positive_int(1), default=None,
+                        help="torch's intra-op threads (default: torch's, %d here). On a machine other processes "
+                             "share, 1 makes the CPU-time columns the steadier measure: no worker thread spins "
+                             "waiting for a preempted one" % torch.get_num_threads())
     parser.add_argument("--csv", metavar="PATH", default=None, help="also write the rows as CSV to PATH")
     cli = parser.parse_args(argv)
     if cli.policy is not None and cli.policy not in remat.policies():
@@ -319,6 +323,8 @@ def main(argv=None):
         directory = os.path.dirname(os.path.abspath(cli.csv))
         if not os.path.isdir(directory):
             parser.error(f"--csv: directory {directory!r} does not exist")
+    if cli.threads is not None:
+        torch.set_num_threads(cli.threads)
     if remat.is_enabled():
         parser.error("remat is already enabled (REMAT_BUDGET is set?): the baseline must run without it")
 
