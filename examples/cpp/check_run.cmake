@@ -1,0 +1,33 @@
+# ctest helper: runs PROGRAM with ARGS (a ;-list) and fails unless
+#   EXPECT_EXIT   is its exit code (a number), or "nonzero";
+#   MATCH         every regular expression in this ;-list matches its stdout+stderr;
+#   POSITIVE      for every NAME in this ;-list, the output has a line "NAME: N" with N > 0.
+# Usage: cmake -DPROGRAM=... -DARGS=... -DEXPECT_EXIT=0 -DMATCH=... -DPOSITIVE=... -P check_run.cmake
+execute_process(COMMAND ${PROGRAM} ${ARGS} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+set(all "${out}${err}")
+message("${all}")
+set(failures "")
+if(EXPECT_EXIT STREQUAL "nonzero")
+  if(rc STREQUAL "0" OR NOT rc MATCHES "^[0-9]+$")
+    string(APPEND failures "expected a nonzero exit code, got '${rc}'\n")
+  endif()
+elseif(NOT rc STREQUAL "${EXPECT_EXIT}")
+  string(APPEND failures "expected exit code ${EXPECT_EXIT}, got '${rc}'\n")
+endif()
+foreach(pattern IN LISTS MATCH)
+  if(NOT all MATCHES "${pattern}")
+    string(APPEND failures "output does not match '${pattern}'\n")
+  endif()
+endforeach()
+foreach(name IN LISTS POSITIVE)
+  if(all MATCHES "(^|\n)${name}: ([0-9]+)")
+    if(NOT CMAKE_MATCH_2 GREATER 0)
+      string(APPEND failures "${name} is ${CMAKE_MATCH_2}, expected > 0\n")
+    endif()
+  else()
+    string(APPEND failures "no line '${name}: N' in the output\n")
+  endif()
+endforeach()
+if(failures)
+  message(FATAL_ERROR "${failures}")
+endif()
