@@ -85,11 +85,25 @@ absl::StatusOr<std::unique_ptr<EngineBridge>> EngineBridge::Create(const BridgeO
   absl::StatusOr<std::unique_ptr<Policy>> policy = MakePolicy(options.policy);
   if (!policy.ok()) return policy.status();
   if (options.budget == 0) return absl::InvalidArgumentError("remat: the budget must be > 0 bytes");
-  return std::unique_ptr<EngineBridge>(new EngineBridge(options, std::move(*policy)));
+  std::unique_ptr<HostTier> tier;
+  if (options.paging.mode != OffloadMode::kOff) {
+    if (options.paging.host_budget <= 0) {
+      return absl::InvalidArgumentError("remat: the host budget for paging must be > 0 bytes");
+    }
+    if (!(options.paging.bandwidth_bytes_per_s > 0) || options.paging.latency_ns < 0) {
+      return absl::InvalidArgumentError("remat: the paging link needs a bandwidth > 0 and a latency >= 0");
+    }
+    absl::StatusOr<std::unique_ptr<HostTier>> made =
+        HostTier::Create(HostTierOptions{options.host_tier, options.paging.host_budget, options.host_tier_directory});
+    if (!made.ok()) return made.status();
+    tier = std::move(*made);
+  }
+  return std::unique_ptr<EngineBridge>(new EngineBridge(options, std::move(*policy), std::move(tier)));
 }
 
-EngineBridge::EngineBridge(const BridgeOptions& options, std::unique_ptr<Policy> policy)
-    : options_(options), policy_(std::move(policy)) {
+EngineBridge::EngineBridge(const BridgeOptions& options, std::unique_ptr<Policy> policy,
+                           std::unique_ptr<HostTier> tier)
+    : options_(options), policy_(std::move(policy)), tier_(std::move(tier)) {
   EngineOptions engine_options;
   engine_options.mode = AccountingMode::kArena;
   engine_options.budget = static_cast<std::int64_t>(options.budget);
@@ -97,13 +111,16 @@ EngineBridge::EngineBridge(const BridgeOptions& options, std::unique_ptr<Policy>
   engine_options.arena = options.arena;
   engine_options.free_released_constants = true;  // we free a dead constant's memory ourselves (Sweep)
   engine_options.free_dead = true;
+  engine_options.paging = options.paging;
   executor_.SetArena(options.arena);
+  executor_.SetHostTier(tier_.get());
   engine_ = std::make_unique<Engine>(engine_options, &executor_);
 }
 
 EngineBridge::~EngineBridge() {
   executor_.Clear();
   engine_.reset();
+  tier_.reset();
 }
 
 void EngineBridge::Unlock() {
@@ -266,6 +283,9 @@ void EngineBridge::BeforeOp(OpRecord& record) {
       if (uses != 1) continue;
       Entry& entry = it->second;
       const StorageIndex old = engine_->StorageOf(entry.root);
+      if (engine_->Paged(old)) {  // its memory comes back for the op to write into
+        if (absl::Status status = engine_->Rematerialize(entry.root); !status.ok()) Throw(status);
+      }
       if (entry.record_refs > 0) PinDependents(old);
       executor_.ClearHome(old);
       owner_.erase(old);
@@ -291,6 +311,15 @@ void EngineBridge::BeforeOp(OpRecord& record) {
       if (current_.overwrite[k] || (current_.written[k] && !current_.written_returned[k])) continue;
       current_.inputs[k] = entries_.at(record.input_storages[k].get()).root;
       engine_inputs.push_back(current_.inputs[k]);
+    }
+    // Constants written on the side go last (EndOp's in_place_of positions count the ones above): BeginOp pages
+    // them in if they are paged and locks them while the kernel runs. Replays do not read them through the engine.
+    for (std::size_t k = 0; k < n; ++k) {
+      if (current_.overwrite[k] || !current_.written[k] || current_.written_returned[k]) continue;
+      const TensorId side = entries_.at(record.input_storages[k].get()).root;
+      if (std::find(engine_inputs.begin(), engine_inputs.end(), side) == engine_inputs.end()) {
+        engine_inputs.push_back(side);
+      }
     }
     current_.check_rng = !traits.random && record.replayable;
     if (current_.check_rng) current_.rng_before = DefaultCpuRngState();
@@ -528,7 +557,13 @@ absl::Status EngineBridge::MaterializeLive() {
   absl::Status result = absl::OkStatus();
   for (const c10::StorageImpl* key : live_) {
     Entry& entry = entries_.at(key);
-    if (entry.released || entry.pinned) continue;
+    if (entry.released) continue;
+    if (entry.pinned) {  // a paged constant comes back from its host copy
+      if (engine_->Paged(engine_->StorageOf(entry.root))) {
+        if (absl::Status status = engine_->Rematerialize(entry.root); !status.ok() && result.ok()) result = status;
+      }
+      continue;
+    }
     // Pinned as it comes back, so that bringing back the next one cannot evict it again.
     if (!engine_->Defined(entry.root)) {
       if (absl::Status status = engine_->Rematerialize(entry.root); !status.ok()) {
@@ -547,6 +582,7 @@ BridgeStats EngineBridge::Stats() {
   BridgeStats stats = stats_;
   stats.engine = engine_->stats();
   stats.executor = executor_.stats();
+  if (tier_ != nullptr) stats.host_tier = tier_->stats();
   return stats;
 }
 

@@ -39,6 +39,16 @@
 // see: the data_ptr() of a tensor made under remat may change between ops, as it does when remat evicts and
 // restores it; raw pointers into it (a numpy array from .numpy()) must not be kept across ops.
 //
+// Paging (BridgeOptions::paging, off by default). The engine pages storages out to a HostTier (host_tier.h: host
+// memory outside the arena, or a temporary file) instead of dropping them (`always`, or `auto` when the copy is
+// cheaper than the recomputation), and with paging.page_constants pages out the least recently used constant or
+// pinned storage held only by its pin when nothing else can go: gradients, optimizer state, anything the bridge
+// pinned, as long as it lives in the arena (parameters made before enable live outside it and stay). Whatever an
+// op reads or writes is paged in first: its engine inputs by BeginOp, and the constants it writes without
+// returning them (batch norm's running stats) are given to BeginOp as extra inputs for that reason (they are
+// locked while the op runs, so nothing can page them out or move them meanwhile; replays still write a private
+// copy of their current value). A blank constant an op overwrites is paged in before it leaves the engine.
+//
 // Threads: one recursive mutex, held from BeforeOp to AfterOp/OpFailed, serializes ops of every thread
 // (autograd's engine threads included). MakeRoom from the thread that holds it (a kernel's allocation, a replay)
 // goes ahead; from another thread that cannot get the mutex at once it gives up (that allocation fails with
@@ -60,6 +70,7 @@
 #include "absl/status/statusor.h"
 #include "allocator/arena.h"
 #include "integration/dispatch_hook.h"
+#include "integration/host_tier.h"
 #include "integration/torch_executor.h"
 #include "policies/policy.h"
 #include "runtime/engine.h"
@@ -74,7 +85,20 @@ struct BridgeOptions {
   // Op costs for the engine: measured wall time (default), or EstimatedCostNs (op_cost.h): the same choices in
   // every run.
   bool estimated_costs = false;
+  // Paging to a second tier (issue 7; see "Paging" above). paging.mode off: no tier is made and nothing below
+  // applies. paging.host_budget is both the engine's and the tier's budget. The link model's bandwidth and latency
+  // only feed the engine's drop-or-page choice (`auto`) and its stall figures: on CPU a copy is a memcpy (or a
+  // pwrite/pread for the file tier) done synchronously by PageOut/PageIn.
+  PagingOptions paging;
+  HostTierKind host_tier = HostTierKind::kMemory;
+  std::string host_tier_directory;  // kFile: where its temporary file goes (empty: $TMPDIR, else /tmp)
 };
+
+// The default link model for the CPU tier: a fixed 8 GB/s and 1 us per copy. A copy is a memcpy between two places
+// in host memory; on the development machine (2 cores, loaded, 2026-11) it ran between 2 and 20 GB/s for blocks of
+// 64 KiB to 16 MiB depending on size and load, so a fixed middle value keeps `auto`'s choices reproducible.
+inline constexpr double kCpuTierBandwidthBytesPerS = 8e9;
+inline constexpr std::int64_t kCpuTierLatencyNs = 1'000;
 
 struct BridgeStats {
   EngineStats engine;
@@ -87,6 +111,7 @@ struct BridgeStats {
   std::int64_t kept_constant_bytes = 0;  // small dead constants kept because records read them
   std::int64_t relocations = 0;          // constants moved to the arena's high end to join free holes
   std::int64_t relocated_bytes = 0;
+  HostTierStats host_tier;               // zeros without paging
 };
 
 class EngineBridge final : public OpObserver, public PressureHandler {
@@ -129,7 +154,7 @@ class EngineBridge final : public OpObserver, public PressureHandler {
     at::mt19937_data_pod rng_before{};
   };
 
-  EngineBridge(const BridgeOptions& options, std::unique_ptr<Policy> policy);
+  EngineBridge(const BridgeOptions& options, std::unique_ptr<Policy> policy, std::unique_ptr<HostTier> tier);
   Entry& EntryFor(c10::StorageImpl* impl);
   void Sweep(const OpRecord& record);
   void PinDependents(StorageIndex start);
@@ -140,6 +165,7 @@ class EngineBridge final : public OpObserver, public PressureHandler {
 
   BridgeOptions options_;
   std::unique_ptr<Policy> policy_;
+  std::unique_ptr<HostTier> tier_;  // paging on; outlives the engine (the destructor resets the engine first)
   TorchExecutor executor_;
   std::unique_ptr<Engine> engine_;
   std::recursive_mutex mutex_;

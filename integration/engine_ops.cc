@@ -6,10 +6,15 @@
 #include <torch/library.h>
 
 #include <cstdint>
+#include <limits>
+#include <optional>
 #include <string>
+#include <tuple>
 
 #include "absl/status/status.h"
 #include "integration/engine_session.h"
+#include "integration/host_tier.h"
+#include "runtime/config.h"
 #include "policies/registry.h"
 
 namespace remat::integration {
@@ -17,9 +22,37 @@ namespace {
 
 void ThrowIfError(const absl::Status& status) { TORCH_CHECK(status.ok(), std::string(status.message())); }
 
-void EnableEngine(int64_t budget, const std::string& policy, const std::string& costs) {
+// offload/host_budget: as ResolvePaging returns them (Python resolves first, to raise ValueError); host_budget < 0
+// is unlimited.
+void EnableEngine(int64_t budget, const std::string& policy, const std::string& costs, const std::string& offload,
+                  int64_t host_budget, const std::string& host_tier, bool page_constants) {
   TORCH_CHECK(budget > 0, "remat: budget must be a positive number of bytes, got ", budget);
-  ThrowIfError(EnableRematEngine(EngineSessionOptions{static_cast<std::size_t>(budget), policy, costs}));
+  EngineSessionOptions options{static_cast<std::size_t>(budget), policy, costs};
+  absl::StatusOr<OffloadMode> mode = ParseOffloadMode(offload);
+  TORCH_CHECK(mode.ok(), "remat: offload: ", std::string(mode.status().message()));
+  options.offload = *mode;
+  if (host_budget >= 0) options.host_budget = host_budget;
+  absl::StatusOr<HostTierKind> tier = ParseHostTierKind(host_tier);
+  TORCH_CHECK(tier.ok(), "remat: host_tier: ", std::string(tier.status().message()));
+  options.host_tier = *tier;
+  options.page_constants = page_constants;
+  ThrowIfError(EnableRematEngine(options));
+}
+
+// (offload mode name, host budget bytes or -1 for unlimited) from the options, else the environment.
+std::tuple<std::string, int64_t> ResolvePagingOp(const std::optional<std::string>& offload,
+                                                 const std::optional<std::string>& host_budget) {
+  absl::StatusOr<PagingSetting> paging = ResolvePaging(offload, host_budget);
+  ThrowIfError(paging.status());
+  const bool unlimited = paging->host_budget == std::numeric_limits<std::int64_t>::max();
+  return {std::string(OffloadModeName(paging->offload)), unlimited ? -1 : paging->host_budget};
+}
+
+// Validates a host tier name ("memory" or "file").
+std::string CheckHostTier(const std::string& text) {
+  absl::StatusOr<HostTierKind> tier = ParseHostTierKind(text);
+  TORCH_CHECK(tier.ok(), "remat: host_tier: ", std::string(tier.status().message()));
+  return std::string(HostTierKindName(*tier));
 }
 
 void DisableEngine() { ThrowIfError(DisableRematEngine()); }
@@ -57,6 +90,19 @@ c10::Dict<std::string, double> EngineStatsDict() {
   put("kept_constant_bytes", s->kept_constant_bytes);
   put("relocations", s->relocations);
   put("relocated_bytes", s->relocated_bytes);
+  // Paging (zeros with offload off). paged_* and page_* are the engine's counts; stall_ns is its link model's
+  // clock time ops waited for page-ins (modelled); page_*_wall_ns the executor's measured copy time.
+  put("page_outs", s->engine.page_outs);
+  put("page_ins", s->engine.page_ins);
+  put("prefetches", s->engine.prefetches);
+  put("paged_out_bytes", s->engine.paged_out_bytes);
+  put("paged_in_bytes", s->engine.paged_in_bytes);
+  put("stall_ns", s->engine.stall_ns);
+  put("host_used_bytes", s->engine.host_used_bytes);
+  put("host_peak_bytes", s->engine.host_peak_bytes);
+  put("page_out_wall_ns", s->executor.page_out_ns);
+  put("page_in_wall_ns", s->executor.page_in_ns);
+  put("host_tier_file_bytes", s->host_tier.file_bytes);
   put("shadows", s->executor.shadows);
   put("empty_evictions", s->executor.empty_evictions);
   return out;
@@ -67,7 +113,11 @@ c10::Dict<std::string, double> EngineStatsDict() {
 
 TORCH_LIBRARY_FRAGMENT(remat, m) {
   using namespace remat::integration;
-  m.def("enable_engine(int budget, str policy, str costs=\"measured\") -> ()", &EnableEngine);
+  m.def("enable_engine(int budget, str policy, str costs=\"measured\", str offload=\"off\", int host_budget=-1, "
+        "str host_tier=\"memory\", bool page_constants=True) -> ()",
+        &EnableEngine);
+  m.def("resolve_paging(str? offload, str? host_budget) -> (str, int)", &ResolvePagingOp);
+  m.def("check_host_tier(str host_tier) -> str", &CheckHostTier);
   m.def("disable_engine() -> ()", &DisableEngine);
   m.def("engine_enabled() -> bool", &EngineEnabled);
   m.def("policies() -> str[]", &Policies);

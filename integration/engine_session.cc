@@ -3,6 +3,7 @@
 
 #include <c10/util/Exception.h>
 
+#include <cstdlib>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -10,7 +11,9 @@
 
 #include "integration/cpu_allocator.h"
 #include "integration/dispatch_hook.h"
+#include "absl/strings/str_cat.h"
 #include "integration/session.h"
+#include "runtime/byte_size.h"
 
 namespace remat::integration {
 namespace {
@@ -34,6 +37,13 @@ absl::Status EnableRematEngine(const EngineSessionOptions& options) {
                                       "'; expected 'measured' or 'estimated'");
   }
   bridge_options.estimated_costs = options.costs == "estimated";
+  bridge_options.paging.mode = options.offload;
+  bridge_options.paging.host_budget = options.host_budget;
+  bridge_options.paging.page_constants = options.page_constants;
+  bridge_options.paging.bandwidth_bytes_per_s = options.bandwidth_bytes_per_s;
+  bridge_options.paging.latency_ns = options.latency_ns;
+  bridge_options.host_tier = options.host_tier;
+  bridge_options.host_tier_directory = options.host_tier_directory;
   // Check the policy before touching torch's allocator.
   if (absl::StatusOr<std::unique_ptr<EngineBridge>> probe = EngineBridge::Create(bridge_options); !probe.ok()) {
     return probe.status();
@@ -76,6 +86,41 @@ absl::Status DisableRematEngine() {
   g_bridge = nullptr;
   keep_alive.clear();
   return status;
+}
+
+absl::StatusOr<PagingSetting> ResolvePaging(const std::optional<std::string>& offload,
+                                            const std::optional<std::string>& host_budget) {
+  // The environment, reduced to the two variables this resolves (a malformed REMAT_BUDGET is not our business).
+  absl::StatusOr<Settings> environment = SettingsFromEnvironment([](const char* name) -> const char* {
+    const std::string_view n(name);
+    return n == "REMAT_OFFLOAD" || n == "REMAT_HOST_BUDGET" ? std::getenv(name) : nullptr;
+  });
+  if (!environment.ok()) return absl::InvalidArgumentError(absl::StrCat("remat: ", environment.status().message()));
+  PagingSetting out;
+  if (offload.has_value() && !offload->empty()) {
+    absl::StatusOr<OffloadMode> mode = ParseOffloadMode(*offload);
+    if (!mode.ok()) return absl::InvalidArgumentError(absl::StrCat("remat: offload: ", mode.status().message()));
+    out.offload = *mode;
+  } else if (environment->offload.has_value()) {
+    out.offload = *environment->offload;
+  }
+  std::optional<std::uint64_t> bytes = environment->host_budget;
+  if (host_budget.has_value() && !host_budget->empty()) {
+    absl::StatusOr<std::uint64_t> parsed = ParseByteSize(*host_budget);
+    if (!parsed.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("remat: host_budget: ", parsed.status().message()));
+    }
+    bytes = *parsed;
+  }
+  if (bytes.has_value()) {
+    if (*bytes == 0 || *bytes > static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max())) {
+      const bool given = host_budget.has_value() && !host_budget->empty();
+      return absl::InvalidArgumentError(absl::StrCat("remat: ", given ? "host_budget" : "REMAT_HOST_BUDGET",
+                                                     ": the host budget must be > 0 bytes, got ", *bytes));
+    }
+    out.host_budget = static_cast<std::int64_t>(*bytes);
+  }
+  return out;
 }
 
 bool RematEngineEnabled() {

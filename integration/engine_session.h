@@ -14,12 +14,17 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
+#include <limits>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "integration/engine_bridge.h"
+#include "integration/host_tier.h"
+#include "runtime/config.h"
 
 namespace remat::integration {
 
@@ -27,7 +32,26 @@ struct EngineSessionOptions {
   std::size_t budget = 0;         // bytes; > 0
   std::string policy = "dtr-eq";  // a registered policy (PolicyNames())
   std::string costs = "measured";  // op costs: "measured" (wall time) or "estimated" (op_cost.h, reproducible)
+  // Paging to a second tier (engine_bridge.h, "Paging"; host_tier.h). ResolvePaging fills the first two from
+  // strings and the environment.
+  OffloadMode offload = OffloadMode::kOff;
+  std::int64_t host_budget = std::numeric_limits<std::int64_t>::max();  // bytes; unlimited by default
+  HostTierKind host_tier = HostTierKind::kMemory;
+  bool page_constants = true;  // gradients, optimizer state and pinned storages in the arena may be paged
+  double bandwidth_bytes_per_s = kCpuTierBandwidthBytesPerS;  // the engine's link model (engine_bridge.h)
+  std::int64_t latency_ns = kCpuTierLatencyNs;
+  std::string host_tier_directory = "";  // kFile: empty for $TMPDIR, else /tmp
 };
+
+// Offload mode and host budget from the API's strings, else from REMAT_OFFLOAD / REMAT_HOST_BUDGET (only those two
+// variables are read), parsed by runtime/config.h (ParseOffloadMode, ParseByteSize): one parsing path. A nullopt
+// or empty string means "not given". InvalidArgument names the option ("offload", "host_budget") or the variable.
+struct PagingSetting {
+  OffloadMode offload = OffloadMode::kOff;
+  std::int64_t host_budget = std::numeric_limits<std::int64_t>::max();
+};
+absl::StatusOr<PagingSetting> ResolvePaging(const std::optional<std::string>& offload,
+                                            const std::optional<std::string>& host_budget);
 
 absl::Status EnableRematEngine(const EngineSessionOptions& options);
 absl::Status DisableRematEngine();

@@ -96,6 +96,7 @@ void TorchExecutor::Grow(StorageIndex s) {
   if (s >= homes_.size()) {
     homes_.resize(s + 1, c10::weak_intrusive_ptr<c10::StorageImpl>(c10::intrusive_ptr<c10::StorageImpl>()));
     shadows_.resize(s + 1);
+    paged_evictable_.resize(s + 1, true);
   }
 }
 
@@ -129,7 +130,7 @@ void TorchExecutor::SetOwner(std::uintptr_t address, StorageIndex s, bool evicta
 }
 
 absl::Status TorchExecutor::Deliver(Engine& engine, StorageIndex s,
-                                    const c10::intrusive_ptr<c10::StorageImpl>& source, bool copy) {
+                                    const c10::intrusive_ptr<c10::StorageImpl>& source, bool copy, bool evictable) {
   c10::intrusive_ptr<c10::StorageImpl> memory = copy ? CopyStorage(*source) : source;
   Grow(s);
   c10::intrusive_ptr<c10::StorageImpl> home = homes_[s].lock();
@@ -146,7 +147,7 @@ absl::Status TorchExecutor::Deliver(Engine& engine, StorageIndex s,
     address = reinterpret_cast<std::uintptr_t>(memory->_mutable_data_ptr_no_checks().get());
   }
   engine.SetAddress(s, address);
-  SetOwner(address, s, /*evictable=*/true);
+  SetOwner(address, s, evictable);
   return absl::OkStatus();
 }
 
@@ -267,6 +268,73 @@ void TorchExecutor::Evict(Engine& engine, std::uint32_t s) {
   } else {
     ++stats_.empty_evictions;
   }
+}
+
+absl::Status TorchExecutor::PageOut(Engine& engine, std::uint32_t s) {
+  if (tier_ == nullptr) return Executor::PageOut(engine, s);
+  const std::int64_t start = NowNs();
+  Grow(s);
+  c10::intrusive_ptr<c10::StorageImpl> holder = Holder(s);
+  if (!holder) return absl::FailedPreconditionError(absl::StrCat("remat: page-out of storage ", s, ": not resident"));
+  const auto nbytes = static_cast<std::size_t>(engine.StorageBytes(s));
+  if (holder->nbytes() != nbytes || holder->sym_nbytes().is_heap_allocated()) {
+    return absl::FailedPreconditionError(absl::StrCat("remat: page-out of storage ", s, ": it holds ",
+                                                      holder->nbytes(), " bytes, the engine knows ", nbytes));
+  }
+  const auto address = reinterpret_cast<std::uintptr_t>(holder->_mutable_data_ptr_no_checks().get());
+  bool evictable = true;
+  if (arena_ != nullptr) {
+    absl::StatusOr<BlockInfo> block = arena_->Block(address);
+    evictable = !block.ok() || block->owner != kNoOwner;
+  }
+  if (absl::Status stored = tier_->Store(s, holder->_mutable_data_ptr_no_checks().get(), nbytes); !stored.ok()) {
+    return stored;
+  }
+  if (shadows_[s]) {
+    shadows_[s].reset();  // frees its memory: nobody else holds a shadow
+  } else if (absl::StatusOr<std::size_t> dropped = EvictStorage(*holder); !dropped.ok()) {
+    tier_->Release(s);  // nothing is lost: the storage keeps its memory
+    return dropped.status();
+  }
+  paged_evictable_[s] = evictable;
+  ++stats_.page_outs;
+  stats_.page_out_ns += NowNs() - start;
+  return absl::OkStatus();
+}
+
+absl::Status TorchExecutor::PageIn(Engine& engine, std::uint32_t s) {
+  if (tier_ == nullptr) return Executor::PageIn(engine, s);
+  // The allocation below may make room through the engine (torch errors become statuses, as in Execute).
+  try {
+    return PageInOrThrow(engine, s);
+  } catch (const c10::OutOfMemoryError& e) {
+    return absl::ResourceExhaustedError(e.what_without_backtrace());
+  } catch (const c10::Error& e) {
+    return absl::InternalError(absl::StrCat("remat: page-in failed: ", e.what_without_backtrace()));
+  }
+}
+
+absl::Status TorchExecutor::PageInOrThrow(Engine& engine, StorageIndex s) {
+  const std::int64_t start = NowNs();
+  if (!tier_->Holds(s)) return absl::FailedPreconditionError(absl::StrCat("remat: storage ", s, " is not paged"));
+  Grow(s);
+  const auto nbytes = static_cast<std::size_t>(engine.StorageBytes(s));
+  c10::intrusive_ptr<c10::StorageImpl> memory = BlankStorage(nbytes);  // may make room (the arena's handler)
+  if (absl::Status loaded = tier_->Load(s, memory->_mutable_data_ptr_no_checks().get(), nbytes); !loaded.ok()) {
+    return loaded;  // the tier copy stays; `memory` goes back to the arena
+  }
+  if (absl::Status delivered = Deliver(engine, s, memory, /*copy=*/false, paged_evictable_[s]); !delivered.ok()) {
+    return delivered;
+  }
+  tier_->Release(s);
+  ++stats_.page_ins;
+  stats_.page_in_ns += NowNs() - start;
+  return absl::OkStatus();
+}
+
+void TorchExecutor::DropPaged(Engine& engine, std::uint32_t s) {
+  (void)engine;
+  if (tier_ != nullptr) tier_->Release(s);
 }
 
 bool TorchExecutor::InUse(const c10::StorageImpl* impl) const {

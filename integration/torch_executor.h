@@ -19,6 +19,17 @@
 // its home (or keeps it as a shadow) and reports the address with Engine::SetAddress and the arena owner
 // (storage + 1) for window policies. Results of storages not in `fresh` (still resident) are dropped.
 //
+// Paging (runtime/executor.h, "Paging"), when a HostTier (host_tier.h) is set:
+//   PageOut(engine, s) copies the holder's bytes into the tier under key s, then drops the memory exactly as Evict
+//     does (EvictStorage on the home; a shadow is released). If the tier refuses the copy (budget, I/O) or the
+//     memory cannot be dropped, the tier copy is released again and s stays resident with its bytes.
+//   PageIn(engine, s) allocates nbytes from the current CPU allocator (the arena: the allocation may call MakeRoom),
+//     loads the tier copy into it, byte-identical, and moves it into the home with RestoreStorage (or keeps it as a
+//     shadow when no home wants it, as Deliver does); reports the address with Engine::SetAddress and restores the
+//     arena owner the block had when it was paged out (s + 1, or none for a pinned storage). Only then is the tier
+//     copy released: a failed allocation or load keeps it.
+//   DropPaged(engine, s) releases the tier copy.
+//
 // Not thread-safe: the engine bridge serializes every call (engine_bridge.h).
 #pragma once
 
@@ -34,6 +45,7 @@
 
 #include "absl/status/status.h"
 #include "integration/dispatch_hook.h"
+#include "integration/host_tier.h"
 #include "runtime/engine.h"
 #include "runtime/executor.h"
 
@@ -73,6 +85,10 @@ struct ExecutorStats {
   std::int64_t evictions = 0;        // storages whose memory Evict dropped
   std::int64_t shadows = 0;          // results kept as shadows (no home to restore into)
   std::int64_t empty_evictions = 0;  // Evict calls that found no memory to drop (home died, already evicted)
+  std::int64_t page_outs = 0;        // copies into the host tier whose memory was then dropped
+  std::int64_t page_ins = 0;
+  std::int64_t page_out_ns = 0;      // wall time of PageOut (copy and drop)
+  std::int64_t page_in_ns = 0;       // wall time of PageIn (allocation, including what it made room for, and copy)
 };
 
 class TorchExecutor final : public Executor {
@@ -82,6 +98,8 @@ class TorchExecutor final : public Executor {
   TorchExecutor& operator=(const TorchExecutor&) = delete;
 
   void SetArena(Arena* arena) { arena_ = arena; }
+  // The second tier PageOut/PageIn use (not owned); null: paging is Unimplemented (the engine fails loudly).
+  void SetHostTier(HostTier* tier) { tier_ = tier; }
   // The op `op` can be replayed from `replay`.
   void AddOp(OpId op, std::unique_ptr<ReplayOp> replay);
   const ReplayOp* Op(OpId op) const { return op < ops_.size() ? ops_[op].get() : nullptr; }
@@ -95,6 +113,9 @@ class TorchExecutor final : public Executor {
 
   absl::Status Execute(Engine& engine, OpId op, bool replay, std::span<const std::uint32_t> fresh) override;
   void Evict(Engine& engine, std::uint32_t storage) override;
+  absl::Status PageOut(Engine& engine, std::uint32_t storage) override;
+  absl::Status PageIn(Engine& engine, std::uint32_t storage) override;
+  void DropPaged(Engine& engine, std::uint32_t storage) override;
 
   // A replay running now reads or writes `impl` (its memory must not move).
   bool InUse(const c10::StorageImpl* impl) const;
@@ -107,7 +128,8 @@ class TorchExecutor final : public Executor {
   absl::Status ExecuteOrThrow(Engine& engine, OpId op, bool replay, std::span<const std::uint32_t> fresh);
   void Grow(StorageIndex s);
   absl::Status Deliver(Engine& engine, StorageIndex s, const c10::intrusive_ptr<c10::StorageImpl>& source,
-                       bool copy);
+                       bool copy, bool evictable = true);
+  absl::Status PageInOrThrow(Engine& engine, StorageIndex s);
 
   Arena* arena_ = nullptr;
   std::vector<std::unique_ptr<ReplayOp>> ops_;  // by OpId; null for ops that are never replayed
@@ -115,6 +137,8 @@ class TorchExecutor final : public Executor {
   std::vector<c10::intrusive_ptr<c10::StorageImpl>> shadows_;     // by StorageIndex
   ExecutorStats stats_;
   std::vector<const c10::StorageImpl*> in_use_;  // storages of the replay running now
+  HostTier* tier_ = nullptr;
+  std::vector<bool> paged_evictable_;  // by StorageIndex: the arena owner its block had when paged out
 };
 
 // A new CPU StorageImpl holding a copy of `source`'s bytes (allocated by the current CPU allocator).
