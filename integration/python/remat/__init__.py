@@ -22,6 +22,8 @@ raises ImportError.
 Environment: ``REMAT_POLICY`` (a registered policy name; the default is ``dtr-eq``), ``REMAT_BUDGET`` (bytes, a size such as ``6GiB``, or a fraction of physical memory such as
 ``0.5``; parsed by the same C++ code as everywhere in remat) enables remat on the importing thread when the
 package is imported; ``REMAT_TRACE=path`` then also records the op stream there (closed at exit).
+``REMAT_OFFLOAD`` (off, auto, always) and ``REMAT_HOST_BUDGET`` (a size) are what ``enable()`` uses when its
+``offload`` and ``host_budget`` are not given.
 """
 
 from __future__ import annotations
@@ -128,9 +130,13 @@ def parse_size(size: Union[int, str]) -> int:
 class _Enabled:
     """What enable() returns: remat is already on; as a context manager, leaving the block disables it."""
 
-    def __init__(self, budget: int, policy: str):
+    def __init__(self, budget: int, policy: str, offload: str = "off", host_budget: Optional[int] = None,
+                 host_tier: str = "memory"):
         self.budget = budget
         self.policy = policy
+        self.offload = offload
+        self.host_budget = host_budget  # None: unlimited
+        self.host_tier = host_tier
 
     def __enter__(self) -> "_Enabled":
         return self
@@ -141,20 +147,35 @@ class _Enabled:
         return False
 
     def __repr__(self) -> str:
-        return f"remat.enable(budget={self.budget}, policy={self.policy!r})"
+        paging = ""
+        if self.offload != "off":
+            paging = f", offload={self.offload!r}, host_budget={self.host_budget}, host_tier={self.host_tier!r}"
+        return f"remat.enable(budget={self.budget}, policy={self.policy!r}{paging})"
 
 
-def enable(budget: Union[int, str], policy: Optional[str] = None, costs: str = "measured") -> _Enabled:
+def enable(budget: Union[int, str], policy: Optional[str] = None, costs: str = "measured",
+           offload: Optional[str] = None, host_budget: Union[int, str, None] = None, host_tier: str = "memory",
+           page_constants: bool = True) -> _Enabled:
     """Switches remat on: CPU tensors come from an arena of `budget` bytes (a hard limit), and the ops of this
     thread are tracked; under pressure the engine evicts storages it can recompute, chosen by `policy` (default
     $REMAT_POLICY, else "dtr-eq"; see policies()), and rematerializes them when they are read. An allocation that
     no eviction can make room for raises torch.OutOfMemoryError. Usable as a context manager. Raises ValueError for
     an unknown policy and RuntimeError if remat is already enabled. `costs`: how the engine weighs an op,
     "measured" (its wall time, the default) or "estimated" (from its shapes: the same eviction choices in every
-    run, for tests and reproducible experiments)."""
+    run, for tests and reproducible experiments).
+
+    Paging to a second tier (issue 7): `offload` is "off", "auto" or "always" (default $REMAT_OFFLOAD, else "off").
+    With "always" a victim's bytes are copied to the host tier instead of being dropped while the tier's budget
+    lasts; with "auto" only when the copy is cheaper than recomputing it (a memcpy link model, 8 GB/s and 1 us per
+    copy). Paged storages come back, byte-identical, when an op reads them. `host_budget` bounds the tier (bytes or
+    a size such as "8GiB"; default $REMAT_HOST_BUDGET, else unlimited). `host_tier` is "memory" (host memory
+    outside the arena) or "file" (a temporary file, unlinked at once, written with pwrite and read with pread).
+    With `page_constants` (default) gradients, optimizer state and other storages remat cannot recompute may be
+    paged too when nothing else can leave the arena. ValueError names the option or variable of a bad value."""
     nbytes = parse_size(budget)
-    name = _engine.enable(nbytes, policy, costs)
-    return _Enabled(nbytes, name)
+    name = _engine.enable(nbytes, policy, costs, offload, host_budget, host_tier, page_constants)
+    mode, host_bytes = _engine.resolve_paging(offload, host_budget)
+    return _Enabled(nbytes, name, mode, None if host_bytes < 0 else host_bytes, host_tier)
 
 
 def disable() -> None:
@@ -176,7 +197,10 @@ def stats() -> Dict[str, Union[int, float]]:
     allocations, frees, pressure_allocations, failed_allocations, search_ns (arena), ops_recorded,
     random_ops_recorded, op_time_ns (hook); evictions, rematerializations, replayed_time_ns (first-run time of the
     replayed ops), replay_wall_ns, search_ns (the engine's victim search, replacing the arena's), fragmentation
-    (mean free/budget at allocations that needed eviction) and the bridge's counts (engine_stats() in _engine.py).
+    (mean free/budget at allocations that needed eviction) and the bridge's counts (engine_stats() in _engine.py);
+    paging: page_outs, page_ins, prefetches, paged_out_bytes, paged_in_bytes, host_used_bytes, host_peak_bytes,
+    stall_ns (the link model's wait for page-ins, in the engine's clock), page_out_wall_ns and page_in_wall_ns
+    (measured copy time), host_tier_file_bytes (the file tier's size).
     The arena's and engine's keys are absent before the first enable()."""
     out: Dict[str, Union[int, float]] = dict(torch.ops.remat.stats())
     engine = _engine.engine_stats()
@@ -258,7 +282,10 @@ def _enable_from_environment() -> Optional[_Enabled]:
         nbytes = parse_size(budget)
     except ValueError as error:
         raise ImportError(f"remat: REMAT_BUDGET={budget!r}: {error}") from error
-    enabled = enable(nbytes)
+    try:
+        enabled = enable(nbytes)
+    except ValueError as error:  # REMAT_OFFLOAD, REMAT_HOST_BUDGET
+        raise ImportError(str(error)) from error
     if trace:
         record(trace)
     return enabled

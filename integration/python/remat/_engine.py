@@ -4,13 +4,14 @@
 The package's ``remat.enable(budget, policy=...)`` switches this on; this module holds the pieces:
 ``policies()`` lists the engine's registry, ``resolve_policy`` validates a name (or ``REMAT_POLICY``), and
 ``stats()`` merges the arena's numbers with the engine's (evictions, rematerializations, replayed time, search
-time, fragmentation).
+time, fragmentation, paging), and ``resolve_paging`` parses ``offload``/``host_budget`` or ``REMAT_OFFLOAD``/
+``REMAT_HOST_BUDGET`` with the C++ configuration parser.
 """
 
 from __future__ import annotations
 
 import os
-from typing import Dict, List, Optional, Union
+from typing import Dict, List, Optional, Tuple, Union
 
 import torch
 
@@ -39,12 +40,38 @@ def resolve_policy(policy: Optional[str]) -> str:
 COSTS = ("measured", "estimated")
 
 
-def enable(nbytes: int, policy: Optional[str] = None, costs: str = "measured") -> str:
+def resolve_paging(offload: Optional[str] = None, host_budget: Union[int, str, None] = None) -> Tuple[str, int]:
+    """(offload mode, host budget in bytes or -1 for unlimited): the arguments, else $REMAT_OFFLOAD and
+    $REMAT_HOST_BUDGET, parsed by remat's C++ configuration parser (runtime/config.h). ValueError naming the option
+    or the variable for a malformed value."""
+    if offload is not None and not isinstance(offload, str):
+        raise ValueError(f"remat: offload is one of 'off', 'auto', 'always', got {offload!r}")
+    if isinstance(host_budget, bool) or not isinstance(host_budget, (int, str, type(None))):
+        raise ValueError(f"remat: host_budget is an int (bytes) or a string such as '8GiB', got {host_budget!r}")
+    if isinstance(host_budget, int):
+        if host_budget <= 0:
+            raise ValueError(f"remat: host_budget must be > 0 bytes, got {host_budget}")
+        host_budget = str(host_budget)
+    try:
+        mode, nbytes = torch.ops.remat.resolve_paging(offload, host_budget)
+    except RuntimeError as error:
+        raise ValueError(str(error).splitlines()[0]) from None
+    return str(mode), int(nbytes)
+
+
+HOST_TIERS = ("memory", "file")
+
+
+def enable(nbytes: int, policy: Optional[str] = None, costs: str = "measured", offload: Optional[str] = None,
+           host_budget: Union[int, str, None] = None, host_tier: str = "memory", page_constants: bool = True) -> str:
     """Switches remat on with the engine; returns the policy used."""
     name = resolve_policy(policy)
     if costs not in COSTS:
         raise ValueError(f"remat: unknown costs {costs!r}; expected one of {', '.join(COSTS)}")
-    torch.ops.remat.enable_engine(int(nbytes), name, costs)
+    mode, host_bytes = resolve_paging(offload, host_budget)
+    if host_tier not in HOST_TIERS:
+        raise ValueError(f"remat: unknown host_tier {host_tier!r}; expected one of {', '.join(HOST_TIERS)}")
+    torch.ops.remat.enable_engine(int(nbytes), name, costs, mode, host_bytes, host_tier, bool(page_constants))
     return name
 
 
