@@ -56,10 +56,11 @@ def _load_train_example():
 train = _load_train_example()
 remat = train.remat
 
-# Per model: batch and image size when --batch / --image-size are not given. resnet50 at 8 x 3 x 128 x 128 takes
-# 3 to 6 s of CPU a step on the 2-core development machine, and its activations are about half of the 360 MiB peak
-# (beside about 180 MiB of gradients and momentum); the transformer (examples/train.py's defaults: width 64, 4
-# layers, context 128) at batch 32 takes 0.6 to 1.3 s, with a 184 MiB peak.
+# Per model: batch and image size when --batch / --image-size are not given. On the 2-core development machine
+# (shared), resnet50 at 8 x 3 x 128 x 128 takes about 1.4 s a step with --threads 1 (4 to 9 s with torch's 2
+# threads while other processes load the cores), and its activations are about half of the 360 MiB peak (beside
+# about 180 MiB of gradients and momentum); the transformer (examples/train.py's defaults: width 64, 4 layers,
+# context 128) at batch 32 takes about 0.37 s with --threads 1, with a 184 MiB peak.
 DEFAULT_BATCH = {"resnet50": 8, "transformer": 32}
 DEFAULT_IMAGE_SIZE = 128
 FALLBACK_BATCH = 8
