@@ -25,6 +25,10 @@
 #include "integration/cpu_allocator.h"
 #include "integration/engine_session.h"
 #include "integration/host_tier.h"
+#include "integration/storage_eviction.h"
+#include "integration/torch_executor.h"
+#include "policies/registry.h"
+#include "runtime/engine.h"
 
 namespace remat::integration {
 namespace {
@@ -242,6 +246,55 @@ TEST(TorchPaging, ConstantsArePagedOnlyWithPageConstants) {
   absl::StatusOr<CpuArenaStats> arena = GetCpuArenaStats();
   ASSERT_TRUE(arena.ok());
   EXPECT_LE(arena->peak_allocated_bytes, 400 * kKiB);
+}
+
+// The executor's error contract (runtime/executor.h): without a tier paging is Unimplemented, and a copy the tier
+// refuses leaves the storage resident with its bytes; an accepted one comes back into the same StorageImpl,
+// byte-identical. An engine over a TorchExecutor with no arena (torch's own allocator) and a tensor adopted as a
+// constant.
+TEST(TorchExecutorPaging, ARefusedCopyLosesNothingAndAPageInComesBackByteIdentical) {
+  absl::StatusOr<std::unique_ptr<Policy>> policy = MakePolicy("lru");
+  ASSERT_TRUE(policy.ok());
+  EngineOptions options;
+  options.policy = policy->get();
+  options.paging.mode = OffloadMode::kAlways;
+  options.paging.page_constants = true;
+  TorchExecutor executor;
+  Engine engine(options, &executor);
+  const at::Tensor x = at::randn({64});  // 256 bytes
+  const at::Tensor original = x.clone();
+  const TensorId t = engine.AdoptConstant(256, 0);
+  const StorageIndex s = engine.StorageOf(t);
+  executor.SetHome(s, c10::intrusive_ptr<c10::StorageImpl>::reclaim_copy(x.storage().unsafeGetStorageImpl()));
+
+  EXPECT_EQ(engine.PageOut(s).code(), absl::StatusCode::kUnimplemented);  // no tier: loudly, nothing lost
+  absl::StatusOr<std::unique_ptr<HostTier>> small = HostTier::Create(HostTierOptions{HostTierKind::kMemory, 100});
+  ASSERT_TRUE(small.ok());
+  executor.SetHostTier(small->get());
+  const absl::Status refused = engine.PageOut(s);  // the engine's host budget is unlimited, the tier's is not
+  EXPECT_EQ(refused.code(), absl::StatusCode::kResourceExhausted) << refused;
+  EXPECT_TRUE(engine.Resident(s));
+  EXPECT_FALSE(engine.Paged(s));
+  EXPECT_FALSE(IsEvicted(*x.storage().unsafeGetStorageImpl()));
+  EXPECT_TRUE(at::equal(x, original));
+  EXPECT_EQ((*small)->stats().used_bytes, 0);
+
+  absl::StatusOr<std::unique_ptr<HostTier>> tier = HostTier::Create(HostTierOptions{HostTierKind::kFile, 1 << 20});
+  ASSERT_TRUE(tier.ok());
+  executor.SetHostTier(tier->get());
+  ASSERT_TRUE(engine.PageOut(s).ok());
+  EXPECT_TRUE(engine.Paged(s));
+  EXPECT_TRUE(IsEvicted(*x.storage().unsafeGetStorageImpl()));
+  EXPECT_EQ((*tier)->stats().used_bytes, 256);
+  EXPECT_FALSE(engine.Defined(t));
+  ASSERT_TRUE(engine.Rematerialize(t).ok());  // pages it in
+  EXPECT_FALSE(engine.Paged(s));
+  EXPECT_TRUE(engine.Resident(s));
+  EXPECT_TRUE(at::equal(x, original));  // the same StorageImpl, byte-identical
+  EXPECT_EQ((*tier)->stats().used_bytes, 0);
+  EXPECT_EQ(executor.stats().page_outs, 1);
+  EXPECT_EQ(executor.stats().page_ins, 1);
+  executor.Clear();
 }
 
 TEST(TorchPaging, OptionsAndEnvironmentAreParsedByTheConfigParser) {
