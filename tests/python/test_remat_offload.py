@@ -154,21 +154,29 @@ def test_bad_offload_variables_are_value_errors_naming_the_variable(monkeypatch)
 
 def _sweep(name, optimizer, mode, fractions):
     """One row per fraction: PASS (bitwise identical, peak within the budget) with the paging numbers, or FAIL."""
+    import time
     reference = train(name, optimizer)
+    start = time.perf_counter()
+    train(name, optimizer)  # warm: the baseline time without remat
+    baseline_s = time.perf_counter() - start
     peak = train(name, optimizer, budget=HUGE)[3]["peak_allocated_bytes"]
     os.environ["REMAT_OFFLOAD"] = mode
     try:
         for fraction in fractions:
             budget = int(peak * fraction)
             try:
+                start = time.perf_counter()
                 got = train(name, optimizer, budget=budget)
+                wall_s = time.perf_counter() - start
                 assert_identical(reference, got, f"{name}/{optimizer}/{mode} at {fraction}")
                 s = got[3]
                 assert s["peak_allocated_bytes"] <= budget and s["failed_allocations"] == 0
                 print(f"{name} {optimizer} {mode} {fraction} PASS peak={peak} evictions={s['evictions']} "
                       f"rematerializations={s['rematerializations']} page_outs={s['page_outs']} "
                       f"page_ins={s['page_ins']} paged_out_bytes={s['paged_out_bytes']} "
-                      f"paged_in_bytes={s['paged_in_bytes']} host_peak_bytes={s['host_peak_bytes']}", flush=True)
+                      f"paged_in_bytes={s['paged_in_bytes']} host_peak_bytes={s['host_peak_bytes']} "
+                      f"wall_s={wall_s:.2f} baseline_wall_s={baseline_s:.2f} "
+                      f"copy_wall_s={(s['page_out_wall_ns'] + s['page_in_wall_ns']) / 1e9:.2f}", flush=True)
             except (AssertionError, RuntimeError) as error:  # torch.OutOfMemoryError is a RuntimeError
                 print(f"{name} {optimizer} {mode} {fraction} FAIL {type(error).__name__}: "
                       f"{str(error).splitlines()[0][:200]}", flush=True)
