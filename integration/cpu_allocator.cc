@@ -269,7 +269,23 @@ void SetCpuPressureHandler(PressureHandler* handler) {
 
 void SetCpuPlacementForThisThread(Placement placement) { t_placement = placement; }
 
-Placement CpuPlacementForThisThread() { return t_placement; }
+c10::DataPtr TryAllocateInCpuArena(std::size_t bytes, Placement placement) {
+  const c10::Device cpu(c10::DeviceType::CPU);
+  LiveArena* live = nullptr;
+  {
+    std::shared_lock<std::shared_mutex> lock(g_registry_mutex);
+    live = g_active;
+    if (live != nullptr) live->refs.fetch_add(1, std::memory_order_relaxed);  // the block's reference
+  }
+  if (live == nullptr) return c10::DataPtr(nullptr, cpu);
+  absl::StatusOr<std::uintptr_t> address = live->arena->TryAllocate(bytes, kNoOwner, placement);
+  if (!address.ok()) {
+    Unref(live);
+    return c10::DataPtr(nullptr, cpu);
+  }
+  void* pointer = reinterpret_cast<void*>(*address);
+  return c10::DataPtr(pointer, pointer, &Delete, cpu);
+}
 
 Arena* InstalledCpuArena() {
   std::shared_lock<std::shared_mutex> lock(g_registry_mutex);

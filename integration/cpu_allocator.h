@@ -70,7 +70,11 @@ void SetCpuPressureHandler(PressureHandler* handler);
 // Which end of a free block this thread's next CPU allocations take (Coop's cheap-tensor partitioning: the
 // runtime sets kLow around costly ops). Default kLow.
 void SetCpuPlacementForThisThread(Placement placement);
-Placement CpuPlacementForThisThread();
+
+// A block of the installed arena placed as `placement` says, without asking the pressure handler (the runtime
+// moving memory while it makes room); an empty DataPtr (get() == nullptr) when nothing fits or no arena is
+// installed. `bytes` > 0.
+c10::DataPtr TryAllocateInCpuArena(std::size_t bytes, Placement placement);
 
 // The installed arena, for the runtime (SetOwner, FindWindow, Free of evicted blocks); nullptr when none.
 // Valid until UninstallCpuArena.

@@ -21,10 +21,11 @@ namespace remat::integration {
 namespace {
 
 [[noreturn]] void Throw(const absl::Status& status) {
-  if (absl::IsResourceExhausted(status)) {
-    TORCH_CHECK_WITH(OutOfMemoryError, false, "remat: ", std::string(status.message()));
-  }
-  TORCH_CHECK(false, "remat: ", std::string(status.message()));
+  // Most messages already name remat; do not say it twice.
+  const std::string message(status.message());
+  const char* prefix = absl::StartsWith(message, "remat: ") ? "" : "remat: ";
+  if (absl::IsResourceExhausted(status)) TORCH_CHECK_WITH(OutOfMemoryError, false, prefix, message);
+  TORCH_CHECK(false, prefix, message);
   __builtin_unreachable();
 }
 
@@ -124,7 +125,7 @@ EngineBridge::~EngineBridge() {
 }
 
 void EngineBridge::Unlock() {
-  current_record_ = nullptr;
+  executor_.SetRunningOp(nullptr);
   mutex_.unlock();
 }
 
@@ -241,7 +242,7 @@ void EngineBridge::CountRecordRefs(const OpRecord& record) {
 
 void EngineBridge::BeforeOp(OpRecord& record) {
   mutex_.lock();
-  current_record_ = &record;
+  executor_.SetRunningOp(&record);
   try {
     if (options_.next != nullptr) options_.next->BeforeOp(record);
     engine_->NoteAllocation();
@@ -497,59 +498,13 @@ void EngineBridge::OpFailed(OpRecord& record) noexcept {
 bool EngineBridge::MakeRoom(Arena& arena, std::size_t bytes) {
   std::unique_lock<std::recursive_mutex> lock(mutex_, std::try_to_lock);
   if (!lock.owns_lock()) return false;  // another thread is inside an op; see the header
-  if (compacting_) return false;        // a compaction's own allocation: it only takes free memory
-  if (engine_->MakeRoom(arena, bytes)) return true;
-  return &arena == options_.arena && Compact(bytes);
+  return engine_->MakeRoom(arena, bytes);
 }
 
-bool EngineBridge::Compact(std::size_t bytes) {
-  Arena& arena = *options_.arena;
-  auto in_use = [&](const c10::StorageImpl* impl) {
-    if (executor_.InUse(impl)) return true;
-    if (current_record_ == nullptr) return false;
-    for (const auto& input : current_record_->input_storages) {
-      if (input.get() == impl) return true;
-    }
-    return false;
-  };
-  std::vector<std::pair<std::uintptr_t, const c10::StorageImpl*>> movable;
-  for (const c10::StorageImpl* key : live_) {
-    const Entry& entry = entries_.at(key);
-    if (!entry.pinned || entry.released) continue;
-    c10::intrusive_ptr<c10::StorageImpl> impl = entry.weak.lock();
-    if (!impl || IsEvicted(*impl) || !EvictableMemory(*impl) || in_use(impl.get())) continue;
-    movable.emplace_back(AddressOf(*impl), key);
-  }
-  std::sort(movable.begin(), movable.end());
-  compacting_ = true;
-  const Placement placement = CpuPlacementForThisThread();
-  SetCpuPlacementForThisThread(Placement::kHigh);
-  bool moved = false;
-  for (const auto& [address, key] : movable) {
-    if (arena.Stats().largest_free_block >= bytes) break;
-    const Entry& entry = entries_.at(key);
-    c10::intrusive_ptr<c10::StorageImpl> impl = entry.weak.lock();
-    const std::size_t nbytes = impl->nbytes();
-    c10::DataPtr fresh;
-    try {
-      fresh = RematCpuAllocator()->allocate(nbytes);
-    } catch (const c10::Error&) {
-      break;  // no hole for it: nothing more to gain
-    }
-    const auto destination = reinterpret_cast<std::uintptr_t>(fresh.get());
-    if (destination < address) break;  // it would move down: the high end is full
-    std::memcpy(fresh.get(), impl->_mutable_data_ptr_no_checks().get(), nbytes);
-    c10::DataPtr old = impl->set_data_ptr(std::move(fresh));  // freed when `old` goes
-    const StorageIndex s = engine_->StorageOf(entry.root);
-    engine_->SetAddress(s, destination);
-    executor_.SetOwner(destination, s, /*evictable=*/false);
-    ++stats_.relocations;
-    stats_.relocated_bytes += static_cast<std::int64_t>(nbytes);
-    moved = true;
-  }
-  SetCpuPlacementForThisThread(placement);
-  compacting_ = false;
-  return moved;
+std::int64_t EngineBridge::HeldReferences(const c10::StorageImpl* storage) {
+  std::lock_guard<std::recursive_mutex> lock(mutex_);
+  auto it = entries_.find(storage);
+  return it == entries_.end() ? 0 : it->second.record_refs;
 }
 
 absl::Status EngineBridge::MaterializeLive() {

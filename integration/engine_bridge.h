@@ -31,13 +31,16 @@
 // Constants an op writes without returning them (batch norm's running_mean/running_var) are not engine inputs;
 // replays write a private copy of their current value (in training mode the outputs do not depend on them).
 //
-// Compaction. Constants are never evicted, and the blocks they hold (gradients, optimizer state, results pinned
+// Relocation. Constants are never evicted, and the blocks they hold (gradients, optimizer state, results pinned
 // because what they were computed from changed) are scattered among evictable ones, so the arena can have the
-// free bytes a request needs but no hole. When the engine can evict nothing more, MakeRoom moves constants to
-// the arena's high end, lowest first (copy, then swap the StorageImpl's DataPtr, as eviction does; views and
-// saved tensors follow), until a hole fits. Never moved: storages the running op or replay uses. What users can
-// see: the data_ptr() of a tensor made under remat may change between ops, as it does when remat evicts and
-// restores it; raw pointers into it (a numpy array from .numpy()) must not be kept across ops.
+// free bytes a request needs but no hole. When nothing more can be evicted or paged, the engine moves constants
+// out of the cheapest window (EngineOptions::relocate); TorchExecutor::Relocate copies the bytes and swaps the
+// StorageImpl's DataPtr, as eviction does, so views and saved tensors follow. What users can see: the data_ptr()
+// of a tensor made under remat may change between ops, as it does when remat evicts and restores it; raw
+// pointers into it (a numpy array from .numpy()) must not be kept across ops.
+//
+// The bridge tells held_references.h how many references its records hold on a storage (remat.record() uses it
+// to see a storage's death).
 //
 // Paging (BridgeOptions::paging, off by default). The engine pages storages out to a HostTier (host_tier.h: host
 // memory outside the arena, or a temporary file) instead of dropping them (`always`, or `auto` when the copy is
@@ -70,6 +73,7 @@
 #include "absl/status/statusor.h"
 #include "allocator/arena.h"
 #include "integration/dispatch_hook.h"
+#include "integration/held_references.h"
 #include "integration/host_tier.h"
 #include "integration/torch_executor.h"
 #include "policies/policy.h"
@@ -109,12 +113,10 @@ struct BridgeStats {
   std::int64_t generations = 0;     // constants overwritten or freed while records read them
   std::int64_t released = 0;        // storages whose last user reference died
   std::int64_t kept_constant_bytes = 0;  // small dead constants kept because records read them
-  std::int64_t relocations = 0;          // constants moved to the arena's high end to join free holes
-  std::int64_t relocated_bytes = 0;
   HostTierStats host_tier;               // zeros without paging
 };
 
-class EngineBridge final : public OpObserver, public PressureHandler {
+class EngineBridge final : public OpObserver, public PressureHandler, public HeldReferenceCounter {
  public:
   // InvalidArgument for an unknown policy (the message lists the registered ones).
   static absl::StatusOr<std::unique_ptr<EngineBridge>> Create(const BridgeOptions& options);
@@ -124,6 +126,8 @@ class EngineBridge final : public OpObserver, public PressureHandler {
   void AfterOp(OpRecord&& record) override;
   void OpFailed(OpRecord& record) noexcept override;
   bool MakeRoom(Arena& arena, std::size_t bytes) override;
+  // References the kept records hold on `storage` (held_references.h).
+  std::int64_t HeldReferences(const c10::StorageImpl* storage) override;
 
   // Makes every live storage resident again (before remat is switched off: user tensors must keep their data).
   // Allocations then come from whatever allocator is installed.
@@ -161,7 +165,6 @@ class EngineBridge final : public OpObserver, public PressureHandler {
   void PinEntry(Entry& entry);
   void CountRecordRefs(const OpRecord& record);
   void Unlock();
-  bool Compact(std::size_t bytes);
 
   BridgeOptions options_;
   std::unique_ptr<Policy> policy_;
@@ -174,8 +177,6 @@ class EngineBridge final : public OpObserver, public PressureHandler {
   absl::flat_hash_map<StorageIndex, const c10::StorageImpl*> owner_;  // engine storage -> entry whose version it is
   absl::flat_hash_map<StorageIndex, std::vector<OpId>> readers_;      // engine storage -> kept records reading it
   InFlight current_;
-  const OpRecord* current_record_ = nullptr;  // the user op between BeforeOp and AfterOp/OpFailed
-  bool compacting_ = false;
   BridgeStats stats_;
 };
 

@@ -88,8 +88,8 @@ c10::Dict<std::string, double> EngineStatsDict() {
   put("generations", s->generations);
   put("released", s->released);
   put("kept_constant_bytes", s->kept_constant_bytes);
-  put("relocations", s->relocations);
-  put("relocated_bytes", s->relocated_bytes);
+  put("relocations", s->engine.relocations);
+  put("relocated_bytes", s->engine.relocated_bytes);
   // Paging (zeros with offload off). paged_* and page_* are the engine's counts; stall_ns is its link model's
   // clock time ops waited for page-ins (modelled); page_*_wall_ns the executor's measured copy time.
   put("page_outs", s->engine.page_outs);

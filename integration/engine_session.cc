@@ -59,6 +59,7 @@ absl::Status EnableRematEngine(const EngineSessionOptions& options) {
   g_bridge = bridge->release();
   SetCpuPressureHandler(g_bridge);
   SetObserver(g_bridge);
+  SetHeldReferences(g_bridge);
   g_last_stats.reset();
   return absl::OkStatus();
 }
@@ -67,6 +68,7 @@ absl::Status DisableRematEngine() {
   std::lock_guard<std::mutex> lock(g_mutex);
   if (g_bridge == nullptr) return absl::FailedPreconditionError("remat: not enabled");
   SetObserver(nullptr);
+  SetHeldReferences(nullptr);
   // Storages a user still holds get their bytes back after the arena is uninstalled, from torch's own allocator:
   // together they may exceed the budget. One block of ours keeps the retired arena (which the engine reads for
   // its statistics) alive meanwhile. If even that block does not fit, bring them back under the budget first.

@@ -338,7 +338,32 @@ void TorchExecutor::DropPaged(Engine& engine, std::uint32_t s) {
 }
 
 bool TorchExecutor::InUse(const c10::StorageImpl* impl) const {
-  return std::find(in_use_.begin(), in_use_.end(), impl) != in_use_.end();
+  if (std::find(in_use_.begin(), in_use_.end(), impl) != in_use_.end()) return true;
+  if (running_op_ == nullptr) return false;
+  for (const auto& input : running_op_->input_storages) {
+    if (input.get() == impl) return true;
+  }
+  return false;
+}
+
+absl::StatusOr<bool> TorchExecutor::Relocate(Engine& engine, std::uint32_t s, AddressRange avoid) {
+  if (s >= homes_.size() || shadows_[s]) return false;
+  c10::intrusive_ptr<c10::StorageImpl> home = homes_[s].lock();
+  if (!home || IsEvicted(*home) || !EvictableMemory(*home) || InUse(home.get())) return false;
+  const std::size_t nbytes = home->nbytes();
+  for (const Placement placement : {Placement::kTop, Placement::kLow}) {
+    c10::DataPtr fresh = TryAllocateInCpuArena(nbytes, placement);  // freed on return unless swapped in
+    if (fresh.get() == nullptr) return false;
+    const auto to = reinterpret_cast<std::uintptr_t>(fresh.get());
+    const std::size_t aligned = (nbytes + kCpuAlignment - 1) / kCpuAlignment * kCpuAlignment;
+    if (avoid.Overlaps(to, aligned)) continue;
+    std::memcpy(fresh.get(), home->_mutable_data_ptr_no_checks().get(), nbytes);
+    c10::DataPtr old = home->set_data_ptr(std::move(fresh));  // the old block is freed when `old` goes
+    engine.SetAddress(s, to);
+    SetOwner(to, s, /*evictable=*/false);
+    return true;
+  }
+  return false;
 }
 
 void TorchExecutor::Clear() {

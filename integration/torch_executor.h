@@ -117,8 +117,14 @@ class TorchExecutor final : public Executor {
   absl::Status PageIn(Engine& engine, std::uint32_t storage) override;
   void DropPaged(Engine& engine, std::uint32_t storage) override;
 
-  // A replay running now reads or writes `impl` (its memory must not move).
+  // The user op whose kernel runs now (the bridge sets it between BeforeOp and AfterOp), or nullptr: its storages
+  // are in use even when they are not engine inputs.
+  void SetRunningOp(const OpRecord* record) { running_op_ = record; }
+  // A replay or the running user op reads or writes `impl` (its memory must not move).
   bool InUse(const c10::StorageImpl* impl) const;
+  // Moves a pinned storage's bytes out of `avoid` (Executor::Relocate): a fresh block of the arena (highest hole
+  // first, never asking the pressure handler), a copy, and a DataPtr swap in its StorageImpl.
+  absl::StatusOr<bool> Relocate(Engine& engine, std::uint32_t storage, AddressRange avoid) override;
 
   // Drops every record and shadow (the engine is going away).
   void Clear();
@@ -137,6 +143,7 @@ class TorchExecutor final : public Executor {
   std::vector<c10::intrusive_ptr<c10::StorageImpl>> shadows_;     // by StorageIndex
   ExecutorStats stats_;
   std::vector<const c10::StorageImpl*> in_use_;  // storages of the replay running now
+  const OpRecord* running_op_ = nullptr;
   HostTier* tier_ = nullptr;
   std::vector<bool> paged_evictable_;  // by StorageIndex: the arena owner its block had when paged out
 };

@@ -168,7 +168,7 @@ Result TrainUnderRemat(const Config& c, std::size_t budget, const Model& initial
   stats->arena_peak = arena->peak_allocated_bytes;
   stats->evictions = engine->engine.evictions;
   stats->rematerializations = engine->engine.rematerializations;
-  stats->relocations = engine->relocations;
+  stats->relocations = engine->engine.relocations;
   return result;
 }
 
