@@ -4,6 +4,7 @@ are bitwise the ones of a run without remat. The peak is measured first under re
 binds. Also the Python API over the engine: remat.policies(), policy= and REMAT_POLICY, the engine's stats.
 Small inputs keep the file to seconds on 2 cores."""
 
+import json
 import math
 import os
 import subprocess
@@ -228,3 +229,30 @@ def test_unknown_costs_is_a_clear_error():
     with pytest.raises(ValueError, match=r"unknown costs 'fast'; expected one of measured, estimated"):
         remat.enable(budget=16 * MiB, costs="fast")
     assert not remat.is_enabled()
+
+
+def test_a_trace_recorded_under_the_engine_replays_at_the_measured_peak(tmp_path):
+    """remat.record under the engine: storages whose only references are the engine's records are released in the
+    trace, so remat-sim's unconstrained peak matches what the arena measured (plus the parameters, which the
+    trace counts as constants and the arena does not hold)."""
+    model, inputs, targets, loss_fn = build("gpt")
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    params = sum(p.numel() * p.element_size() for p in model.parameters())
+    trace = tmp_path / "gpt.jsonl"
+    torch.manual_seed(1)
+    with remat.enable(HUGE, costs="estimated"):
+        with remat.record(trace):
+            for _ in range(2):
+                opt.zero_grad()
+                loss = loss_fn(model(inputs), targets)
+                loss.backward()
+                opt.step()
+                del loss
+        measured = remat.stats()["peak_allocated_bytes"]
+    remat_sim = Path(remat.library_path()).resolve().parents[1] / "tools" / "remat-sim"
+    out = tmp_path / "rows.json"
+    result = subprocess.run([str(remat_sim), str(trace), "--ratios", "1.0", "--policies", "dtr-eq", "--mode", "arena",
+                             "--out", str(out)], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    simulated = json.loads(out.read_text())[0]["peak_bytes"]
+    assert simulated <= 1.25 * (measured + params), (simulated, measured, params)
