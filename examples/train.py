@@ -96,7 +96,7 @@ def run(args, budget=None):
     stats = None
     times = []
     if budget is not None:
-        remat.enable(budget, policy=args.policy, costs=args.costs)
+        remat.enable(budget, policy=args.policy, costs=args.costs, offload=args.offload, host_tier=args.host_tier)
     try:
         losses = []
         for _ in range(args.steps):
@@ -137,6 +137,11 @@ def main():
     parser.add_argument("--costs", choices=("measured", "estimated"), default="measured",
                         help="how the engine weighs ops: measured time, or an estimate from shapes (the same "
                              "eviction choices in every run)")
+    parser.add_argument("--offload", choices=("off", "auto", "always"), default=None,
+                        help="page storages (gradients and optimizer state included) to a host tier instead of "
+                             "only dropping them; default REMAT_OFFLOAD, else off")
+    parser.add_argument("--host-tier", choices=("memory", "file"), default="memory",
+                        help="where paged storages go: host memory outside the budget, or a temporary file")
     parser.add_argument("--optimizer", choices=("sgd", "adam"), default="sgd")
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--batch", type=int, default=2)
@@ -147,7 +152,7 @@ def main():
     torch.set_num_threads(max(1, torch.get_num_threads()))
 
     print(f"model {args.model}, batch {args.batch}, {args.steps} steps, {args.optimizer}, "
-          f"policy {args.policy or 'default'}, {args.costs} costs")
+          f"policy {args.policy or 'default'}, {args.costs} costs, offload {args.offload or 'default'}")
     base_losses, base_params, base_time, _ = run(args)
     print(f"baseline (no remat):       {base_time * 1e3:8.1f} ms/step")
     _, _, _, free = run(args, budget=HUGE)
@@ -162,6 +167,9 @@ def main():
         return 2
     print(f"remat peak:                {mib(stats['peak_allocated_bytes'])}")
     print(f"remat step time:           {step_time * 1e3:8.1f} ms/step (overhead {step_time / base_time:.2f}x)")
+    if stats.get("page_outs", 0):
+        print(f"paged out {mib(stats['paged_out_bytes'])} in {stats['page_outs']} copies, paged in "
+              f"{mib(stats['paged_in_bytes'])}; host tier peak {mib(stats['host_peak_bytes'])}")
     print(f"evictions {stats['evictions']}, rematerializations {stats['rematerializations']}, replayed "
           f"{stats['replayed_time_ns'] / 1e6:.1f} ms, search {stats['search_ns'] / 1e6:.1f} ms, fragmentation "
           f"{stats['fragmentation']:.3f}")
