@@ -154,6 +154,31 @@ TEST_F(CpuAllocatorTest, PressureHandlerMakesRoom) {
   EXPECT_EQ(handler.calls, 2);
 }
 
+TEST_F(CpuAllocatorTest, TryAllocateTakesTheHighestHoleAndNeverAsksTheHandler) {
+  at::Tensor victim;
+  ReleasingHandler handler(&victim);
+  SetCpuPressureHandler(&handler);
+  ASSERT_TRUE(InstallCpuArena(kMiB).ok());
+  // The arena's first address: where the first block goes (a temporary, freed at once).
+  const auto base = reinterpret_cast<std::uintptr_t>(at::empty({64}, at::kByte).storage().data());
+  // Four 256 KiB blocks fill the arena; free the 1st and the 3rd: holes at offsets 0 and 512 KiB.
+  std::vector<at::Tensor> blocks;
+  for (int i = 0; i < 4; ++i) blocks.push_back(at::empty({256 * 1024}, at::kByte));
+  ASSERT_EQ(reinterpret_cast<std::uintptr_t>(blocks[0].storage().data()), base);
+  blocks[0].reset();
+  blocks[2].reset();
+  c10::DataPtr top = TryAllocateInCpuArena(1024, Placement::kTop);
+  ASSERT_NE(top.get(), nullptr);
+  // The high end of the higher hole [512 KiB, 768 KiB).
+  EXPECT_EQ(reinterpret_cast<std::uintptr_t>(top.get()), base + 768 * 1024 - 1024);
+  victim = blocks[1];
+  blocks[1].reset();
+  // 512 KiB does not fit in any hole: no block, and the handler (which would free `victim`) is not asked.
+  EXPECT_EQ(TryAllocateInCpuArena(512 * 1024, Placement::kTop).get(), nullptr);
+  EXPECT_EQ(handler.calls, 0);
+  EXPECT_TRUE(victim.defined());
+}
+
 TEST_F(CpuAllocatorTest, RawInterfaceAndZeroBytes) {
   ASSERT_TRUE(InstallCpuArena(kMiB).ok());
   c10::Allocator* allocator = c10::GetCPUAllocator();
