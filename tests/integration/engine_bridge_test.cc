@@ -17,6 +17,8 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cstring>
 #include <vector>
 
 #include "integration/cpu_allocator.h"
@@ -108,6 +110,45 @@ TEST(EngineBridge, UnknownPolicyListsTheRegisteredOnes) {
   EXPECT_THAT(std::string(status.message()), testing::HasSubstr("dtr-eq"));
   EXPECT_FALSE(RematEngineEnabled());
   EXPECT_EQ(c10::GetCPUAllocator() == RematCpuAllocator(), CpuArenaInstalled());
+}
+
+}  // namespace
+}  // namespace remat::integration
+
+namespace remat::integration {
+namespace {
+
+// Under a budget of ten 64 KiB blocks: five constants (aten::empty results written behind the hook's back, so
+// remat can neither evict nor recompute them) alternate with five activations, which are then dropped. 320 KiB
+// are free in 64 KiB holes; a 128 KiB result needs a constant moved out of the way.
+TEST(EngineBridgeRelocation, ConstantsMoveOutOfTheWayWithTheirBytes) {
+  const at::Tensor small = at::randn({128, 128});  // 64 KiB, made before remat: outside the arena
+  const at::Tensor big = at::randn({256, 128});    // 128 KiB
+  const at::Tensor expected = at::sin(big);
+  EngineGuard guard(EngineSessionOptions{640 * kKiB, "dtr-eq"});
+  std::vector<at::Tensor> constants;
+  std::vector<at::Tensor> activations;
+  for (int i = 0; i < 5; ++i) {
+    constants.push_back(at::empty({64 * 1024}, at::kByte));
+    std::memset(constants.back().data_ptr(), 'a' + i, 64 * 1024);
+    activations.push_back(at::sin(small));
+  }
+  std::vector<const void*> before;
+  for (const at::Tensor& c : constants) before.push_back(c.const_data_ptr());
+  activations.clear();  // released: evicted at once
+  const at::Tensor y = at::sin(big);
+  EXPECT_TRUE(at::equal(y, expected));
+  absl::StatusOr<BridgeStats> stats = GetEngineStats();
+  ASSERT_TRUE(stats.ok());
+  EXPECT_GE(stats->engine.relocations, 1);
+  int moved = 0;
+  for (int i = 0; i < 5; ++i) {
+    moved += constants[i].const_data_ptr() != before[i];
+    const auto* bytes = static_cast<const unsigned char*>(constants[i].const_data_ptr());
+    EXPECT_EQ(std::count(bytes, bytes + 64 * 1024, static_cast<unsigned char>('a' + i)), 64 * 1024) << i;
+  }
+  EXPECT_EQ(moved, stats->engine.relocations);
+  EXPECT_LE(GetCpuArenaStats()->peak_allocated_bytes, 640 * kKiB);
 }
 
 }  // namespace
