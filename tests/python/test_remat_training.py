@@ -78,6 +78,17 @@ def build(name):
         def loss(logits, target):
             return torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), target.reshape(-1))
         return model, tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous(), loss
+    if name == "inception_v3":
+        import torchvision
+        # Aux logits on; 299-pixel inputs are the smallest its aux head takes (batch 2: batch norm needs > 1).
+        model = torchvision.models.inception_v3(num_classes=10, aux_logits=True, init_weights=False)
+        images = torch.randn(2, 3, 299, 299)
+        labels = torch.randint(0, 10, (2,))
+
+        def loss(out, target):
+            return (torch.nn.functional.cross_entropy(out.logits, target)
+                    + 0.4 * torch.nn.functional.cross_entropy(out.aux_logits, target))
+        return model, images, labels, loss
     if name in ("resnet18", "densenet121"):
         import torchvision
         model = getattr(torchvision.models, name)(num_classes=10)
@@ -154,6 +165,7 @@ CASES = {
     ("lstm", "adam"): (0.8, 0.7),
     ("resnet18", "sgd"): (0.8,),
     ("densenet121", "sgd"): (0.8,),
+    ("inception_v3", "sgd"): (0.8,),
 }
 
 
