@@ -212,6 +212,7 @@ void EngineBridge::Sweep(const OpRecord& record) {
       if (entry.record_refs > 0 && bytes <= kKeptConstantMaxBytes &&
           stats_.kept_constant_bytes + bytes <= static_cast<std::int64_t>(options_.budget / 64)) {
         stats_.kept_constant_bytes += bytes;
+        entry.kept = true;
         continue;
       }
       // A constant goes away. If a record may read it in a replay, nothing live may need such a replay.
@@ -227,16 +228,62 @@ void EngineBridge::Sweep(const OpRecord& record) {
   live_.resize(kept);
 }
 
-void EngineBridge::CountRecordRefs(const OpRecord& record) {
+void EngineBridge::CountRecordRefs(const OpRecord& record, int delta) {
   auto count = [&](const c10::StorageImpl* impl) {
     auto it = entries_.find(impl);
-    if (it != entries_.end()) ++it->second.record_refs;
+    if (it != entries_.end()) it->second.record_refs += delta;
   };
   for (const auto& storage : record.input_storages) count(storage.get());
   for (const c10::IValue& value : record.arguments) {
     ForEachTensor(value, [&](const at::Tensor& t) {
       if (t.defined() && t.has_storage()) count(t.storage().unsafeGetStorageImpl());
     });
+  }
+}
+
+void EngineBridge::Prune() {
+  std::size_t kept = 0;
+  for (const OpId op : kept_ops_) {
+    const ReplayOp* replay = executor_.Op(op);
+    if (replay == nullptr) continue;
+    bool needed = false;
+    for (const StorageIndex s : replay->output_storage) needed = needed || (s != kNoIndex && !engine_->Dead(s));
+    for (const auto& [k, s] : replay->in_place) needed = needed || !engine_->Dead(s);
+    if (needed) {
+      kept_ops_[kept++] = op;
+      continue;
+    }
+    std::unique_ptr<ReplayOp> dropped = executor_.TakeOp(op);
+    CountRecordRefs(dropped->record, -1);
+    for (const TensorId t : dropped->inputs) {
+      if (t == kNoIndex) continue;
+      auto readers = readers_.find(engine_->StorageOf(t));
+      if (readers == readers_.end()) continue;
+      std::erase(readers->second, op);
+      if (readers->second.empty()) readers_.erase(readers);
+    }
+    ++stats_.pruned_records;
+  }
+  kept_ops_.resize(kept);
+  for (auto it = entries_.begin(); it != entries_.end();) {
+    Entry& entry = it->second;
+    if (!entry.released || entry.record_refs > 0) {
+      ++it;
+      continue;
+    }
+    if (entry.kept) {  // no record reads it any more: the engine lets it go; its memory goes with the StorageImpl
+      stats_.kept_constant_bytes -= engine_->StorageBytes(engine_->StorageOf(entry.root));
+      engine_->Release(entry.root);
+      entry.kept = false;
+    }
+    if (entry.weak.use_count() > 0) {
+      ++it;
+      continue;
+    }
+    auto owner = owner_.find(engine_->StorageOf(entry.root));
+    if (owner != owner_.end() && owner->second == it->first) owner_.erase(owner);
+    entries_.erase(it++);
+    ++stats_.pruned_entries;
   }
 }
 
@@ -247,6 +294,10 @@ void EngineBridge::BeforeOp(OpRecord& record) {
     if (options_.next != nullptr) options_.next->BeforeOp(record);
     engine_->NoteAllocation();
     Sweep(record);
+    if (++ops_since_prune_ >= 1024) {
+      ops_since_prune_ = 0;
+      Prune();
+    }
     const OpTraits& traits = *record.traits;
     const std::size_t n = record.input_storages.size();
     current_.inputs.assign(n, kNoIndex);
@@ -473,6 +524,7 @@ void EngineBridge::AfterOp(OpRecord&& record) {
   CountRecordRefs(record);
   replay->record = std::move(record);
   executor_.AddOp(current_.op, std::move(replay));
+  kept_ops_.push_back(current_.op);
 }
 
 void EngineBridge::OpFailed(OpRecord& record) noexcept {

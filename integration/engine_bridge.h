@@ -52,6 +52,10 @@
 // locked while the op runs, so nothing can page them out or move them meanwhile; replays still write a private
 // copy of their current value). A blank constant an op overwrites is paged in before it leaves the engine.
 //
+// Pruning. Every 1024 ops the bridge drops the records whose outputs the engine reports dead (nothing can need
+// them again: EngineOptions::free_dead) and forgets storages that are released, unreferenced and read by no kept
+// record, so that a long training run does not grow by a record per op.
+//
 // Threads: one recursive mutex, held from BeforeOp to AfterOp/OpFailed, serializes ops of every thread
 // (autograd's engine threads included). MakeRoom from the thread that holds it (a kernel's allocation, a replay)
 // goes ahead; from another thread that cannot get the mutex at once it gives up (that allocation fails with
@@ -113,6 +117,8 @@ struct BridgeStats {
   std::int64_t generations = 0;     // constants overwritten or freed while records read them
   std::int64_t released = 0;        // storages whose last user reference died
   std::int64_t kept_constant_bytes = 0;  // small dead constants kept because records read them
+  std::int64_t pruned_records = 0;       // records dropped because nothing can need their outputs any more
+  std::int64_t pruned_entries = 0;       // storages forgotten for the same reason
   HostTierStats host_tier;               // zeros without paging
 };
 
@@ -144,6 +150,8 @@ class EngineBridge final : public OpObserver, public PressureHandler, public Hel
     // A constant only because an uninitializing op (aten::empty) made it, not written since: an op that
     // overwrites all of it (dropout's bernoulli_ on empty_like) makes an evictable value out of it.
     bool blank = false;
+    // Released, but its memory kept because records read it (a small constant, see Sweep).
+    bool kept = false;
   };
   struct InFlight {
     bool active = false;
@@ -163,7 +171,8 @@ class EngineBridge final : public OpObserver, public PressureHandler, public Hel
   void Sweep(const OpRecord& record);
   void PinDependents(StorageIndex start);
   void PinEntry(Entry& entry);
-  void CountRecordRefs(const OpRecord& record);
+  void CountRecordRefs(const OpRecord& record, int delta = 1);
+  void Prune();
   void Unlock();
 
   BridgeOptions options_;
@@ -177,6 +186,8 @@ class EngineBridge final : public OpObserver, public PressureHandler, public Hel
   absl::flat_hash_map<StorageIndex, const c10::StorageImpl*> owner_;  // engine storage -> entry whose version it is
   absl::flat_hash_map<StorageIndex, std::vector<OpId>> readers_;      // engine storage -> kept records reading it
   InFlight current_;
+  std::vector<OpId> kept_ops_;  // ops whose records the executor keeps
+  std::int64_t ops_since_prune_ = 0;
   BridgeStats stats_;
 };
 

@@ -88,6 +88,8 @@ c10::Dict<std::string, double> EngineStatsDict() {
   put("generations", s->generations);
   put("released", s->released);
   put("kept_constant_bytes", s->kept_constant_bytes);
+  put("pruned_records", s->pruned_records);
+  put("pruned_entries", s->pruned_entries);
   put("relocations", s->engine.relocations);
   put("relocated_bytes", s->engine.relocated_bytes);
   // Paging (zeros with offload off). paged_* and page_* are the engine's counts; stall_ns is its link model's

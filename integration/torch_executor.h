@@ -103,6 +103,8 @@ class TorchExecutor final : public Executor {
   // The op `op` can be replayed from `replay`.
   void AddOp(OpId op, std::unique_ptr<ReplayOp> replay);
   const ReplayOp* Op(OpId op) const { return op < ops_.size() ? ops_[op].get() : nullptr; }
+  // Removes op's record (nothing will replay it any more) and returns it.
+  std::unique_ptr<ReplayOp> TakeOp(OpId op) { return op < ops_.size() ? std::move(ops_[op]) : nullptr; }
   // `s` now lives in `home` (weak reference) / no longer in any user StorageImpl.
   void SetHome(StorageIndex s, const c10::intrusive_ptr<c10::StorageImpl>& home);
   void ClearHome(StorageIndex s);

@@ -618,8 +618,8 @@ void Engine::Release(TensorId t) {
   if (options_.free_dead && st.ext_refs == 0) FreeDead(s);
 }
 
-// A storage is dead when it has no external reference and every storage computed from it is dead: no future op
-// can read it and no replay can need it. Dead storages leave the graph (they no longer count in neighbourhood
+// A storage is dead when it has no external reference and every storage computed from it is dead or pinned (a
+// pinned storage is never recomputed): no future op can read it and no replay can need it. Dead storages leave the graph (they no longer count in neighbourhood
 // costs); a resident one would be freed, but eager eviction on release has already dropped its memory.
 void Engine::FreeDead(StorageIndex start) {
   Impl& m = *impl_;
@@ -630,7 +630,10 @@ void Engine::FreeDead(StorageIndex start) {
     Impl::Storage& st = m.storages[x];
     if (st.dead || st.ext_refs > 0 || st.pinned || st.locks > 0 || !st.computed) continue;
     bool children_dead = true;
-    for (StorageIndex c : m.storage_children[x]) children_dead = children_dead && (c == x || m.storages[c].dead);
+    // A pinned child is never recomputed (it stays resident, or comes back from its host copy): it needs nothing.
+    for (StorageIndex c : m.storage_children[x]) {
+      children_dead = children_dead && (c == x || m.storages[c].dead || m.storages[c].pinned);
+    }
     if (!children_dead) continue;
     if (st.material) {
       (void)Evict(x);
@@ -1255,6 +1258,7 @@ bool Engine::Defined(TensorId t) const { return impl_->tensors[t].defined; }
 StorageIndex Engine::StorageOf(TensorId t) const { return impl_->tensors[t].storage; }
 TensorId Engine::StorageRoot(StorageIndex s) const { return impl_->storages[s].tensors[0]; }
 bool Engine::Resident(StorageIndex s) const { return impl_->storages[s].material; }
+bool Engine::Dead(StorageIndex s) const { return impl_->storages[s].dead; }
 std::int64_t Engine::StorageBytes(StorageIndex s) const { return impl_->storages[s].size; }
 std::uintptr_t Engine::StorageAddress(StorageIndex s) const { return impl_->storages[s].address; }
 std::int64_t Engine::ExternalRefs(TensorId t) const { return impl_->tensors[t].ext_refs; }

@@ -198,6 +198,8 @@ class Engine final : public PressureHandler, private StorageView {
   StorageIndex StorageOf(TensorId t) const;
   TensorId StorageRoot(StorageIndex s) const;  // the tensor that created the storage
   bool Resident(StorageIndex s) const;
+  // free_dead: nothing can ever need s again (no reference, every storage computed from it dead).
+  bool Dead(StorageIndex s) const;
   std::int64_t StorageBytes(StorageIndex s) const;
   std::uintptr_t StorageAddress(StorageIndex s) const;
   std::int64_t ExternalRefs(TensorId t) const;

@@ -268,3 +268,13 @@ def test_a_trace_recorded_under_the_engine_replays_at_the_measured_peak(tmp_path
     assert result.returncode == 0, result.stderr
     simulated = json.loads(out.read_text())[0]["peak_bytes"]
     assert simulated <= 1.25 * (measured + params), (simulated, measured, params)
+
+
+def test_records_nothing_can_need_are_pruned_and_results_stay_identical():
+    """Every 1024 ops the bridge drops records whose outputs the engine reports dead and forgets storages
+    nothing references; training goes on bitwise identical."""
+    reference = train("gpt", "sgd", steps=8)
+    peak = train("gpt", "sgd", budget=HUGE, steps=8)[3]["peak_allocated_bytes"]
+    got = train("gpt", "sgd", budget=int(peak * 0.5), steps=8)
+    assert_identical(reference, got, "gpt/sgd at 0.5 over 8 steps")
+    assert got[3]["pruned_records"] > 0 and got[3]["pruned_entries"] > 0, got[3]
