@@ -478,28 +478,16 @@ void EngineBridge::AfterOp(OpRecord&& record) {
       live_.push_back(impl.get());
       continue;
     }
-    // An in-place write of input k: the StorageImpl now holds the new version t; the old one has no home.
+    // An in-place write of input k: the StorageImpl now holds the new version t; the old one has no home. (A
+    // blank storage overwritten entirely left the engine in BeforeOp: t is simply a fresh value in it.)
     const int k = -1 - spec_output[j];
     Entry& entry = entries_.at(impl.get());
-    if (current_.overwrite[k]) {  // a blank storage overwritten entirely: a fresh value in the same StorageImpl
-      entry.root = t;
-      owner_[s] = impl.get();
-      executor_.SetHome(s, impl);
-      if (replayable && EvictableMemory(*impl)) {
-        executor_.SetOwner(AddressOf(*impl), s, /*evictable=*/true);
-        replay->in_place.emplace_back(k, s);
-        keep = true;
-      } else {
-        engine_->Pin(t);
-        entry.pinned = true;
-        executor_.SetOwner(AddressOf(*impl), s, /*evictable=*/false);
-      }
-      continue;
+    if (!current_.overwrite[k]) {
+      const TensorId old = entry.root;
+      executor_.ClearHome(engine_->StorageOf(old));
+      owner_.erase(engine_->StorageOf(old));
+      engine_->Release(old);
     }
-    const TensorId old = entry.root;
-    executor_.ClearHome(engine_->StorageOf(old));
-    owner_.erase(engine_->StorageOf(old));
-    engine_->Release(old);
     entry.root = t;
     owner_[s] = impl.get();
     executor_.SetHome(s, impl);

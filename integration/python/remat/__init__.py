@@ -54,21 +54,9 @@ def _candidate_paths() -> list:
 
 
 def _find_library() -> Path:
-    explicit = os.environ.get("REMAT_LIBRARY")
-    if explicit:
-        path = Path(explicit)
-        if not path.is_file():
-            raise ImportError(f"remat: REMAT_LIBRARY={explicit!r} does not name a file")
-        return path
-    candidates = _candidate_paths()
-    for path in candidates:
-        if path.is_file():
-            return path
-    searched = "\n  ".join(str(p) for p in candidates)
-    raise ImportError(
-        f"remat: cannot find {_LIBRARY_NAME}. Build it (make build) or set REMAT_LIBRARY to its path. "
-        f"Searched:\n  {searched}"
-    )
+    from ._library_search import find_library
+    return find_library("REMAT_LIBRARY", _candidate_paths(), ImportError,
+                        f"remat: cannot find {_LIBRARY_NAME}. Build it (make build) or set REMAT_LIBRARY to its path.")
 
 
 def _torch_minor(version: str) -> str:

@@ -44,6 +44,7 @@ from typing import Optional, Union
 import torch
 
 from . import _engine
+from ._library_search import find_library
 
 __all__ = ["install_cuda_allocator", "installed_cuda_allocator", "cuda_library_path"]
 
@@ -86,22 +87,10 @@ def _candidate_paths() -> list:
 
 def cuda_library_path() -> Path:
     """The libremat_cuda.so that install_cuda_allocator() loads. RuntimeError if it was not built."""
-    explicit = os.environ.get("REMAT_CUDA_LIBRARY")
-    if explicit:
-        path = Path(explicit)
-        if not path.is_file():
-            raise RuntimeError(f"remat: REMAT_CUDA_LIBRARY={explicit!r} does not name a file")
-        return path
-    candidates = _candidate_paths()
-    for path in candidates:
-        if path.is_file():
-            return path
-    searched = "\n  ".join(str(p) for p in candidates)
-    raise RuntimeError(
+    return find_library(
+        "REMAT_CUDA_LIBRARY", _candidate_paths(), RuntimeError,
         f"remat: the CUDA library {_LIBRARY_NAME} was not built (it is built by `make build` when nvcc, the CUDA "
-        f"toolkit's compiler, is found), or it is elsewhere: set REMAT_CUDA_LIBRARY to its path. Searched:\n"
-        f"  {searched}"
-    )
+        f"toolkit's compiler, is found), or it is elsewhere: set REMAT_CUDA_LIBRARY to its path.")
 
 
 def _load_library() -> ctypes.CDLL:
