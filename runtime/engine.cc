@@ -941,12 +941,19 @@ void Engine::AfterCompute() {
 // (the largest window any eviction could have made).
 std::string Engine::MemoryReport() const {
   const Impl& m = *impl_;
-  std::int64_t locked = 0;
+  std::int64_t locked = 0, pinned = 0, constant_in_arena = 0;
   for (const Impl::Storage& st : m.storages) {
-    if (st.material && st.locks > 0 && !st.pinned) locked += st.size;
+    if (!st.material) continue;
+    if (st.locks > 0 && !st.pinned) locked += st.size;
+    if (st.pinned && !st.constant) pinned += st.size;
+    if (st.constant && st.has_address) constant_in_arena += st.size;
   }
-  std::string report = absl::StrFormat("budget %d, in use %d (locked by the running ops %d, constant %d)",
+  std::string report = absl::StrFormat("budget %d, in use %d (locked by the running ops %d, constant %d",
                                        options_.budget, stats_.used_bytes, locked, m.constant_bytes);
+  // Arena mode: constants made outside the arena (parameters made before remat) count in use but take no block;
+  // results pinned for good (gradients and optimizer state once written) take blocks remat cannot evict.
+  if (options_.arena != nullptr) absl::StrAppend(&report, " of which ", constant_in_arena, " in the arena");
+  absl::StrAppend(&report, ", pinned results ", pinned, ")");
   if (options_.arena != nullptr) {
     std::size_t run = 0, largest = 0;
     options_.arena->ForEachBlock([&](const BlockInfo& b) {

@@ -1,6 +1,7 @@
 // Tests for the engine's relocation of constants (EngineOptions::relocate, Executor::Relocate) in arena mode,
 // through the simulator's executor.
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "allocator/arena.h"
@@ -60,6 +61,10 @@ TEST(RelocateTest, TheLayoutLeavesFreeBytesButNoHole) {
   auto result = f.engine->Call(in, big, 10, "big");
   ASSERT_FALSE(result.ok());
   EXPECT_EQ(result.status().code(), absl::StatusCode::kResourceExhausted);
+  // The report says what holds the memory: four 64-byte constants, all in the arena; nothing pinned by results.
+  EXPECT_NE(std::string(result.status().message()).find("constant 256 of which 256 in the arena, pinned results 0"),
+            std::string::npos)
+      << result.status().message();
   EXPECT_EQ(f.engine->stats().relocations, 0);
 }
 
