@@ -180,8 +180,13 @@ absl::Status InstallCpuArena(std::size_t budget) {
           absl::StrCat("remat: a CPU arena of ", g_active->budget, " bytes is already installed"));
     }
   }
+  // Blocks are 64-byte multiples, so the arena is the budget rounded down to one: a hard limit, never above it.
+  if (budget < kCpuAlignment) {
+    return absl::InvalidArgumentError(absl::StrCat("remat: the CPU budget must be at least ", kCpuAlignment,
+                                                   " bytes, got ", budget));
+  }
   ArenaOptions options;
-  options.capacity = budget;
+  options.capacity = budget / kCpuAlignment * kCpuAlignment;
   options.alignment = kCpuAlignment;
   options.grow = false;
   absl::StatusOr<std::unique_ptr<Arena>> arena = Arena::Create(MakeHostProvider(), options);

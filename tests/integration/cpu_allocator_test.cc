@@ -179,6 +179,14 @@ TEST_F(CpuAllocatorTest, TryAllocateTakesTheHighestHoleAndNeverAsksTheHandler) {
   EXPECT_TRUE(victim.defined());
 }
 
+TEST_F(CpuAllocatorTest, AnUnalignedBudgetIsRoundedDownNeverUp) {
+  ASSERT_TRUE(InstallCpuArena(kMiB + 48).ok());
+  EXPECT_EQ(GetCpuArenaStats()->reserved_bytes, kMiB);
+  EXPECT_THROW((void)at::empty({static_cast<std::int64_t>(kMiB + 48)}, at::kByte), c10::OutOfMemoryError);
+  EXPECT_TRUE(UninstallCpuArena().ok());
+  EXPECT_EQ(InstallCpuArena(63).code(), absl::StatusCode::kInvalidArgument);
+}
+
 TEST_F(CpuAllocatorTest, RawInterfaceAndZeroBytes) {
   ASSERT_TRUE(InstallCpuArena(kMiB).ok());
   c10::Allocator* allocator = c10::GetCPUAllocator();
