@@ -259,7 +259,8 @@ struct Arena::State {
   absl::Status AddSegment(std::size_t bytes) {
     absl::StatusOr<Segment> seg = provider->Reserve(bytes, options.alignment);
     if (!seg.ok()) return seg.status();
-    const std::size_t usable = seg->size & ~(options.alignment - 1);
+    // Only what was asked for: a provider that rounds up (to pages) must not raise a hard budget.
+    const std::size_t usable = std::min(seg->size, bytes) & ~(options.alignment - 1);
     if (seg->base % options.alignment != 0 || usable < bytes) {
       provider->Release(*seg);
       return absl::InternalError(absl::StrCat("remat arena: provider ", std::string(provider->Name()),

@@ -180,6 +180,11 @@ TEST_F(CpuAllocatorTest, TryAllocateTakesTheHighestHoleAndNeverAsksTheHandler) {
 }
 
 TEST_F(CpuAllocatorTest, AnUnalignedBudgetIsRoundedDownNeverUp) {
+  // Not a multiple of the 64-byte block (down to kMiB + 4160) nor of the 4 KiB page the host provider reserves
+  // (kMiB + 8192): the arena holds kMiB + 4160 bytes.
+  ASSERT_TRUE(InstallCpuArena(kMiB + 4160 + 48).ok());
+  EXPECT_EQ(GetCpuArenaStats()->reserved_bytes, kMiB + 4160);
+  EXPECT_TRUE(UninstallCpuArena().ok());
   ASSERT_TRUE(InstallCpuArena(kMiB + 48).ok());
   EXPECT_EQ(GetCpuArenaStats()->reserved_bytes, kMiB);
   EXPECT_THROW((void)at::empty({static_cast<std::int64_t>(kMiB + 48)}, at::kByte), c10::OutOfMemoryError);
