@@ -242,6 +242,7 @@ void EngineBridge::CountRecordRefs(const OpRecord& record, int delta) {
 }
 
 void EngineBridge::Prune() {
+  engine_->CollectDead();
   std::size_t kept = 0;
   for (const OpId op : kept_ops_) {
     const ReplayOp* replay = executor_.Op(op);

@@ -1266,6 +1266,16 @@ StorageIndex Engine::StorageOf(TensorId t) const { return impl_->tensors[t].stor
 TensorId Engine::StorageRoot(StorageIndex s) const { return impl_->storages[s].tensors[0]; }
 bool Engine::Resident(StorageIndex s) const { return impl_->storages[s].material; }
 bool Engine::Dead(StorageIndex s) const { return impl_->storages[s].dead; }
+
+void Engine::CollectDead() {
+  Impl& m = *impl_;
+  if (!options_.free_dead) return;
+  // Children come after their parents: walking down lets one pass propagate.
+  for (StorageIndex s = static_cast<StorageIndex>(m.storages.size()); s-- > 0;) {
+    const Impl::Storage& st = m.storages[s];
+    if (!st.dead && st.ext_refs == 0 && !st.pinned && st.locks == 0 && st.computed) FreeDead(s);
+  }
+}
 std::int64_t Engine::StorageBytes(StorageIndex s) const { return impl_->storages[s].size; }
 std::uintptr_t Engine::StorageAddress(StorageIndex s) const { return impl_->storages[s].address; }
 std::int64_t Engine::ExternalRefs(TensorId t) const { return impl_->tensors[t].ext_refs; }

@@ -200,6 +200,10 @@ class Engine final : public PressureHandler, private StorageView {
   bool Resident(StorageIndex s) const;
   // free_dead: nothing can ever need s again (no reference, every storage computed from it dead).
   bool Dead(StorageIndex s) const;
+  // free_dead: finds the storages that became dead without their own release (their last living children were
+  // pinned since, and a pinned storage needs nothing it was computed from). O(storages); call it now and then,
+  // between ops.
+  void CollectDead();
   std::int64_t StorageBytes(StorageIndex s) const;
   std::uintptr_t StorageAddress(StorageIndex s) const;
   std::int64_t ExternalRefs(TensorId t) const;
