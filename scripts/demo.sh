@@ -2,7 +2,7 @@
 # The main job with embedded defaults and no downloads, in two parts:
 #  1. remat-sim replays a real GPU op trace (ResNet-32, DTR authors' log) under shrinking budgets with several
 #     eviction policies, in arena mode, through the same engine the PyTorch path uses;
-#  2. examples/train.py trains torchvision's resnet18 on synthetic data on the CPU under 0.3 of its unconstrained
+#  2. examples/train.py trains torchvision's resnet18 on synthetic data on the CPU under 0.35 of its unconstrained
 #     peak, with real eviction, rematerialization and paging to a host tier (gradients and optimizer state
 #     included), and checks that losses and parameters are bitwise identical to a run without remat.
 # Usage: scripts/demo.sh BUILD_DIR
@@ -20,5 +20,5 @@ echo "== remat demo 1/2: replaying ResNet-32 (batch 56) op trace under budgets o
 # Arena mode is what the PyTorch path runs: real placement, the budget a hard limit, fragmentation counted.
 "$build_dir/tools/remat-sim" "$trace" --ratios 0.9,0.7,0.5,0.4,0.3 --policies dtr-eq,dte,coop,lru --mode arena
 echo
-echo "== remat demo 2/2: training resnet18 on the CPU under 0.3 of its peak memory, paging to host memory"
-"$REMAT_VENV/bin/python" examples/train.py --model resnet18 --budget 0.3 --offload auto --costs estimated
+echo "== remat demo 2/2: training resnet18 on the CPU under 0.35 of its peak memory, paging to host memory"
+"$REMAT_VENV/bin/python" examples/train.py --model resnet18 --budget 0.35 --offload auto --costs estimated
