@@ -575,6 +575,7 @@ absl::StatusOr<std::span<const TensorId>> Engine::EndOp(OpId op_id, std::span<co
     m.storages[c].pinned = true;
     m.storages[c].constant = true;
     m.constant_bytes += m.storages[c].size;
+    if (options_.free_dead) newly_pinned_.push_back(c);
   }
   for (TensorId p : m.Inputs(m.ops[op_id])) m.Unlock(m.tensors[p].storage);
   for (TensorId t : outs) m.SetLastAccess(m.tensors[t].storage, stats_.clock);
@@ -657,6 +658,7 @@ void Engine::Pin(TensorId t) {
   if (m.storages[s].pinned) return;
   m.Lock(s);
   m.storages[s].pinned = true;
+  if (options_.free_dead) newly_pinned_.push_back(s);
 }
 
 void Engine::SetAddress(StorageIndex s, std::uintptr_t address) {
@@ -1269,12 +1271,12 @@ bool Engine::Dead(StorageIndex s) const { return impl_->storages[s].dead; }
 
 void Engine::CollectDead() {
   Impl& m = *impl_;
-  if (!options_.free_dead) return;
-  // Children come after their parents: walking down lets one pass propagate.
-  for (StorageIndex s = static_cast<StorageIndex>(m.storages.size()); s-- > 0;) {
-    const Impl::Storage& st = m.storages[s];
-    if (!st.dead && st.ext_refs == 0 && !st.pinned && st.locks == 0 && st.computed) FreeDead(s);
+  // Only a parent of a storage pinned since the last call can have become dead this way; FreeDead checks the
+  // rest and walks further up.
+  for (const StorageIndex s : newly_pinned_) {
+    for (const StorageIndex p : m.storage_parents[s]) FreeDead(p);
   }
+  newly_pinned_.clear();
 }
 std::int64_t Engine::StorageBytes(StorageIndex s) const { return impl_->storages[s].size; }
 std::uintptr_t Engine::StorageAddress(StorageIndex s) const { return impl_->storages[s].address; }

@@ -201,8 +201,9 @@ class Engine final : public PressureHandler, private StorageView {
   // free_dead: nothing can ever need s again (no reference, every storage computed from it dead).
   bool Dead(StorageIndex s) const;
   // free_dead: finds the storages that became dead without their own release (their last living children were
-  // pinned since, and a pinned storage needs nothing it was computed from). O(storages); call it now and then,
-  // between ops.
+  // pinned since, and a pinned storage needs nothing it was computed from). Looks only at the parents of what was
+  // pinned since the last call; call it now and then, between ops (not inside one: Pin runs inside EndOp, before
+  // the executor has moved an in-place write's memory).
   void CollectDead();
   std::int64_t StorageBytes(StorageIndex s) const;
   std::uintptr_t StorageAddress(StorageIndex s) const;
@@ -310,6 +311,7 @@ class Engine final : public PressureHandler, private StorageView {
   std::int64_t link_in_free_ = 0;  // duplex: the host-to-device direction
   bool no_reclaim_ = false;  // a prefetch is allocating: MakeRoom must not evict
   absl::Status pending_;     // an executor error met inside MakeRoom (which can only answer bool)
+  std::vector<StorageIndex> newly_pinned_;  // free_dead: pinned since the last CollectDead
 };
 
 }  // namespace remat
