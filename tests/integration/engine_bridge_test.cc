@@ -22,26 +22,12 @@
 #include <vector>
 
 #include "integration/cpu_allocator.h"
+#include "tests/integration/chain_workload.h"
 
 namespace remat::integration {
 namespace {
 
 constexpr std::size_t kKiB = 1024;
-
-// y[i] = tanh(sin(y[i-1]) * 1.5), with an in-place multiply and a dropout every third step: views, in-place
-// writes and random ops on the chain.
-std::vector<at::Tensor> Chain(const at::Tensor& x, int n) {
-  std::vector<at::Tensor> ys;
-  at::Tensor y = x;
-  for (int i = 0; i < n; ++i) {
-    at::Tensor s = at::sin(y);
-    s.mul_(1.5);
-    y = at::tanh(s);
-    if (i % 3 == 2) y = at::dropout(y, 0.25, /*train=*/true);
-    ys.push_back(y);
-  }
-  return ys;
-}
 
 bool BitwiseEqual(const at::Tensor& a, const at::Tensor& b) { return at::equal(a, b); }
 

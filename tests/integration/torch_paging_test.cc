@@ -29,6 +29,7 @@
 #include "integration/torch_executor.h"
 #include "policies/registry.h"
 #include "runtime/engine.h"
+#include "tests/integration/chain_workload.h"
 
 namespace remat::integration {
 namespace {
@@ -120,20 +121,6 @@ TEST(HostTier, AMissingDirectoryIsAClearError) {
   EXPECT_EQ(ParseHostTierKind("flash").status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(std::string(ParseHostTierKind("flash").status().message()), testing::HasSubstr("memory or file"));
   EXPECT_EQ(*ParseHostTierKind(" File "), HostTierKind::kFile);
-}
-
-// y[i] = tanh(sin(y[i-1]) * 1.5), with a dropout every third step (as in engine_bridge_test.cc).
-std::vector<at::Tensor> Chain(const at::Tensor& x, int n) {
-  std::vector<at::Tensor> ys;
-  at::Tensor y = x;
-  for (int i = 0; i < n; ++i) {
-    at::Tensor s = at::sin(y);
-    s.mul_(1.5);
-    y = at::tanh(s);
-    if (i % 3 == 2) y = at::dropout(y, 0.25, /*train=*/true);
-    ys.push_back(y);
-  }
-  return ys;
 }
 
 EngineSessionOptions Paging(std::size_t budget, OffloadMode mode, HostTierKind kind = HostTierKind::kMemory) {
