@@ -84,10 +84,7 @@ def timed_run(args, budget=None):
     their mean, this benchmark reports the median after the warm-up step. Returns (losses, params, per step (wall
     seconds, process CPU seconds), stats or None)."""
     model, inputs, targets, loss_fn = train.build(args)
-    if args.optimizer == "sgd":
-        opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
-    else:
-        opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    opt = train.make_optimizer(args, model)
     torch.manual_seed(1)
     stats = None
     times = []

@@ -85,13 +85,17 @@ def build(args):
     return model, inputs, targets, loss_fn
 
 
+def make_optimizer(args, model):
+    """SGD with momentum or Adam, as --optimizer says (the same for every run of one comparison)."""
+    if args.optimizer == "sgd":
+        return torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    return torch.optim.Adam(model.parameters(), lr=1e-3)
+
+
 def run(args, budget=None):
     """Trains args.steps steps; returns (losses, params, seconds per step after the first, stats or None)."""
     model, inputs, targets, loss_fn = build(args)
-    if args.optimizer == "sgd":
-        opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
-    else:
-        opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    opt = make_optimizer(args, model)
     torch.manual_seed(1)
     stats = None
     times = []
