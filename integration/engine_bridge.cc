@@ -290,7 +290,6 @@ void EngineBridge::Prune() {
 
 void EngineBridge::BeforeOp(OpRecord& record) {
   mutex_.lock();
-  executor_.SetRunningOp(&record);
   try {
     if (options_.next != nullptr) options_.next->BeforeOp(record);
     engine_->NoteAllocation();
@@ -378,6 +377,9 @@ void EngineBridge::BeforeOp(OpRecord& record) {
     if (current_.check_rng) current_.rng_before = DefaultCpuRngState();
     absl::StatusOr<OpId> op = engine_->BeginOp(engine_inputs, traits.name);
     if (!op.ok()) Throw(op.status());
+    // From here the kernel may read its inputs: their memory must not move (until now, while BeginOp replayed
+    // what they need, it could).
+    executor_.SetRunningOp(&record);
     current_.op = *op;
     current_.active = true;
     if (policy_->UsesWindows()) {

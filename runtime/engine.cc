@@ -11,6 +11,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -500,6 +501,7 @@ absl::StatusOr<OpId> Engine::BeginOp(std::span<const TensorId> inputs, std::stri
   OpId op_id = NewOp(inputs, 0, name);
   m.stack.push_back({kNone, op_id, false, 0, 0, 0, 0});  // gather and lock the inputs only
   if (absl::Status run = RunFrames(); !run.ok()) return run;
+  running_kernel_ = op_id;  // the caller runs it now
   return op_id;
 }
 
@@ -510,6 +512,8 @@ absl::StatusOr<std::span<const TensorId>> Engine::EndOp(OpId op_id, std::span<co
     return absl::FailedPreconditionError("EndOp must close the most recent BeginOp");
   }
   m.ops[op_id].cost = cost;
+  // The kernel has run, but its inputs and outputs keep their addresses until EndOp has registered them.
+  absl::Cleanup kernel_done = [this] { running_kernel_ = kNoKernel; };
   pending_ = absl::OkStatus();
   std::vector<OutputSpec> specs(outputs.begin(), outputs.end());  // in-place outputs get their bytes and address
   std::span<const TensorId> ins = m.Inputs(m.ops[op_id]);
@@ -584,6 +588,7 @@ absl::StatusOr<std::span<const TensorId>> Engine::EndOp(OpId op_id, std::span<co
 
 void Engine::AbortOp(OpId op_id) {
   Impl& m = *impl_;
+  running_kernel_ = kNoKernel;
   for (TensorId p : m.Inputs(m.ops[op_id])) m.Unlock(m.tensors[p].storage);
 }
 
@@ -855,7 +860,10 @@ absl::Status Engine::RunFramesFrom(std::size_t base) {
     if (lock_siblings) {
       for (TensorId u : m.dup) m.Lock(m.tensors[u].storage);
     }
+    const OpId outer_kernel = running_kernel_;  // kNoKernel: replays run inside BeginOp, before the op's kernel
+    running_kernel_ = op_id;
     absl::Status executed = executor_->Execute(*this, op_id, frame.remat, m.fresh);
+    running_kernel_ = outer_kernel;
     if (lock_siblings) {
       for (TensorId u : m.dup) m.Unlock(m.tensors[u].storage);
     }
@@ -983,7 +991,7 @@ bool Engine::MakeRoom(Arena& arena, std::size_t bytes) {
   if (options_.policy->UsesWindows()) {
     std::optional<Window> window = ChooseWindow(arena, bytes);
     stats_.search_ns += NowNs() - start;
-    if (!window || window->owners.empty()) return PageLruConstant() || RelocateConstants(arena, bytes);
+    if (!window || window->owners.empty()) return PageLruConstant() || RelocateIdle(arena, bytes);
     for (OwnerId o : window->owners) {
       if (absl::Status s = Reclaim(static_cast<StorageIndex>(o - 1)); !s.ok()) {
         pending_ = s;
@@ -994,7 +1002,7 @@ bool Engine::MakeRoom(Arena& arena, std::size_t bytes) {
   }
   if (m.pool_size == 0) {
     stats_.search_ns += NowNs() - start;
-    return PageLruConstant() || RelocateConstants(arena, bytes);
+    return PageLruConstant() || RelocateIdle(arena, bytes);
   }
   std::optional<StorageIndex> pick = ChooseFromPool();
   stats_.search_ns += NowNs() - start;
@@ -1006,18 +1014,35 @@ bool Engine::MakeRoom(Arena& arena, std::size_t bytes) {
   return true;
 }
 
-bool Engine::RelocateConstants(Arena& arena, std::size_t bytes) {
+bool Engine::UsedByRunningKernel(StorageIndex s) const {
+  const Impl& m = *impl_;
+  if (running_kernel_ == kNoKernel) return false;
+  const Impl::Op& op = m.ops[running_kernel_];
+  for (TensorId t : m.Inputs(op)) {
+    if (m.tensors[t].storage == s) return true;
+  }
+  for (TensorId t : m.Outputs(op)) {
+    if (m.tensors[t].storage == s) return true;
+  }
+  return false;
+}
+
+bool Engine::RelocateIdle(Arena& arena, std::size_t bytes) {
   Impl& m = *impl_;
   if (!options_.relocate || !pending_.ok()) return false;
-  // Resident constants held by nothing but their pin (not inputs of the running op), by address.
+  // Resident storages the policy cannot evict (constants, pinned results, inputs locked by an op still gathering
+  // the others) that no running kernel touches, by address.
   absl::flat_hash_map<std::uintptr_t, StorageIndex> movable;
   for (StorageIndex s = 0; s < m.storages.size(); ++s) {
     const Impl::Storage& st = m.storages[s];
-    if (st.material && st.pinned && st.locks == 1 && st.has_address && !st.paged) movable.emplace(st.address, s);
+    if (!st.material || !st.has_address || st.paged || st.in_pool) continue;
+    if (!st.pinned && st.locks == 0) continue;
+    if (UsedByRunningKernel(s)) continue;
+    movable.emplace(st.address, s);
   }
   if (movable.empty()) return false;
-  // The run that needs the fewest bytes moved: free blocks cost nothing, movable constants their size, anything
-  // else (locked, or evictable but not evicted: the policy had its chance) is a barrier.
+  // The run that needs the fewest bytes moved: free blocks cost nothing, movable storages their size, anything
+  // else (in use, or evictable but not evicted: the policy had its chance) is a barrier.
   std::optional<Window> window = arena.FindWindow(bytes, [&](const BlockInfo& block) -> std::optional<double> {
     if (movable.contains(block.address)) return static_cast<double>(block.size);
     return std::nullopt;
@@ -1040,6 +1065,8 @@ bool Engine::RelocateConstants(Arena& arena, std::size_t bytes) {
     moved = true;
     ++stats_.relocations;
     stats_.relocated_bytes += m.storages[s].size;
+    // A storage locked only for now joins the pool later: its new block must name it for the window policies.
+    if (!m.storages[s].pinned) (void)arena.SetOwner(m.storages[s].address, OwnerId{s} + 1);
   }
   return moved;
 }

@@ -103,9 +103,10 @@ struct EngineOptions {
   Arena* arena = nullptr;                  // arena mode: the arena the executor allocates from (for windows, stats)
   PagingOptions paging;
   // Arena mode: when nothing more can be evicted (or paged) and the request still has no hole, find the run of
-  // free blocks and movable constants (held only by their pin) that holds it with the fewest bytes to move, and
-  // move those constants out of it (Executor::Relocate). Constants are never evicted, so without this the blocks
-  // they hold, scattered among evicted ones, can leave free bytes but no hole.
+  // free blocks and movable storages that holds it with the fewest bytes to move, and move those storages out of it
+  // (Executor::Relocate). Movable: resident, not evictable now (constants, pinned results, storages locked by an op
+  // that waits for its other inputs), and not read or written by the kernel running now. Without this, such blocks
+  // scattered among evicted ones can leave free bytes but no hole.
   bool relocate = true;
 };
 
@@ -295,8 +296,11 @@ class Engine final : public PressureHandler, private StorageView {
   absl::Status MakeRoomCounter(std::int64_t bytes, std::string_view what);
   // page_constants: pages the least recently used constant held only by its pin. False if none fits.
   bool PageLruConstant();
-  // Relocation of constants (EngineOptions::relocate); true when something moved.
-  bool RelocateConstants(Arena& arena, std::size_t bytes);
+  // Relocation of idle unevictable storages (EngineOptions::relocate); true when something moved.
+  bool RelocateIdle(Arena& arena, std::size_t bytes);
+  // Whether s is an input or a resident output of the kernel running now (a replay inside Execute, or the op
+  // between BeginOp and EndOp/AbortOp): its memory must not move.
+  bool UsedByRunningKernel(StorageIndex s) const;
   // Starts a copy (`in`: a page-in) no earlier than `not_before`, when its direction of the link is free.
   std::int64_t IssueCopy(std::int64_t bytes, bool in, std::int64_t not_before);
   // Waits (advancing the clock, counting stall) until the inputs of `op` are on the device.
@@ -310,6 +314,8 @@ class Engine final : public PressureHandler, private StorageView {
   std::int64_t link_free_ = 0;     // the link (duplex: its device-to-host direction)
   std::int64_t link_in_free_ = 0;  // duplex: the host-to-device direction
   bool no_reclaim_ = false;  // a prefetch is allocating: MakeRoom must not evict
+  static constexpr OpId kNoKernel = ~OpId{0};
+  OpId running_kernel_ = kNoKernel;  // see UsedByRunningKernel
   absl::Status pending_;     // an executor error met inside MakeRoom (which can only answer bool)
   std::vector<StorageIndex> newly_pinned_;  // free_dead: pinned since the last CollectDead
 };

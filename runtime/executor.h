@@ -26,12 +26,13 @@
 //         reference died); release it.
 //     The defaults of PageOut and PageIn return Unimplemented: an executor that cannot page never loses data, and
 //     an engine configured to page with it fails its call loudly instead.
-//   - Relocate(engine, s, avoid) (arena mode, EngineOptions::relocate): move constant s's bytes to a free block of
+//   - Relocate(engine, s, avoid) (arena mode, EngineOptions::relocate): move storage s's bytes to a free block of
 //     the arena outside the address range `avoid` (the highest hole that holds them first, Placement::kTop, else
 //     the best fit), without asking the arena's pressure handler, and report the new address with
 //     Engine::SetAddress. Returns whether s moved; false when no hole outside `avoid` holds it (and by default:
-//     an executor that cannot move memory). s is resident, pinned and not used by the running op. An error aborts
-//     the engine's call.
+//     an executor that cannot move memory). s is resident and not evictable now (a constant, a pinned result, or
+//     locked by an op still gathering its inputs), and no running kernel reads or writes it. An error aborts the
+//     engine's call.
 #pragma once
 
 #include <cstdint>

@@ -87,5 +87,48 @@ TEST(RelocateTest, MovingOneConstantOutOfTheCheapestWindowMakesTheHole) {
   EXPECT_TRUE(f.engine->Resident(f.engine->StorageOf(f.c[1])));
 }
 
+// Inputs an op has locked while it replays another input are not in use by any kernel yet: they may move. Layout
+// (64-byte units): c0 [0,64), then three 64-byte inputs a0..a2 of the op after 192-byte holes; b (384 bytes) was
+// evicted and must be replayed before the op runs. No constant but c0 (the replay's own input) could move, so only
+// moving a locked input makes the 384-byte hole.
+TEST(RelocateTest, InputsLockedWhileAnotherInputReplaysMayMove) {
+  std::unique_ptr<Arena> arena = *Arena::Create(MakeVirtualProvider(), ArenaOptions{.capacity = 1024, .alignment = 64});
+  std::unique_ptr<Policy> policy = *MakePolicy("dtr-eq");
+  SimExecutor executor(arena.get(), /*cheap_tensor_partitioning=*/false);
+  EngineOptions o;
+  o.mode = AccountingMode::kArena;
+  o.budget = 1024;
+  o.policy = policy.get();
+  o.arena = arena.get();
+  Engine engine(o, &executor);
+  arena->SetPressureHandler(&engine);
+  const TensorId c0 = *engine.Constant(64);
+  const std::vector<TensorId> from_c0 = {c0};
+  const std::vector<OutputSpec> spec192 = {{192, -1}}, spec64 = {{64, -1}}, spec384 = {{384, -1}};
+  const TensorId b = (*engine.Call(from_c0, spec384, 10, "b"))[0];
+  ASSERT_TRUE(engine.Evict(engine.StorageOf(b)).ok());
+  std::vector<TensorId> holes, inputs;
+  for (int i = 0; i < 3; ++i) {
+    holes.push_back((*engine.Call(from_c0, spec192, 10, "act"))[0]);
+    inputs.push_back((*engine.Call(from_c0, spec64, 10, "a"))[0]);
+  }
+  for (TensorId t : holes) engine.Release(t);
+  const std::uintptr_t base = engine.StorageAddress(engine.StorageOf(c0));
+  ASSERT_EQ(engine.StorageAddress(engine.StorageOf(inputs[0])), base + 256);
+  ASSERT_EQ(arena->Stats().largest_free_block, 192u);
+  const std::int64_t evictions_before = engine.stats().evictions;
+
+  std::vector<TensorId> op_inputs = inputs;
+  op_inputs.push_back(b);
+  auto result = engine.Call(op_inputs, spec64, 10, "op");
+  ASSERT_TRUE(result.ok()) << result.status();
+  EXPECT_EQ(engine.stats().relocations, 1);
+  EXPECT_EQ(engine.stats().evictions, evictions_before);  // nothing was evictable: the rest are the op's inputs
+  EXPECT_EQ(engine.StorageAddress(engine.StorageOf(b)), base + 64);
+  EXPECT_EQ(engine.StorageAddress(engine.StorageOf(inputs[0])), base + 960);  // the highest hole
+  EXPECT_EQ(engine.StorageAddress(engine.StorageOf(c0)), base);  // the replay's input never moves
+  arena->SetPressureHandler(nullptr);
+}
+
 }  // namespace
 }  // namespace remat
