@@ -236,6 +236,7 @@ struct Arena::State {
   std::size_t peak = 0;
   std::uint64_t allocations = 0;
   std::uint64_t frees = 0;
+  std::uint64_t moves = 0;
   std::uint64_t pressure_allocations = 0;
   mutable std::uint64_t search_ticks = 0;
   std::uint64_t lookups = 0;  // best-fit lookups, of which one in kLookupSample is timed
@@ -439,7 +440,7 @@ absl::StatusOr<std::uintptr_t> Arena::Allocate(std::size_t bytes, OwnerId owner,
   int rounds = 0;
   for (;;) {
     PressureHandler* handler;
-    std::uint64_t frees_before;
+    std::uint64_t frees_before, moves_before;
     {
       std::lock_guard<std::mutex> lock(s.mu);
       if (Node* b = s.PlaceOrGrow(*aligned, owner, placement)) return b->address;
@@ -454,12 +455,13 @@ absl::StatusOr<std::uintptr_t> Arena::Allocate(std::size_t bytes, OwnerId owner,
         counted = true;
       }
       frees_before = s.frees;
+      moves_before = s.moves;
     }
     // Without the lock: the handler evicts through Free.
     const bool progress = handler->MakeRoom(*this, *aligned);
     ++rounds;
     std::lock_guard<std::mutex> lock(s.mu);
-    if (!progress || s.frees == frees_before) {
+    if (!progress || (s.frees == frees_before && s.moves == moves_before)) {
       if (Node* b = s.PlaceOrGrow(*aligned, owner, placement)) return b->address;  // freed by another thread
       return s.Exhausted(bytes, *aligned,
                          absl::StrCat("the pressure handler freed nothing after ", rounds, " round(s)"));
@@ -515,6 +517,71 @@ absl::Status Arena::SetOwner(std::uintptr_t address, OwnerId owner) {
         absl::StrCat("remat arena: SetOwner(", address, "): not the start of an allocated block"));
   }
   b->owner = owner;
+  return absl::OkStatus();
+}
+
+absl::Status Arena::Move(std::uintptr_t from, std::uintptr_t to) {
+  State& s = *state_;
+  if (t_in_callback == &s) return InCallbackError("Move");
+  std::lock_guard<std::mutex> lock(s.mu);
+  Node* b = s.FindLive(from);
+  if (b == nullptr) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("remat arena: Move(", from, ", ", to, "): not the start of an allocated block"));
+  }
+  Node* lower = b->prev != nullptr && b->prev->free ? b->prev : nullptr;
+  Node* upper = b->next != nullptr && b->next->free ? b->next : nullptr;
+  const std::uintptr_t lo = lower != nullptr ? lower->address : b->address;
+  const std::uintptr_t hi = upper != nullptr ? upper->address + upper->size : b->address + b->size;
+  if (to % s.options.alignment != 0 || to < lo || to > hi - b->size) {
+    return absl::InvalidArgumentError(absl::StrCat("remat arena: Move(", from, ", ", to, "): the ", b->size,
+                                                   "-byte block can only move within [", lo, ", ", hi,
+                                                   ") at multiples of ", s.options.alignment));
+  }
+  if (to == from) return absl::OkStatus();
+  // Relink [lo, hi) as: a free block [lo, to) if not empty, the block at `to`, a free block [to + size, hi) if not
+  // empty. The neighbours outside are allocated (free blocks are never adjacent), so nothing else coalesces.
+  Node* before = lower != nullptr ? lower->prev : b->prev;
+  Node* after = upper != nullptr ? upper->next : b->next;
+  Node* spare[2] = {lower, upper};
+  int spares = 0;
+  for (Node* n : spare) {
+    if (n != nullptr) {
+      s.free_index.erase(KeyOf(n));
+      spare[spares++] = n;
+    }
+  }
+  auto free_node = [&](std::uintptr_t address, std::size_t size) {
+    Node* n = spares > 0 ? spare[--spares] : s.pool.New();
+    *n = Node{};
+    n->address = address;
+    n->size = size;
+    n->segment = b->segment;
+    return n;
+  };
+  s.live.erase(b);
+  b->address = to;
+  Node* chain[3];
+  int k = 0;
+  if (to > lo) chain[k++] = free_node(lo, to - lo);
+  chain[k++] = b;
+  if (to + b->size < hi) chain[k++] = free_node(to + b->size, hi - (to + b->size));
+  while (spares > 0) s.pool.Delete(spare[--spares]);
+  Node* prev = before;
+  for (int i = 0; i < k; ++i) {
+    chain[i]->prev = prev;
+    if (prev != nullptr) {
+      prev->next = chain[i];
+    } else {
+      b->segment->first = chain[i];
+    }
+    prev = chain[i];
+    if (chain[i]->free) s.free_index.insert(KeyOf(chain[i]));
+  }
+  prev->next = after;
+  if (after != nullptr) after->prev = prev;
+  s.live.insert(b);
+  ++s.moves;
   return absl::OkStatus();
 }
 
@@ -655,6 +722,7 @@ ArenaStats Arena::Stats() const {
   st.largest_free_block = s.LargestFree();
   st.allocations = s.allocations;
   st.frees = s.frees;
+  st.moves = s.moves;
   st.pressure_allocations = s.pressure_allocations;
   st.search_ns = TicksToNs(s.search_ticks);
   return st;

@@ -9,11 +9,11 @@
 // interprets it. The runtime stores its storage id there, which lets a window search name the storages to evict.
 //
 // When a request cannot be placed, Allocate calls the pressure handler (without holding the arena's lock, so the
-// handler may Free), and retries while the handler reports progress. If the handler frees nothing (or there is
-// none), Allocate fails with ResourceExhausted naming the request, the free bytes and the largest hole. Progress
-// means the handler returned true and at least one Free happened meanwhile. A request larger than every segment
-// of a non-growing arena fails at once, without calling the handler. Two threads under pressure may run the
-// handler concurrently.
+// handler may Free or Move), and retries while the handler reports progress. If the handler frees nothing (or
+// there is none), Allocate fails with ResourceExhausted naming the request, the free bytes and the largest hole.
+// Progress means the handler returned true and at least one Free or Move happened meanwhile. A request larger than
+// every segment of a non-growing arena fails at once, without calling the handler. Two threads under pressure may
+// run the handler concurrently.
 //
 // Thread safety: every public method may be called from any thread (autograd runs backward on its own thread).
 // The callbacks passed to FindWindow and ForEachBlock run under the arena's lock. From inside them the same
@@ -64,6 +64,7 @@ struct ArenaStats {
   std::size_t largest_free_block = 0;
   std::uint64_t allocations = 0;
   std::uint64_t frees = 0;
+  std::uint64_t moves = 0;                 // Move calls that moved a block
   std::uint64_t pressure_allocations = 0;  // Allocate calls that called the pressure handler (even if they failed)
   std::uint64_t search_ns = 0;             // time in best-fit lookups (sampled 1 in 16, scaled) and window searches
 };
@@ -111,6 +112,11 @@ class Arena {
   // `address` must be the start of an allocated block; anything else is InvalidArgument.
   absl::Status Free(std::uintptr_t address);
   absl::Status SetOwner(std::uintptr_t address, OwnerId owner);
+  // Moves the allocated block at `from` to `to`, keeping its size and owner, when [to, to + size) lies inside the
+  // range the block would free (the block and its free neighbours): sliding it into the hole below or above it.
+  // Only the block list changes; the bytes are the caller's to move (the old and new ranges may overlap:
+  // memmove). InvalidArgument when `from` is not an allocated block or `to` is misaligned or out of that range.
+  absl::Status Move(std::uintptr_t from, std::uintptr_t to);
   // The block that starts at `address`, allocated (one hash probe) or free (a walk of its segment); NotFound
   // for any other address.
   absl::StatusOr<BlockInfo> Block(std::uintptr_t address) const;

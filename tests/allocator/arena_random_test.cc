@@ -138,7 +138,7 @@ TEST_P(ArenaRandomTest, MatchesTheReferenceModel) {
   std::size_t allocated = 0, peak = 0;
   std::uint64_t allocations = 0, frees = 0;
   std::vector<std::uintptr_t> live;  // the model's keys, for picking a random one
-  int windows_checked = 0, failed_allocations = 0;
+  int windows_checked = 0, failed_allocations = 0, moves = 0;
 
   for (int op = 0; op < cfg.ops; ++op) {
     const int kind = std::uniform_int_distribution<int>(0, 99)(rng);
@@ -199,12 +199,33 @@ TEST_P(ArenaRandomTest, MatchesTheReferenceModel) {
       if (std::uniform_int_distribution<int>(0, 20)(rng) == 0) {
         ASSERT_FALSE(arena->Free(addr).ok()) << "double free accepted";
       }
-    } else {
+    } else if (kind < 95) {
       if (live.empty()) continue;
       const std::uintptr_t addr = live[std::uniform_int_distribution<std::size_t>(0, live.size() - 1)(rng)];
       const OwnerId owner = rng() % 1000;
       ASSERT_TRUE(arena->SetOwner(addr, owner).ok());
       model[addr].owner = owner;
+    } else {
+      // Move a block within the range it would free: the model's previous block's end to the next one's start.
+      if (live.empty()) continue;
+      const std::size_t k = std::uniform_int_distribution<std::size_t>(0, live.size() - 1)(rng);
+      const std::uintptr_t addr = live[k];
+      auto at = model.find(addr);
+      const std::uintptr_t lo = at == model.begin() ? base : std::prev(at)->first + std::prev(at)->second.size;
+      const std::uintptr_t hi = std::next(at) == model.end() ? end : std::next(at)->first;
+      const std::size_t size = at->second.size;
+      if (std::uniform_int_distribution<int>(0, 9)(rng) == 0) {  // just out of range, or misaligned
+        const std::uintptr_t bad = (rng() & 1) ? hi - size + a : addr + a / 2;
+        ASSERT_EQ(arena->Move(addr, bad).code(), absl::StatusCode::kInvalidArgument) << "op " << op;
+      } else {
+        const std::uintptr_t to = lo + std::uniform_int_distribution<std::size_t>(0, (hi - size - lo) / a)(rng) * a;
+        ASSERT_TRUE(arena->Move(addr, to).ok()) << "op " << op;
+        const Live moved = at->second;
+        model.erase(at);
+        model[to] = moved;
+        live[k] = to;
+        moves += to != addr;
+      }
     }
 
     // Invariants after every operation.
@@ -246,6 +267,7 @@ TEST_P(ArenaRandomTest, MatchesTheReferenceModel) {
     ASSERT_EQ(st.largest_free_block, largest);
     ASSERT_EQ(st.allocations, allocations);
     ASSERT_EQ(st.frees, frees);
+    ASSERT_EQ(st.moves, static_cast<std::uint64_t>(moves));
     ASSERT_EQ(st.pressure_allocations, 0u);
 
     if (op % 16 == 0) {
@@ -271,6 +293,7 @@ TEST_P(ArenaRandomTest, MatchesTheReferenceModel) {
   // The test must have exercised what it claims to.
   EXPECT_GT(windows_checked, cfg.ops / 20);
   EXPECT_GT(failed_allocations, 0);
+  EXPECT_GT(moves, cfg.ops / 200);  // a block with no free neighbour can only stay put
   EXPECT_GT(allocations, static_cast<std::uint64_t>(cfg.ops / 4));
 }
 

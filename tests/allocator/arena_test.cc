@@ -144,6 +144,47 @@ TEST(ArenaTest, FreeCoalescesWithBothNeighbours) {
   EXPECT_TRUE(blocks[0].free);
 }
 
+TEST(ArenaTest, MoveSlidesABlockWithinTheRangeItWouldFree) {
+  auto arena = MakeArena(8 * kA);
+  std::vector<std::uintptr_t> a;
+  for (int i = 0; i < 8; ++i) a.push_back(*arena->Allocate(kA, i + 1));
+  for (int i : {1, 2, 4, 5}) ASSERT_TRUE(arena->Free(a[i]).ok());
+  // [0 | free free | 3 | free free | 6 7]: block 3 may go anywhere in [1, 6) units.
+  ASSERT_TRUE(arena->Move(a[3], a[1]).ok());  // down, into the hole below
+  auto blocks = Blocks(*arena);
+  ASSERT_EQ(blocks.size(), 5u);
+  EXPECT_EQ(blocks[1].address, a[1]);
+  EXPECT_EQ(blocks[1].owner, 4u);  // the owner moves with the block
+  EXPECT_FALSE(blocks[1].free);
+  EXPECT_TRUE(blocks[2].free);  // the two holes became one above it
+  EXPECT_EQ(blocks[2].size, 4 * kA);
+  EXPECT_EQ(arena->Stats().largest_free_block, 4 * kA);
+  EXPECT_EQ(arena->Stats().allocated_bytes, 4 * kA);
+  ASSERT_TRUE(arena->Move(a[1], a[3]).ok());  // into the middle of the hole: a hole on each side
+  blocks = Blocks(*arena);
+  ASSERT_EQ(blocks.size(), 6u);
+  EXPECT_TRUE(blocks[1].free && blocks[3].free);
+  EXPECT_EQ(blocks[1].size, 2 * kA);
+  EXPECT_EQ(blocks[3].size, 2 * kA);
+  ASSERT_TRUE(arena->Free(a[3]).ok());  // the block is known at its new address
+  EXPECT_EQ(arena->Stats().free_blocks, 1u);
+}
+
+TEST(ArenaTest, MoveRejectsWhatLeavesItsRange) {
+  auto arena = MakeArena(8 * kA);
+  std::vector<std::uintptr_t> a;
+  for (int i = 0; i < 4; ++i) a.push_back(*arena->Allocate(kA, i + 1));
+  ASSERT_TRUE(arena->Free(a[1]).ok());
+  EXPECT_EQ(arena->Move(a[2], a[0]).code(), absl::StatusCode::kInvalidArgument);  // over block 0
+  EXPECT_EQ(arena->Move(a[2], a[3]).code(), absl::StatusCode::kInvalidArgument);  // over block 3
+  EXPECT_EQ(arena->Move(a[2], a[1] + kA / 2).code(), absl::StatusCode::kInvalidArgument);  // misaligned
+  EXPECT_EQ(arena->Move(a[1], a[1]).code(), absl::StatusCode::kInvalidArgument);  // a free block
+  auto error = arena->Move(a[2], a[0]);
+  EXPECT_THAT(std::string(error.message()), HasSubstr("can only move within"));
+  EXPECT_TRUE(arena->Move(a[2], a[2]).ok());  // staying put is fine
+  EXPECT_EQ(Blocks(*arena).size(), 5u);  // and nothing changed
+}
+
 TEST(ArenaTest, FreeRejectsWhatIsNotAnAllocatedBlockStart) {
   auto arena = MakeArena(8 * kA);
   auto a = *arena->Allocate(2 * kA, 1);
