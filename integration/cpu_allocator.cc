@@ -12,6 +12,7 @@
 #include <c10/util/Exception.h>
 
 #include <algorithm>
+#include <cstring>
 #include <atomic>
 #include <limits>
 #include <memory>
@@ -290,6 +291,22 @@ c10::DataPtr TryAllocateInCpuArena(std::size_t bytes, Placement placement) {
   }
   void* pointer = reinterpret_cast<void*>(*address);
   return c10::DataPtr(pointer, pointer, &Delete, cpu);
+}
+
+absl::Status SlideInCpuArena(c10::StorageImpl& storage, std::uintptr_t to) {
+  c10::DataPtr& data = storage._mutable_data_ptr_no_checks();
+  const auto from = reinterpret_cast<std::uintptr_t>(data.get());
+  std::shared_lock<std::shared_mutex> lock(g_registry_mutex);
+  if (data.get_deleter() != &Delete || g_active == nullptr || from < g_active->low || from >= g_active->high) {
+    return absl::FailedPreconditionError("remat: only a block of the installed CPU arena can slide");
+  }
+  if (absl::Status moved = g_active->arena->Move(from, to); !moved.ok()) return moved;
+  std::memmove(reinterpret_cast<void*>(to), reinterpret_cast<void*>(from), storage.nbytes());
+  // The block (and the arena reference it holds) now lives at `to`: the old DataPtr must not free anything.
+  void* pointer = reinterpret_cast<void*>(to);
+  c10::DataPtr old = storage.set_data_ptr(c10::DataPtr(pointer, pointer, &Delete, data.device()));
+  (void)old.release_context();
+  return absl::OkStatus();
 }
 
 Arena* InstalledCpuArena() {

@@ -24,6 +24,7 @@
 #pragma once
 
 #include <c10/core/Allocator.h>
+#include <c10/core/StorageImpl.h>
 
 #include <cstddef>
 #include <cstdint>
@@ -75,6 +76,13 @@ void SetCpuPlacementForThisThread(Placement placement);
 // moving memory while it makes room); an empty DataPtr (get() == nullptr) when nothing fits or no arena is
 // installed. `bytes` > 0.
 c10::DataPtr TryAllocateInCpuArena(std::size_t bytes, Placement placement);
+
+// Moves the installed arena's block that `storage` holds to `to`, inside the range the block would free
+// (Arena::Move: into the hole next to it), with its bytes, and points the storage there: nothing is allocated or
+// freed, and views and saved tensors follow. FailedPrecondition when the storage's memory is not a block of the
+// installed arena; the arena's InvalidArgument when `to` is out of range (nothing changes then). The caller makes
+// sure no kernel is using the storage.
+absl::Status SlideInCpuArena(c10::StorageImpl& storage, std::uintptr_t to);
 
 // The installed arena, for the runtime (SetOwner, FindWindow, Free of evicted blocks); nullptr when none.
 // Valid until UninstallCpuArena.

@@ -17,6 +17,7 @@
 #include <chrono>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <utility>
 
 #include "absl/container/flat_hash_map.h"
@@ -356,13 +357,29 @@ void Fallback(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch::ji
   if (traits.random) CaptureRng(record, record.arguments);
   CaptureAutocast(record);
   observer->BeforeOp(record);
-  const auto start = std::chrono::steady_clock::now();
-  try {
-    op.redispatchBoxed(below, stack);
-  } catch (...) {
-    observer->OpFailed(record);
-    throw;
+  // An op that writes none of its arguments can run again after running out of memory: keep its arguments.
+  const std::size_t base = stack->size() - num_arguments;
+  std::optional<torch::jit::Stack> retry_arguments;
+  if (traits.written_arguments.empty()) retry_arguments.emplace(stack->begin() + base, stack->end());
+  auto start = std::chrono::steady_clock::now();
+  for (int retries = 0;; ++retries) {
+    try {
+      op.redispatchBoxed(below, stack);
+      break;
+    } catch (const c10::OutOfMemoryError&) {
+      if (!retry_arguments || retries == kMaxOutOfMemoryRetries || !observer->RetryAfterOutOfMemory(record)) {
+        observer->OpFailed(record);
+        throw;
+      }
+      stack->resize(base);
+      stack->insert(stack->end(), retry_arguments->begin(), retry_arguments->end());
+      start = std::chrono::steady_clock::now();  // the op's cost is that of the run that succeeds
+    } catch (...) {
+      observer->OpFailed(record);
+      throw;
+    }
   }
+  retry_arguments.reset();
   record.duration_ns = static_cast<std::uint64_t>(
       std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start).count());
   CaptureOutputs(record, *stack);

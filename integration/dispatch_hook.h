@@ -183,7 +183,13 @@ class OpObserver {
   virtual void AfterOp(OpRecord&& record) = 0;
   // The op threw after BeforeOp returned (release locks); the exception then propagates.
   virtual void OpFailed(OpRecord& record) noexcept = 0;
+  // The op's kernel threw c10::OutOfMemoryError. It writes none of its arguments, so it can run again on the same
+  // arguments: return true to have it run again (the observer has made room that was not there), false to let the
+  // error propagate (OpFailed follows). Asked at most kMaxOutOfMemoryRetries times per op.
+  virtual bool RetryAfterOutOfMemory(OpRecord& record) { return false; }
 };
+
+inline constexpr int kMaxOutOfMemoryRetries = 4;
 
 // nullptr makes every op pass through. The observer is not owned.
 void SetObserver(OpObserver* observer);

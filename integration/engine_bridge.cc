@@ -538,6 +538,15 @@ void EngineBridge::OpFailed(OpRecord& record) noexcept {
   Unlock();
 }
 
+bool EngineBridge::RetryAfterOutOfMemory(OpRecord& record) {
+  if (!current_.active) return false;
+  executor_.SetRunningOp(nullptr);  // its kernel has unwound: nothing reads its inputs until it runs again
+  const bool retry = engine_->MakeHoleForRetry();
+  executor_.SetRunningOp(&record);
+  if (retry) ++stats_.retried_ops;
+  return retry;
+}
+
 bool EngineBridge::MakeRoom(Arena& arena, std::size_t bytes) {
   std::unique_lock<std::recursive_mutex> lock(mutex_, std::try_to_lock);
   if (!lock.owns_lock()) return false;  // another thread is inside an op; see the header

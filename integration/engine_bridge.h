@@ -56,6 +56,11 @@
 // them again: EngineOptions::free_dead) and forgets storages that are released, unreferenced and read by no kept
 // record, so that a long training run does not grow by a record per op.
 //
+// Out of memory inside an op's kernel: the hook asks RetryAfterOutOfMemory (ops that write none of their arguments).
+// The arena is compacted with the op's inputs movable, since no kernel uses them until the retry: the inputs of a
+// running kernel cannot move, so where they happen to sit can leave free bytes but no hole, and only a retry gets
+// them out of the way.
+//
 // Threads: one recursive mutex, held from BeforeOp to AfterOp/OpFailed, serializes ops of every thread
 // (autograd's engine threads included). MakeRoom from the thread that holds it (a kernel's allocation, a replay)
 // goes ahead; from another thread that cannot get the mutex at once it gives up (that allocation fails with
@@ -119,6 +124,7 @@ struct BridgeStats {
   std::int64_t kept_constant_bytes = 0;  // small dead constants kept because records read them
   std::int64_t pruned_records = 0;       // records dropped because nothing can need their outputs any more
   std::int64_t pruned_entries = 0;       // storages forgotten for the same reason
+  std::int64_t retried_ops = 0;          // kernels run again after running out of memory (RetryAfterOutOfMemory)
   HostTierStats host_tier;               // zeros without paging
 };
 
@@ -131,6 +137,9 @@ class EngineBridge final : public OpObserver, public PressureHandler, public Hel
   void BeforeOp(OpRecord& record) override;
   void AfterOp(OpRecord&& record) override;
   void OpFailed(OpRecord& record) noexcept override;
+  // Compacts the arena with the op's inputs movable (Engine::MakeHoleForRetry); true when the request that failed
+  // fits now.
+  bool RetryAfterOutOfMemory(OpRecord& record) override;
   bool MakeRoom(Arena& arena, std::size_t bytes) override;
   // References the kept records hold on `storage` (held_references.h).
   std::int64_t HeldReferences(const c10::StorageImpl* storage) override;

@@ -181,39 +181,61 @@ absl::Status TorchExecutor::ExecuteOrThrow(Engine& engine, OpId op, bool replay,
   } clear_in_use{&in_use_};
   ReplayOp& r = *ops_[op];
   const OpRecord& record = r.record;
-  Substitutions subst;
   std::vector<c10::intrusive_ptr<c10::StorageImpl>> holders(record.input_storages.size());
   std::vector<c10::intrusive_ptr<c10::StorageImpl>> scratch(record.input_storages.size());
-  for (std::size_t k = 0; k < record.input_storages.size(); ++k) {
-    if (!r.overwritten.empty() && r.overwritten[k]) {  // its old contents do not matter
-      const StorageIndex s = r.in_place_storage(static_cast<int>(k));
-      if (s == kNoIndex) return absl::InternalError("remat: an overwritten argument without a new value");
-      scratch[k] = BlankStorage(static_cast<std::size_t>(engine.StorageBytes(s)));
-      subst[record.input_storages[k].get()] = scratch[k];
-      continue;
+  // Gathers the inputs (private copies of written ones, fresh buffers for overwritten ones) and runs the op. It
+  // writes nothing the user sees, so it can run again when it runs out of memory.
+  auto attempt = [&]() -> absl::StatusOr<c10::Stack> {
+    Substitutions subst;
+    for (std::size_t k = 0; k < record.input_storages.size(); ++k) {
+      if (!r.overwritten.empty() && r.overwritten[k]) {  // its old contents do not matter
+        const StorageIndex s = r.in_place_storage(static_cast<int>(k));
+        if (s == kNoIndex) return absl::InternalError("remat: an overwritten argument without a new value");
+        scratch[k] = BlankStorage(static_cast<std::size_t>(engine.StorageBytes(s)));
+        subst[record.input_storages[k].get()] = scratch[k];
+        continue;
+      }
+      c10::intrusive_ptr<c10::StorageImpl> holder;
+      if (r.inputs[k] == kNoIndex) {
+        holder = record.input_storages[k];  // a constant the op writes: its current value (see engine_bridge.h)
+      } else {
+        holder = Holder(engine.StorageOf(r.inputs[k]));
+      }
+      if (!holder || IsEvicted(*holder)) {
+        return absl::InternalError(absl::StrCat("remat: replay of ", record.traits->name, ": input ", k,
+                                                " is not resident"));
+      }
+      holders[k] = holder;
+      in_use_.push_back(holder.get());
+      if (r.written[k]) {
+        scratch[k] = CopyStorage(*holder);
+        subst[record.input_storages[k].get()] = scratch[k];
+      } else {
+        subst[record.input_storages[k].get()] = holder;
+      }
     }
-    c10::intrusive_ptr<c10::StorageImpl> holder;
-    if (r.inputs[k] == kNoIndex) {
-      holder = record.input_storages[k];  // a constant the op writes: its current value (see engine_bridge.h)
-    } else {
-      holder = Holder(engine.StorageOf(r.inputs[k]));
+    c10::Stack arguments = ReplayArguments(record);
+    for (const c10::IValue& value : arguments) SubstituteValue(value, subst);
+    return ReplayWith(record, std::move(arguments));
+  };
+  absl::StatusOr<c10::Stack> result = absl::UnknownError("remat: the replay did not run");
+  for (int retries = 0;; ++retries) {
+    bool out_of_memory = false;
+    try {
+      result = attempt();
+      out_of_memory = !result.ok() && absl::IsResourceExhausted(result.status());
+    } catch (const c10::OutOfMemoryError& e) {
+      result = absl::ResourceExhaustedError(e.what_without_backtrace());
+      out_of_memory = true;
     }
-    if (!holder || IsEvicted(*holder)) {
-      return absl::InternalError(absl::StrCat("remat: replay of ", record.traits->name, ": input ", k,
-                                              " is not resident"));
-    }
-    holders[k] = holder;
-    in_use_.push_back(holder.get());
-    if (r.written[k]) {
-      scratch[k] = CopyStorage(*holder);
-      subst[record.input_storages[k].get()] = scratch[k];
-    } else {
-      subst[record.input_storages[k].get()] = holder;
-    }
+    if (!out_of_memory || retries == kMaxOutOfMemoryRetries) break;
+    // Nothing uses the inputs until the next attempt: they may move out of the way (Engine::MakeHoleForRetry).
+    in_use_.clear();
+    for (auto& h : holders) h.reset();
+    for (auto& c : scratch) c.reset();
+    if (!engine.MakeHoleForRetry()) break;
+    ++stats_.retried_replays;
   }
-  c10::Stack arguments = ReplayArguments(record);
-  for (const c10::IValue& value : arguments) SubstituteValue(value, subst);
-  absl::StatusOr<c10::Stack> result = ReplayWith(record, std::move(arguments));
   if (!result.ok()) return result.status();
   const std::vector<at::Tensor> returned = ReturnedTensors(*result, record.op.schema().returns().size());
   if (returned.size() != record.outputs.size()) {
@@ -364,6 +386,14 @@ absl::StatusOr<bool> TorchExecutor::Relocate(Engine& engine, std::uint32_t s, Ad
     return true;
   }
   return false;
+}
+
+absl::StatusOr<bool> TorchExecutor::Slide(Engine& engine, std::uint32_t s, std::uintptr_t to) {
+  c10::intrusive_ptr<c10::StorageImpl> holder = Holder(s);
+  if (!holder || IsEvicted(*holder) || !EvictableMemory(*holder) || InUse(holder.get())) return false;
+  if (absl::Status slid = SlideInCpuArena(*holder, to); !slid.ok()) return slid;
+  engine.SetAddress(s, to);
+  return true;
 }
 
 void TorchExecutor::Clear() {

@@ -17,7 +17,8 @@
 // fresh buffer of the same size. Runs the op with ReplayWith (key excluded, below autograd and
 // ADInplaceOrView, captured RNG and autocast state), then, for each storage in `fresh`, moves the result into
 // its home (or keeps it as a shadow) and reports the address with Engine::SetAddress and the arena owner
-// (storage + 1) for window policies. Results of storages not in `fresh` (still resident) are dropped.
+// (storage + 1) for window policies. Results of storages not in `fresh` (still resident) are dropped. A replay
+// that runs out of memory before it delivers anything asks Engine::MakeHoleForRetry and runs again.
 //
 // Paging (runtime/executor.h, "Paging"), when a HostTier (host_tier.h) is set:
 //   PageOut(engine, s) copies the holder's bytes into the tier under key s, then drops the memory exactly as Evict
@@ -82,6 +83,7 @@ struct ReplayOp {
 struct ExecutorStats {
   std::int64_t replays = 0;
   std::int64_t replay_ns = 0;        // wall time in Execute (copies and replayed kernels)
+  std::int64_t retried_replays = 0;  // replays run again after running out of memory (Engine::MakeHoleForRetry)
   std::int64_t evictions = 0;        // storages whose memory Evict dropped
   std::int64_t shadows = 0;          // results kept as shadows (no home to restore into)
   std::int64_t empty_evictions = 0;  // Evict calls that found no memory to drop (home died, already evicted)
@@ -127,6 +129,8 @@ class TorchExecutor final : public Executor {
   // Moves a pinned storage's bytes out of `avoid` (Executor::Relocate): a fresh block of the arena (highest hole
   // first, never asking the pressure handler), a copy, and a DataPtr swap in its StorageImpl.
   absl::StatusOr<bool> Relocate(Engine& engine, std::uint32_t storage, AddressRange avoid) override;
+  // Slides a storage's block into the hole next to it (Executor::Slide) with SlideInCpuArena.
+  absl::StatusOr<bool> Slide(Engine& engine, std::uint32_t storage, std::uintptr_t to) override;
 
   // Drops every record and shadow (the engine is going away).
   void Clear();

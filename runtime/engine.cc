@@ -977,6 +977,25 @@ std::string Engine::MemoryReport() const {
 }
 
 bool Engine::MakeRoom(Arena& arena, std::size_t bytes) {
+  const bool made = MakeRoomOnce(arena, bytes);
+  failed_request_ = made ? 0 : bytes;
+  return made;
+}
+
+bool Engine::MakeHoleForRetry() {
+  Arena* arena = options_.arena;
+  if (arena == nullptr || failed_request_ == 0 || !pending_.ok()) return false;
+  const std::size_t bytes = failed_request_;
+  failed_request_ = 0;
+  if (arena->Stats().largest_free_block >= bytes) return true;  // the failed kernel's scratch was freed
+  const OpId kernel = running_kernel_;
+  running_kernel_ = kNoKernel;
+  Compact(*arena, bytes);
+  running_kernel_ = kernel;
+  return arena->Stats().largest_free_block >= bytes;
+}
+
+bool Engine::MakeRoomOnce(Arena& arena, std::size_t bytes) {
   Impl& m = *impl_;
   if (no_reclaim_ || !pending_.ok()) return false;
   if (!pressure_sampled_) {
@@ -991,7 +1010,7 @@ bool Engine::MakeRoom(Arena& arena, std::size_t bytes) {
   if (options_.policy->UsesWindows()) {
     std::optional<Window> window = ChooseWindow(arena, bytes);
     stats_.search_ns += NowNs() - start;
-    if (!window || window->owners.empty()) return PageLruConstant() || RelocateIdle(arena, bytes);
+    if (!window || window->owners.empty()) return PageLruConstant() || RelocateIdle(arena, bytes) || Compact(arena, bytes);
     for (OwnerId o : window->owners) {
       if (absl::Status s = Reclaim(static_cast<StorageIndex>(o - 1)); !s.ok()) {
         pending_ = s;
@@ -1002,7 +1021,7 @@ bool Engine::MakeRoom(Arena& arena, std::size_t bytes) {
   }
   if (m.pool_size == 0) {
     stats_.search_ns += NowNs() - start;
-    return PageLruConstant() || RelocateIdle(arena, bytes);
+    return PageLruConstant() || RelocateIdle(arena, bytes) || Compact(arena, bytes);
   }
   std::optional<StorageIndex> pick = ChooseFromPool();
   stats_.search_ns += NowNs() - start;
@@ -1068,6 +1087,68 @@ bool Engine::RelocateIdle(Arena& arena, std::size_t bytes) {
     // A storage locked only for now joins the pool later: its new block must name it for the window policies.
     if (!m.storages[s].pinned) (void)arena.SetOwner(m.storages[s].address, OwnerId{s} + 1);
   }
+  return moved;
+}
+
+bool Engine::Compact(Arena& arena, std::size_t bytes) {
+  Impl& m = *impl_;
+  if (!options_.relocate || !pending_.ok()) return false;
+  // Blocks in address order; `storage` is kNoStorage for a barrier (unknown to the engine, or in use now).
+  constexpr StorageIndex kNoStorage = ~StorageIndex{0};
+  struct Block {
+    std::uintptr_t address;
+    std::size_t size;
+    bool free;
+    StorageIndex storage;
+  };
+  absl::flat_hash_map<std::uintptr_t, StorageIndex> movable;
+  for (StorageIndex s = 0; s < m.storages.size(); ++s) {
+    const Impl::Storage& st = m.storages[s];
+    if (st.material && st.has_address && !st.paged && !UsedByRunningKernel(s)) movable.emplace(st.address, s);
+  }
+  std::vector<Block> blocks;
+  arena.ForEachBlock([&](const BlockInfo& b) {
+    auto it = b.free ? movable.end() : movable.find(b.address);
+    blocks.push_back(Block{b.address, b.size, b.free, it == movable.end() ? kNoStorage : it->second});
+  });
+  // Two pointers over each run between barriers (and segment gaps): the window [l, r] whose free bytes hold the
+  // request with the fewest storage bytes inside. With l as far right as the request allows, the window starts
+  // with a free block, so every storage in it slides.
+  std::size_t best_l = 0, best_r = 0, best_cost = std::numeric_limits<std::size_t>::max();
+  std::size_t l = 0, free_sum = 0, cost = 0;
+  for (std::size_t r = 0; r < blocks.size(); ++r) {
+    const bool gap = r > 0 && blocks[r - 1].address + blocks[r - 1].size != blocks[r].address;
+    if (gap) l = r, free_sum = 0, cost = 0;
+    const Block& b = blocks[r];
+    if (!b.free && b.storage == kNoStorage) {
+      l = r + 1, free_sum = 0, cost = 0;
+      continue;
+    }
+    (b.free ? free_sum : cost) += b.size;
+    for (; l < r; ++l) {
+      const Block& first = blocks[l];
+      if (first.free && free_sum - first.size < bytes) break;
+      (first.free ? free_sum : cost) -= first.size;
+    }
+    if (free_sum >= bytes && cost < best_cost) best_l = l, best_r = r, best_cost = cost;
+  }
+  if (best_cost == std::numeric_limits<std::size_t>::max() || best_cost == 0) return false;
+  std::uintptr_t to = blocks[best_l].address;
+  bool moved = false;
+  for (std::size_t i = best_l; i <= best_r; ++i) {
+    const Block& b = blocks[i];
+    if (b.free) continue;
+    absl::StatusOr<bool> slid = executor_->Slide(*this, b.storage, to);
+    if (!slid.ok()) {
+      pending_ = slid.status();
+      return false;
+    }
+    if (!*slid) break;  // the executor cannot move it: what moved so far still joined some holes
+    moved = true;
+    stats_.compacted_bytes += static_cast<std::int64_t>(b.size);
+    to += b.size;
+  }
+  stats_.compactions += moved;
   return moved;
 }
 

@@ -106,7 +106,11 @@ struct EngineOptions {
   // free blocks and movable storages that holds it with the fewest bytes to move, and move those storages out of it
   // (Executor::Relocate). Movable: resident, not evictable now (constants, pinned results, storages locked by an op
   // that waits for its other inputs), and not read or written by the kernel running now. Without this, such blocks
-  // scattered among evicted ones can leave free bytes but no hole.
+  // scattered among evicted ones can leave free bytes but no hole. If no such run exists (the storages to move
+  // find no hole outside it), compact: in the run between barriers whose free bytes hold the request with the
+  // fewest bytes of storages inside, slide every storage down (Executor::Slide) so that the free bytes become one
+  // hole. Barriers: blocks the engine does not know (the running kernel's scratch and new outputs) and storages the
+  // running kernel reads or writes.
   bool relocate = true;
 };
 
@@ -147,6 +151,8 @@ struct EngineStats {
   // Relocation (arena mode).
   std::int64_t relocations = 0;
   std::int64_t relocated_bytes = 0;
+  std::int64_t compactions = 0;        // runs compacted
+  std::int64_t compacted_bytes = 0;    // bytes slid by compactions
 };
 
 using StorageIndex = std::uint32_t;
@@ -191,6 +197,12 @@ class Engine final : public PressureHandler, private StorageView {
 
   // PressureHandler (arena mode): evicts one storage, or one window for window policies.
   bool MakeRoom(Arena& arena, std::size_t bytes) override;
+  // Arena mode, after MakeRoom gave up on a kernel's allocation (the op's own kernel between BeginOp and EndOp, or a
+  // replay inside Executor::Execute) and that kernel threw without writing anything, before the caller runs it
+  // again: compacts the arena as MakeRoom's last resort does, but with the failed kernel's inputs movable too
+  // (nothing uses them until the retry), so that the request MakeRoom gave up on fits in one hole. Returns whether
+  // it fits now (and false when there is nothing to retry for).
+  bool MakeHoleForRetry();
 
   // Introspection (tests, executors, integration).
   const EngineStats& stats() const { return stats_; }
@@ -292,12 +304,16 @@ class Engine final : public PressureHandler, private StorageView {
   // memory is not an error (returns false), and s counts as a prefetch and is marked fresh.
   absl::StatusOr<bool> PageInStorage(StorageIndex s, bool prefetch, bool may_reclaim);
   void DropPagedCopy(StorageIndex s);
+  // MakeRoom without the bookkeeping of failed requests.
+  bool MakeRoomOnce(Arena& arena, std::size_t bytes);
   // Counter mode: reclaims until `bytes` more fit in the budget.
   absl::Status MakeRoomCounter(std::int64_t bytes, std::string_view what);
   // page_constants: pages the least recently used constant held only by its pin. False if none fits.
   bool PageLruConstant();
   // Relocation of idle unevictable storages (EngineOptions::relocate); true when something moved.
   bool RelocateIdle(Arena& arena, std::size_t bytes);
+  // Compaction (EngineOptions::relocate) of the cheapest run that can hold `bytes`; true when something moved.
+  bool Compact(Arena& arena, std::size_t bytes);
   // Whether s is an input or a resident output of the kernel running now (a replay inside Execute, or the op
   // between BeginOp and EndOp/AbortOp): its memory must not move.
   bool UsedByRunningKernel(StorageIndex s) const;
@@ -316,6 +332,7 @@ class Engine final : public PressureHandler, private StorageView {
   bool no_reclaim_ = false;  // a prefetch is allocating: MakeRoom must not evict
   static constexpr OpId kNoKernel = ~OpId{0};
   OpId running_kernel_ = kNoKernel;  // see UsedByRunningKernel
+  std::size_t failed_request_ = 0;   // the last request MakeRoom gave up on (MakeHoleForRetry)
   absl::Status pending_;     // an executor error met inside MakeRoom (which can only answer bool)
   std::vector<StorageIndex> newly_pinned_;  // free_dead: pinned since the last CollectDead
 };

@@ -18,4 +18,6 @@ void Executor::DropPaged(Engine&, std::uint32_t) {}
 
 absl::StatusOr<bool> Executor::Relocate(Engine&, std::uint32_t, AddressRange) { return false; }
 
+absl::StatusOr<bool> Executor::Slide(Engine&, std::uint32_t, std::uintptr_t) { return false; }
+
 }  // namespace remat

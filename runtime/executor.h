@@ -33,6 +33,11 @@
 //     an executor that cannot move memory). s is resident and not evictable now (a constant, a pinned result, or
 //     locked by an op still gathering its inputs), and no running kernel reads or writes it. An error aborts the
 //     engine's call.
+//   - Slide(engine, s, to) (arena mode, compaction): move storage s's block to address `to` inside the range it
+//     would free (Arena::Move: the hole next to it), move its bytes (the two ranges may overlap) and report the new
+//     address with Engine::SetAddress. Returns whether s moved; false when the executor cannot move it (and by
+//     default). s is resident and no running kernel reads or writes it (it may be evictable). An error aborts the
+//     engine's call.
 #pragma once
 
 #include <cstdint>
@@ -61,6 +66,7 @@ class Executor {
     bool Overlaps(std::uintptr_t address, std::size_t size) const { return address < end && address + size > begin; }
   };
   virtual absl::StatusOr<bool> Relocate(Engine& engine, std::uint32_t storage, AddressRange avoid);
+  virtual absl::StatusOr<bool> Slide(Engine& engine, std::uint32_t storage, std::uintptr_t to);
 };
 
 }  // namespace remat

@@ -49,6 +49,13 @@ absl::StatusOr<bool> SimExecutor::Relocate(Engine& engine, std::uint32_t s, Addr
   return false;
 }
 
+absl::StatusOr<bool> SimExecutor::Slide(Engine& engine, std::uint32_t s, std::uintptr_t to) {
+  if (arena_ == nullptr) return false;
+  if (absl::Status moved = arena_->Move(engine.StorageAddress(s), to); !moved.ok()) return moved;
+  engine.SetAddress(s, to);
+  return true;
+}
+
 absl::Status SimExecutor::PageIn(Engine& engine, std::uint32_t s) {
   if (arena_ == nullptr) return absl::OkStatus();
   const bool low = !partition_ || engine.OpCostly(engine.ProducerOf(engine.StorageRoot(s)));

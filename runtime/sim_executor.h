@@ -22,6 +22,7 @@ class SimExecutor final : public Executor {
   absl::Status PageIn(Engine& engine, std::uint32_t storage) override;
   void DropPaged(Engine&, std::uint32_t) override {}
   absl::StatusOr<bool> Relocate(Engine& engine, std::uint32_t storage, AddressRange avoid) override;
+  absl::StatusOr<bool> Slide(Engine& engine, std::uint32_t storage, std::uintptr_t to) override;
 
  private:
   Arena* arena_;

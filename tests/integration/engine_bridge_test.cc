@@ -3,6 +3,7 @@
 #include "integration/engine_session.h"
 
 #include <ATen/core/Tensor.h>
+#include <ATen/ops/cat.h>
 #include <ATen/ops/dropout.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/equal.h>
@@ -135,6 +136,38 @@ TEST(EngineBridgeRelocation, ConstantsMoveOutOfTheWayWithTheirBytes) {
   }
   EXPECT_EQ(moved, stats->engine.relocations);
   EXPECT_LE(GetCpuArenaStats()->peak_allocated_bytes, 640 * kKiB);
+}
+
+}  // namespace
+}  // namespace remat::integration
+
+namespace remat::integration {
+namespace {
+
+// Under a budget of three 64 KiB blocks, x sits between two holes of 64 KiB, and cat(x, x) needs 128 KiB while
+// its kernel reads x: nothing can move x then, so the kernel runs out of memory. It writes nothing, so the hook
+// runs it again once the engine has slid x out of the way; the result is the one computed without remat.
+TEST(EngineBridgeRetry, AKernelWhoseInputSplitsTheFreeBytesRunsAgainAfterCompaction) {
+  const at::Tensor small = at::randn({128, 128});  // 64 KiB, made before remat: outside the arena
+  const at::Tensor expected = at::cat({at::sin(small), at::sin(small)});
+  EngineGuard guard(EngineSessionOptions{192 * kKiB, "dtr-eq"});
+  at::Tensor a = at::tanh(small);
+  const at::Tensor x = at::sin(small);
+  at::Tensor b = at::tanh(small);
+  const auto base = reinterpret_cast<std::uintptr_t>(a.const_data_ptr());
+  ASSERT_EQ(reinterpret_cast<std::uintptr_t>(x.const_data_ptr()), base + 64 * kKiB);
+  a = at::Tensor();
+  b = at::Tensor();
+  at::sum(small);  // the next op sees that a and b died: their blocks are freed
+  ASSERT_LT(GetCpuArenaStats()->largest_free_block, 128 * kKiB);
+  const at::Tensor y = at::cat({x, x});
+  EXPECT_TRUE(at::equal(y, expected));
+  absl::StatusOr<BridgeStats> stats = GetEngineStats();
+  ASSERT_TRUE(stats.ok());
+  EXPECT_EQ(stats->retried_ops, 1);
+  EXPECT_GE(stats->engine.compactions, 1);
+  EXPECT_EQ(reinterpret_cast<std::uintptr_t>(x.const_data_ptr()), base);  // slid down onto the first hole
+  EXPECT_LE(GetCpuArenaStats()->peak_allocated_bytes, 192 * kKiB);
 }
 
 }  // namespace

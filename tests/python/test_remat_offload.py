@@ -66,7 +66,7 @@ def test_training_with_offload_is_bitwise_identical(name, optimizer, offload, mo
         stats = got[3]
         assert_identical(reference, got, f"{name}/{optimizer} offload={offload} at {fraction}")
         assert stats["peak_allocated_bytes"] <= budget
-        assert stats["failed_allocations"] == 0
+        assert stats["failed_allocations"] == stats["retried_ops"] + stats["retried_replays"]  # every one recovered
         assert stats["page_outs"] > 0 and stats["page_ins"] > 0, stats
         assert stats["paged_out_bytes"] > 0 and stats["paged_in_bytes"] > 0, stats
         assert stats["page_out_wall_ns"] > 0 and stats["page_in_wall_ns"] > 0, stats
@@ -170,16 +170,17 @@ def _sweep(name, optimizer, mode, fractions):
                 wall_s = time.perf_counter() - start
                 assert_identical(reference, got, f"{name}/{optimizer}/{mode} at {fraction}")
                 s = got[3]
-                assert s["peak_allocated_bytes"] <= budget and s["failed_allocations"] == 0
+                assert s["peak_allocated_bytes"] <= budget
                 print(f"{name} {optimizer} {mode} {fraction} PASS peak={peak} evictions={s['evictions']} "
-                      f"rematerializations={s['rematerializations']} page_outs={s['page_outs']} "
+                      f"rematerializations={s['rematerializations']} retried={s['retried_ops'] + s['retried_replays']} "
+                      f"compactions={s['compactions']} page_outs={s['page_outs']} "
                       f"page_ins={s['page_ins']} paged_out_bytes={s['paged_out_bytes']} "
                       f"paged_in_bytes={s['paged_in_bytes']} host_peak_bytes={s['host_peak_bytes']} "
                       f"wall_s={wall_s:.2f} baseline_wall_s={baseline_s:.2f} "
                       f"copy_wall_s={(s['page_out_wall_ns'] + s['page_in_wall_ns']) / 1e9:.2f}", flush=True)
             except (AssertionError, RuntimeError) as error:  # torch.OutOfMemoryError is a RuntimeError
                 print(f"{name} {optimizer} {mode} {fraction} FAIL {type(error).__name__}: "
-                      f"{str(error).splitlines()[0][:200]}", flush=True)
+                      f"{(str(error).splitlines() or [''])[0][:200]}", flush=True)
     finally:
         del os.environ["REMAT_OFFLOAD"]
 

@@ -182,7 +182,7 @@ def test_training_under_budgets_is_bitwise_identical(name, optimizer):
         stats = got[3]
         assert_identical(reference, got, f"{name}/{optimizer} at {fraction}")
         assert stats["peak_allocated_bytes"] <= budget
-        assert stats["failed_allocations"] == 0
+        assert stats["failed_allocations"] == stats["retried_ops"] + stats["retried_replays"]  # every one recovered
         if fraction == min(CASES[(name, optimizer)]):
             assert stats["evictions"] > 0 and stats["rematerializations"] > 0, stats
 

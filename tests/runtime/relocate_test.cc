@@ -1,5 +1,5 @@
-// Tests for the engine's relocation of constants (EngineOptions::relocate, Executor::Relocate) in arena mode,
-// through the simulator's executor.
+// Tests for the engine's relocation (EngineOptions::relocate: Executor::Relocate, compaction with Executor::Slide,
+// Engine::MakeHoleForRetry) in arena mode, through the simulator's executor.
 #include <memory>
 #include <string>
 #include <vector>
@@ -128,6 +128,92 @@ TEST(RelocateTest, InputsLockedWhileAnotherInputReplaysMayMove) {
   EXPECT_EQ(engine.StorageAddress(engine.StorageOf(inputs[0])), base + 960);  // the highest hole
   EXPECT_EQ(engine.StorageAddress(engine.StorageOf(c0)), base);  // the replay's input never moves
   arena->SetPressureHandler(nullptr);
+}
+
+// An engine over a fresh 1024-byte arena (64-byte units) with nothing in it.
+struct Empty {
+  Empty() {
+    arena = *Arena::Create(MakeVirtualProvider(), ArenaOptions{.capacity = 1024, .alignment = 64});
+    policy = *MakePolicy("dtr-eq");
+    executor = std::make_unique<SimExecutor>(arena.get(), /*cheap_tensor_partitioning=*/false);
+    EngineOptions o;
+    o.mode = AccountingMode::kArena;
+    o.budget = 1024;
+    o.policy = policy.get();
+    o.arena = arena.get();
+    engine = std::make_unique<Engine>(o, executor.get());
+    arena->SetPressureHandler(engine.get());
+    base = BaseOf(*arena);
+  }
+  ~Empty() { arena->SetPressureHandler(nullptr); }
+  static std::uintptr_t BaseOf(const Arena& arena) {
+    std::uintptr_t first = 0;
+    arena.ForEachBlock([&](const BlockInfo& b) { first = first == 0 ? b.address : first; });
+    return first;
+  }
+  std::uintptr_t AddressOf(TensorId t) const { return engine->StorageAddress(engine->StorageOf(t)); }
+
+  std::unique_ptr<Arena> arena;
+  std::unique_ptr<Policy> policy;
+  std::unique_ptr<SimExecutor> executor;
+  std::unique_ptr<Engine> engine;
+  std::uintptr_t base = 0;
+};
+
+// Holes of 64 and 192 bytes around a 256-byte constant: moving it out needs a hole of 256 that does not exist, but
+// sliding it down joins the holes. Layout: c0 [0,64), hole [64,128), c1 [128,384), hole [384,576), c2 [576,1024).
+TEST(RelocateTest, CompactionSlidesWhatNoHoleCanTake) {
+  Empty e;
+  const TensorId c0 = *e.engine->Constant(64);
+  const std::vector<TensorId> from_c0 = {c0};
+  const std::vector<OutputSpec> spec64 = {{64, -1}}, spec192 = {{192, -1}}, spec256 = {{256, -1}};
+  const TensorId a = (*e.engine->Call(from_c0, spec64, 10, "a"))[0];
+  const TensorId c1 = *e.engine->Constant(256);
+  const TensorId b = (*e.engine->Call(from_c0, spec192, 10, "b"))[0];
+  const TensorId c2 = *e.engine->Constant(448);
+  e.engine->Release(a);
+  e.engine->Release(b);
+  ASSERT_EQ(e.AddressOf(c1), e.base + 128);
+  ASSERT_EQ(e.arena->Stats().largest_free_block, 192u);
+  auto result = e.engine->Call(from_c0, spec256, 10, "big");
+  ASSERT_TRUE(result.ok()) << result.status();
+  EXPECT_EQ(e.engine->stats().relocations, 0);  // no hole outside a window could take c1
+  EXPECT_EQ(e.engine->stats().compactions, 1);
+  EXPECT_EQ(e.engine->stats().compacted_bytes, 256);
+  EXPECT_EQ(e.AddressOf(c1), e.base + 64);  // slid down onto the first hole
+  EXPECT_EQ(e.AddressOf((*result)[0]), e.base + 320);
+  EXPECT_EQ(e.AddressOf(c2), e.base + 576);  // outside the run: not moved
+}
+
+// The caller's own kernel (between BeginOp and EndOp) needs 128 bytes while its input splits the free bytes: no
+// storage may move while the kernel uses the input, so MakeRoom gives up; once the kernel has failed, the input
+// may move and MakeHoleForRetry makes the hole.
+TEST(RelocateTest, AFailedKernelsInputsMoveForItsRetry) {
+  Empty e;
+  const TensorId c0 = *e.engine->Constant(64);
+  const std::vector<TensorId> from_c0 = {c0};
+  const std::vector<OutputSpec> spec64 = {{64, -1}}, spec832 = {{832, -1}};
+  const TensorId a = (*e.engine->Call(from_c0, spec64, 10, "a"))[0];
+  const TensorId x = (*e.engine->Call(from_c0, spec64, 10, "x"))[0];
+  const TensorId b = (*e.engine->Call(from_c0, spec832, 10, "b"))[0];
+  e.engine->Release(a);
+  e.engine->Release(b);
+  ASSERT_EQ(e.AddressOf(x), e.base + 128);  // holes of 64 and 832 bytes on either side
+  EXPECT_FALSE(e.engine->MakeHoleForRetry());  // nothing has failed yet
+  const std::vector<TensorId> from_x = {x};
+  absl::StatusOr<OpId> op = e.engine->BeginOp(from_x, "kernel");
+  ASSERT_TRUE(op.ok()) << op.status();
+  absl::StatusOr<std::uintptr_t> first = e.arena->Allocate(896, OwnerId{0});
+  ASSERT_FALSE(first.ok());  // x is in use: it cannot move
+  EXPECT_EQ(e.AddressOf(x), e.base + 128);
+  ASSERT_TRUE(e.engine->MakeHoleForRetry());
+  EXPECT_EQ(e.AddressOf(x), e.base + 64);
+  EXPECT_EQ(e.engine->stats().compactions, 1);
+  absl::StatusOr<std::uintptr_t> second = e.arena->Allocate(896, OwnerId{0});
+  ASSERT_TRUE(second.ok()) << second.status();
+  const std::vector<OutputSpec> out = {{896, -1, *second}};
+  ASSERT_TRUE(e.engine->EndOp(*op, out, 10).ok());
+  EXPECT_FALSE(e.engine->MakeHoleForRetry());  // the request it was for is served
 }
 
 }  // namespace
