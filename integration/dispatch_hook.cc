@@ -356,7 +356,14 @@ void Fallback(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch::ji
   }
   if (traits.random) CaptureRng(record, record.arguments);
   CaptureAutocast(record);
+  for (std::size_t i = stack->size() - num_arguments; i < stack->size(); ++i) {
+    const c10::IValue& value = (*stack)[i];
+    if (value.isTensor() && value.toTensor().requires_grad() && value.toTensor().is_leaf()) {
+      record.leaves.push_back(value.toTensor());
+    }
+  }
   observer->BeforeOp(record);
+  record.leaves.clear();
   // An op that writes none of its arguments can run again after running out of memory: keep its arguments.
   const std::size_t base = stack->size() - num_arguments;
   std::optional<torch::jit::Stack> retry_arguments;

@@ -155,6 +155,7 @@ void EngineBridge::PinEntry(Entry& entry) {
   }
   engine_->Pin(entry.root);
   entry.pinned = true;
+  if (getenv("REMAT_DEBUG_PINS")) fprintf(stderr, "PIN %s %lld\n", std::string(engine_->OpName(engine_->ProducerOf(entry.root))).c_str(), (long long)engine_->StorageBytes(engine_->StorageOf(entry.root)));
   if (c10::intrusive_ptr<c10::StorageImpl> impl = entry.weak.lock()) {
     executor_.SetOwner(AddressOf(*impl), engine_->StorageOf(entry.root), /*evictable=*/false);
   }
@@ -228,6 +229,14 @@ void EngineBridge::Sweep(const OpRecord& record) {
   live_.resize(kept);
 }
 
+void EngineBridge::DeferGradient(c10::StorageImpl* impl) {
+  std::lock_guard<std::recursive_mutex> lock(mutex_);
+  auto it = entries_.find(impl);
+  if (it == entries_.end() || it->second.pinned || it->second.released) return;  // not made under remat, or done
+  engine_->Defer(it->second.root);
+  ++stats_.deferred_gradients;
+}
+
 void EngineBridge::CountRecordRefs(const OpRecord& record, int delta) {
   auto count = [&](const c10::StorageImpl* impl) {
     auto it = entries_.find(impl);
@@ -292,6 +301,7 @@ void EngineBridge::BeforeOp(OpRecord& record) {
   mutex_.lock();
   try {
     if (options_.next != nullptr) options_.next->BeforeOp(record);
+    for (const at::Tensor& leaf : record.leaves) gradient_watch_.Watch(leaf);
     engine_->NoteAllocation();
     Sweep(record);
     if (++ops_since_prune_ >= 1024) {

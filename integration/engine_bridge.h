@@ -56,6 +56,11 @@
 // them again: EngineOptions::free_dead) and forgets storages that are released, unreferenced and read by no kept
 // record, so that a long training run does not grow by a record per op.
 //
+// Gradients. A parameter's gradient is deferred (Engine::Defer) as soon as autograd has accumulated it
+// (GradientWatch, on the parameters the ops read): it is evicted only once nothing else can be, since the optimizer
+// reads every one of them and recomputing one replays the backward pass up to it. The optimizer's first write pins
+// them (writes to constants, above).
+//
 // Out of memory inside an op's kernel: the hook asks RetryAfterOutOfMemory (ops that write none of their arguments).
 // The arena is compacted with the op's inputs movable, since no kernel uses them until the retry: the inputs of a
 // running kernel cannot move, so where they happen to sit can leave free bytes but no hole, and only a retry gets
@@ -82,6 +87,7 @@
 #include "absl/status/statusor.h"
 #include "allocator/arena.h"
 #include "integration/dispatch_hook.h"
+#include "integration/gradient_watch.h"
 #include "integration/held_references.h"
 #include "integration/host_tier.h"
 #include "integration/torch_executor.h"
@@ -125,6 +131,7 @@ struct BridgeStats {
   std::int64_t pruned_records = 0;       // records dropped because nothing can need their outputs any more
   std::int64_t pruned_entries = 0;       // storages forgotten for the same reason
   std::int64_t retried_ops = 0;          // kernels run again after running out of memory (RetryAfterOutOfMemory)
+  std::int64_t deferred_gradients = 0;   // parameter gradients deferred once accumulated (Engine::Defer)
   HostTierStats host_tier;               // zeros without paging
 };
 
@@ -181,6 +188,7 @@ class EngineBridge final : public OpObserver, public PressureHandler, public Hel
   void PinDependents(StorageIndex start);
   void PinEntry(Entry& entry);
   void CountRecordRefs(const OpRecord& record, int delta = 1);
+  void DeferGradient(c10::StorageImpl* impl);
   void Prune();
   void Unlock();
 
@@ -198,6 +206,7 @@ class EngineBridge final : public OpObserver, public PressureHandler, public Hel
   std::vector<OpId> kept_ops_;  // ops whose records the executor keeps
   std::int64_t ops_since_prune_ = 0;
   BridgeStats stats_;
+  GradientWatch gradient_watch_{[this](c10::StorageImpl* impl) { DeferGradient(impl); }};  // last: hooks go first
 };
 
 }  // namespace remat::integration

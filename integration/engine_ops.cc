@@ -96,6 +96,8 @@ c10::Dict<std::string, double> EngineStatsDict() {
   put("compacted_bytes", s->engine.compacted_bytes);
   put("retried_ops", s->retried_ops);
   put("retried_replays", s->executor.retried_replays);
+  put("deferred_gradients", s->deferred_gradients);
+  put("deferred_releases", s->engine.deferred_releases);
   // Paging (zeros with offload off). paged_* and page_* are the engine's counts; stall_ns is its link model's
   // clock time ops waited for page-ins (modelled); page_*_wall_ns the executor's measured copy time.
   put("page_outs", s->engine.page_outs);

@@ -69,6 +69,7 @@ struct Engine::Impl {
     bool has_address = false;
     bool paged = false;     // on the second tier (not material; counts as material for regions and classes)
     bool constant = false;  // no producer (Constant, AdoptConstant, in-place write of a constant)
+    bool deferred = false;  // Defer: kept out of the pool (in deferred_list) until the pool runs dry
     std::int64_t ready_at = 0;  // paged in: when the copy ends
     std::uintptr_t address = 0;
     std::int32_t ecn = -1;  // union-find node, -1 = none (resident)
@@ -93,6 +94,7 @@ struct Engine::Impl {
   EqClasses eq;
   std::uint32_t pool_head = kNone, pool_tail = kNone;
   std::size_t pool_size = 0;
+  std::vector<StorageIndex> deferred_list;  // deferred storages that would be in the pool
   std::vector<Frame> stack;
   std::vector<TensorId> scratch;
   std::vector<StorageIndex> lock_log;  // locks taken by running frames, released in bulk if a call fails
@@ -158,6 +160,10 @@ struct Engine::Impl {
   void PoolAppend(StorageIndex s) {
     Storage& st = storages[s];
     if (st.in_pool) return;
+    if (st.deferred) {  // evictable, but only once the pool is empty (ReleaseDeferred); duplicates are harmless
+      deferred_list.push_back(s);
+      return;
+    }
     st.in_pool = true;
     st.pool_prev = pool_tail;
     st.pool_next = kNone;
@@ -657,9 +663,37 @@ void Engine::FreeDead(StorageIndex start) {
   }
 }
 
+void Engine::Defer(TensorId t) {
+  Impl& m = *impl_;
+  const StorageIndex s = m.tensors[t].storage;
+  Impl::Storage& st = m.storages[s];
+  if (st.pinned || st.deferred) return;
+  st.deferred = true;
+  if (st.in_pool) {
+    m.PoolRemove(s);
+    m.PoolAppend(s);  // into deferred_list
+  }
+}
+
+bool Engine::ReleaseDeferred() {
+  Impl& m = *impl_;
+  if (m.deferred_list.empty()) return false;
+  std::vector<StorageIndex> released;
+  released.swap(m.deferred_list);
+  for (StorageIndex s : released) {
+    Impl::Storage& st = m.storages[s];
+    if (!st.deferred) continue;
+    st.deferred = false;
+    if (st.material && st.locks == 0 && !st.pinned) m.PoolAppend(s);
+  }
+  ++stats_.deferred_releases;
+  return m.pool_size > 0;
+}
+
 void Engine::Pin(TensorId t) {
   Impl& m = *impl_;
   StorageIndex s = m.tensors[t].storage;
+  m.storages[s].deferred = false;
   if (m.storages[s].pinned) return;
   m.Lock(s);
   m.storages[s].pinned = true;
@@ -1009,6 +1043,7 @@ bool Engine::MakeRoomOnce(Arena& arena, std::size_t bytes) {
   std::int64_t start = NowNs();
   if (options_.policy->UsesWindows()) {
     std::optional<Window> window = ChooseWindow(arena, bytes);
+    if ((!window || window->owners.empty()) && ReleaseDeferred()) window = ChooseWindow(arena, bytes);
     stats_.search_ns += NowNs() - start;
     if (!window || window->owners.empty()) return PageLruConstant() || RelocateIdle(arena, bytes) || Compact(arena, bytes);
     for (OwnerId o : window->owners) {
@@ -1019,7 +1054,7 @@ bool Engine::MakeRoomOnce(Arena& arena, std::size_t bytes) {
     }
     return true;
   }
-  if (m.pool_size == 0) {
+  if (m.pool_size == 0 && !ReleaseDeferred()) {
     stats_.search_ns += NowNs() - start;
     return PageLruConstant() || RelocateIdle(arena, bytes) || Compact(arena, bytes);
   }
@@ -1331,7 +1366,7 @@ absl::Status Engine::MakeRoomCounter(std::int64_t bytes, std::string_view what) 
   Impl& m = *impl_;
   while (stats_.used_bytes + bytes > options_.budget) {
     if (m.pool_size == 0) {
-      if (PageLruConstant()) continue;
+      if (ReleaseDeferred() || PageLruConstant()) continue;
       std::int64_t locked = 0;
       for (const Impl::Storage& st : m.storages) {
         if (st.material && st.locks > 0 && !st.pinned) locked += st.size;

@@ -151,6 +151,7 @@ struct EngineStats {
   // Relocation (arena mode).
   std::int64_t relocations = 0;
   std::int64_t relocated_bytes = 0;
+  std::int64_t deferred_releases = 0;  // times the deferred storages went back to the pool
   std::int64_t compactions = 0;        // runs compacted
   std::int64_t compacted_bytes = 0;    // bytes slid by compactions
 };
@@ -189,6 +190,11 @@ class Engine final : public PressureHandler, private StorageView {
   absl::Status Rematerialize(TensorId t);
   // Locks t's storage for good (outputs at the end of a replay).
   void Pin(TensorId t);
+  // t's storage stays evictable, but only once nothing else is: it leaves the eviction pool for a reserve that
+  // MakeRoom (arena mode) returns to the pool, all at once, when the pool is empty (or no window holds the
+  // request). For storages that are costly to get back and certain to be read soon: parameters' gradients. Evicted
+  // and recomputed, a deferred storage stays deferred until released; Pin ends it.
+  void Defer(TensorId t);
 
   // Reported by the executor in arena mode: where storage s lives.
   void SetAddress(StorageIndex s, std::uintptr_t address);
@@ -304,6 +310,8 @@ class Engine final : public PressureHandler, private StorageView {
   // memory is not an error (returns false), and s counts as a prefetch and is marked fresh.
   absl::StatusOr<bool> PageInStorage(StorageIndex s, bool prefetch, bool may_reclaim);
   void DropPagedCopy(StorageIndex s);
+  // Returns the deferred storages to the pool (Defer); true when the pool is no longer empty.
+  bool ReleaseDeferred();
   // MakeRoom without the bookkeeping of failed requests.
   bool MakeRoomOnce(Arena& arena, std::size_t bytes);
   // Counter mode: reclaims until `bytes` more fit in the budget.

@@ -95,6 +95,23 @@ TEST(EngineTest, FanOutVictimPerPolicy) {
   EXPECT_THAT(FanOut("largest"), ElementsAre("run constant", "run b", "run c", "run d", "evict c", "run e"));
 }
 
+// Deferring c (the policy's victim in FanOut) makes the policy take the next best, d; only when nothing else is left
+// does c go, and from then on it is an ordinary candidate.
+TEST(EngineTest, DeferredStoragesGoOnlyWhenThePoolIsEmpty) {
+  Fixture f("dtr-local", 410);
+  TensorId a = f.Const("a", 10);
+  TensorId b = f.Op("b", {a}, 100, 10);
+  TensorId c = f.Op("c", {a}, 200, 10);
+  f.engine->Defer(c);
+  f.Op("d", {a}, 100, 40);
+  f.Op("e", {a}, 100, 1);  // needs 100 B: b (staleness 50) rather than c
+  f.Op("g", {a}, 300, 1);  // needs 300 B: d and e, the whole pool; then c
+  EXPECT_THAT(f.executor.events, ElementsAre("run constant", "run b", "run c", "run d", "evict b", "run e",
+                                             "evict d", "evict e", "evict c", "run g"));
+  EXPECT_EQ(f.engine->stats().deferred_releases, 1);
+  (void)b;
+}
+
 TEST(EngineTest, ReuseRematerializesAndEvictsAgain) {
   std::vector<std::string> reuse;
   FanOut("dtr-local", &reuse);
