@@ -1,10 +1,12 @@
 """Paging to a second tier on CPU (issue 7): the training cases of test_remat_training.py train bitwise identically
-with offload "always" and "auto" at budgets their drop-only runs cannot reach, with real copies to a host tier
-(host memory outside the arena, or a temporary file). The offload options and REMAT_OFFLOAD / REMAT_HOST_BUDGET
-are parsed by remat's C++ configuration parser; bad values are ValueErrors naming the option or the variable.
+with offload "always" and "auto" at 0.3 of their peak, with real copies to a host tier (host memory outside the
+arena, or a temporary file). The offload options and REMAT_OFFLOAD / REMAT_HOST_BUDGET are parsed by remat's C++
+configuration parser; bad values are ValueErrors naming the option or the variable.
 
 train() (test_remat_training.py) calls remat.enable(budget, policy=..., costs=...) without offload arguments, so the
-offload mode reaches it the way it reaches any program: through REMAT_OFFLOAD."""
+offload mode reaches it the way it reaches any program: through REMAT_OFFLOAD. The whole matrix with paging, as a
+table: SWEEP_MODES=off,always,auto python tests/python/test_remat_training.py
+"""
 
 import functools
 import os
@@ -15,34 +17,17 @@ from pathlib import Path
 import pytest
 import torch
 
-if __name__ == "__main__":  # run as a script (the sweep at the end): the paths pytest's conftest.py sets up
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    import conftest  # noqa: F401
+import remat
+from test_remat_training import (CASES, HUGE, MiB, assert_identical, expect_out_of_memory, reference_and_peak,
+                                 train)
 
-import remat  # noqa: E402
-from test_remat_training import CASES, HUGE, MiB, assert_identical, train
-
-# (model, optimizer, offload) -> budgets as fractions of the measured unconstrained peak, with estimated op costs
-# (the same choices in every run). Only budgets that pass are listed; measured on 2026-11-22 by running this file as
-# a script (see the end of the file and integration/README.md, "Paging to a second tier (CPU)"):
-#   - gpt, resnet18/sgd and densenet121/sgd pass at 0.3 in both modes: what cannot be dropped (gradients,
-#     optimizer state, results pinned by optimizer steps) is paged out instead. Lowest passing: gpt/sgd 0.25 (both
-#     modes), gpt/adam 0.25 (always) and 0.3 (auto), resnet18/sgd 0.2 (both; 0.15 and 0.1 fail), densenet121/sgd
-#     0.15 (always) and 0.1 (auto, the lowest tried). Below those an allocation fails with OutOfMemoryError: the running op's inputs
-#     and outputs and the fragmentation around them leave no hole.
-#   - lstm (sgd and adam) does not pass at 0.3 to 0.6 in either mode: at 0.3 one allocation inside aten::lstm
-#     (2 MB) is larger than the budget; at 0.4 to 0.6 a 570 KB request finds free bytes but no hole after paging
-#     everything it can (fragmentation). Its lowest passing budget stays that of dropping alone (CASES).
-OFFLOAD_CASES = {
-    ("gpt", "sgd", "always"): (0.3, 0.25),
-    ("gpt", "sgd", "auto"): (0.3, 0.25),
-    ("gpt", "adam", "always"): (0.3, 0.25),
-    ("gpt", "adam", "auto"): (0.3,),
-    ("resnet18", "sgd", "always"): (0.3, 0.2),
-    ("resnet18", "sgd", "auto"): (0.3, 0.2),
-    ("densenet121", "sgd", "always"): (0.3, 0.15),
-    ("densenet121", "sgd", "auto"): (0.3, 0.1),
-}
+OFFLOAD_BUDGET = 0.3
+# The cases that do not train at 0.3 with paging, and why. resnet18's stem runs batch norm backward on 16 MiB
+# tensors, whose CPU kernel holds four of them at once (input, incoming gradient, result and a scratch buffer the
+# size of its input): 64 MiB, more than 0.3 of the SGD peak (58 MiB). With Adam the budget is 72 MiB: `auto`
+# trains, `always` (which pages every victim, the gradients and moments around that op included) does not find the
+# 64 MiB in one piece.
+OFFLOAD_GAPS = {("resnet18", "sgd", "always"), ("resnet18", "sgd", "auto"), ("resnet18", "adam", "always")}
 
 
 @pytest.fixture(autouse=True)
@@ -52,24 +37,23 @@ def _remat_off_after_each_test():
         remat.disable()
 
 
-@pytest.mark.parametrize("name,optimizer,offload", list(OFFLOAD_CASES))
+@pytest.mark.parametrize("offload", ["always", "auto"])
+@pytest.mark.parametrize("name,optimizer", CASES)
 def test_training_with_offload_is_bitwise_identical(name, optimizer, offload, monkeypatch):
-    assert (name, optimizer) in CASES
-    reference = train(name, optimizer)
-    peak = train(name, optimizer, budget=HUGE)[3]["peak_allocated_bytes"]
-    drop_only_lowest = min(CASES[(name, optimizer)])
+    reference, peak = reference_and_peak(name, optimizer)
+    budget = int(peak * OFFLOAD_BUDGET)
     monkeypatch.setenv("REMAT_OFFLOAD", offload)
-    for fraction in OFFLOAD_CASES[(name, optimizer, offload)]:
-        assert fraction < drop_only_lowest  # a budget that dropping alone does not reach today
-        budget = int(peak * fraction)
-        got = train(name, optimizer, budget=budget)
-        stats = got[3]
-        assert_identical(reference, got, f"{name}/{optimizer} offload={offload} at {fraction}")
-        assert stats["peak_allocated_bytes"] <= budget
-        assert stats["failed_allocations"] == stats["retried_ops"] + stats["retried_replays"]  # every one recovered
-        assert stats["page_outs"] > 0 and stats["page_ins"] > 0, stats
-        assert stats["paged_out_bytes"] > 0 and stats["paged_in_bytes"] > 0, stats
-        assert stats["page_out_wall_ns"] > 0 and stats["page_in_wall_ns"] > 0, stats
+    if (name, optimizer, offload) in OFFLOAD_GAPS:
+        expect_out_of_memory(name, optimizer, budget)
+        return
+    got = train(name, optimizer, budget=budget)
+    stats = got[3]
+    assert_identical(reference, got, f"{name}/{optimizer} offload={offload} at {OFFLOAD_BUDGET}")
+    assert stats["peak_allocated_bytes"] <= budget
+    assert stats["failed_allocations"] == stats["retried_ops"] + stats["retried_replays"]  # every one recovered
+    assert stats["page_outs"] > 0 and stats["page_ins"] > 0, stats
+    assert stats["paged_out_bytes"] > 0 and stats["paged_in_bytes"] > 0, stats
+    assert stats["page_out_wall_ns"] > 0 and stats["page_in_wall_ns"] > 0, stats
 
 
 def test_the_file_backed_tier_trains_bitwise_identically(monkeypatch):
@@ -150,44 +134,3 @@ def test_bad_offload_variables_are_value_errors_naming_the_variable(monkeypatch)
                          env=env)
     assert bad.returncode != 0
     assert "ImportError" in bad.stderr and "REMAT_OFFLOAD=\"sideways\" is not valid" in bad.stderr
-
-
-def _sweep(name, optimizer, mode, fractions):
-    """One row per fraction: PASS (bitwise identical, peak within the budget) with the paging numbers, or FAIL."""
-    import time
-    reference = train(name, optimizer)
-    start = time.perf_counter()
-    train(name, optimizer)  # warm: the baseline time without remat
-    baseline_s = time.perf_counter() - start
-    peak = train(name, optimizer, budget=HUGE)[3]["peak_allocated_bytes"]
-    os.environ["REMAT_OFFLOAD"] = mode
-    try:
-        for fraction in fractions:
-            budget = int(peak * fraction)
-            try:
-                start = time.perf_counter()
-                got = train(name, optimizer, budget=budget)
-                wall_s = time.perf_counter() - start
-                assert_identical(reference, got, f"{name}/{optimizer}/{mode} at {fraction}")
-                s = got[3]
-                assert s["peak_allocated_bytes"] <= budget
-                print(f"{name} {optimizer} {mode} {fraction} PASS peak={peak} evictions={s['evictions']} "
-                      f"rematerializations={s['rematerializations']} retried={s['retried_ops'] + s['retried_replays']} "
-                      f"compactions={s['compactions']} page_outs={s['page_outs']} "
-                      f"page_ins={s['page_ins']} paged_out_bytes={s['paged_out_bytes']} "
-                      f"paged_in_bytes={s['paged_in_bytes']} host_peak_bytes={s['host_peak_bytes']} "
-                      f"wall_s={wall_s:.2f} baseline_wall_s={baseline_s:.2f} "
-                      f"copy_wall_s={(s['page_out_wall_ns'] + s['page_in_wall_ns']) / 1e9:.2f}", flush=True)
-            except (AssertionError, RuntimeError) as error:  # torch.OutOfMemoryError is a RuntimeError
-                print(f"{name} {optimizer} {mode} {fraction} FAIL {type(error).__name__}: "
-                      f"{(str(error).splitlines() or [''])[0][:200]}", flush=True)
-    finally:
-        del os.environ["REMAT_OFFLOAD"]
-
-
-if __name__ == "__main__":
-    # python tests/python/test_remat_offload.py MODEL OPTIMIZER MODE FRACTION[,FRACTION...]
-    # (with REMAT_BUILD_DIR set as for pytest; run from anywhere)
-    if len(sys.argv) != 5:
-        sys.exit("usage: test_remat_offload.py MODEL OPTIMIZER off|auto|always FRACTION[,FRACTION...]")
-    _sweep(sys.argv[1], sys.argv[2], sys.argv[3], [float(f) for f in sys.argv[4].split(",")])

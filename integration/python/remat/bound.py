@@ -1,0 +1,117 @@
+"""The smallest budget any drop-and-recompute runtime could train a program with, measured on an unconstrained run.
+
+Some storages can never be dropped: the optimizer's state (momentum, Adam's moments: written in place every step
+from values that are gone), and, while the optimizer updates the parameters, every gradient (once a parameter
+changes, nothing computed from its old value can be recomputed, and every gradient was computed from nearly every
+parameter). And an op needs the storages it reads and writes resident while it runs. So when op k runs, at least
+
+    bytes of the optimizer's state alive then (+ every gradient, if op k is part of an optimizer step)
+    + bytes of the other storages op k reads and writes
+
+must be in memory, whatever was dropped before. The largest such sum over the program is a lower bound on every
+budget that can run it without a second tier, for every eviction policy (fragmentation only adds to it). Storages
+that existed before the measurement started (the model's parameters and buffers, the tensors passed as `outside`)
+are not counted: remat's arena does not hold them, and its peak does not count them either.
+
+    with RequiredBytes(model, optimizer, outside=[x, y]) as rb:
+        train_step()
+    rb.required_bytes, rb.at_op, rb.pinned_at_max
+    rb.op_bytes   # the largest op's own inputs and outputs: the bound when a second tier can take all the rest
+
+The tests use it to tell a budget remat fails at from one that no drop-and-recompute policy can meet. It runs ops
+through a Python dispatch mode: it measures, it does not train fast.
+"""
+
+from __future__ import annotations
+
+from typing import Dict, Iterable, Optional
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+
+__all__ = ["RequiredBytes"]
+
+
+def _storage_key(t: torch.Tensor):
+    storage = t.untyped_storage()
+    return storage.data_ptr(), storage.nbytes()
+
+
+class RequiredBytes(TorchDispatchMode):
+    """Measures max over ops of (undroppable bytes + the op's other inputs and outputs); see the module docstring.
+
+    The undroppable set is kept by hooks rather than rescanned per op: the optimizer's state is rescanned when the
+    model's forward starts and after each optimizer step; the gradients join it when an optimizer step starts and
+    leave it when the next forward starts (zero_grad has dropped or zeroed them by then). State created inside a
+    step joins the set only after it, which can only make the bound lower, so it stays a lower bound.
+    """
+
+    def __init__(self, model: torch.nn.Module, optimizer: Optional[torch.optim.Optimizer] = None,
+                 outside: Iterable[torch.Tensor] = ()):
+        super().__init__()
+        self._model = model
+        self._optimizer = optimizer
+        self._outside = {_storage_key(t)[0] for t in [*model.parameters(), *model.buffers(), *outside]}
+        self._pinned: Dict[int, int] = {}
+        self._hooks = []
+        self.required_bytes = 0
+        self.at_op = ""           # the op at which the maximum was reached
+        self.pinned_at_max = 0    # of required_bytes, the undroppable part
+        self.op_bytes = 0         # max over ops of the bytes of the storages the op reads and writes
+        self.ops = 0
+
+    def _pin(self, t: Optional[torch.Tensor]) -> None:
+        if isinstance(t, torch.Tensor):
+            ptr, nbytes = _storage_key(t)
+            if nbytes > 0 and ptr not in self._outside:
+                self._pinned[ptr] = nbytes
+
+    def _pin_state(self, *_) -> None:
+        self._pinned.clear()
+        if self._optimizer is not None:
+            for state in self._optimizer.state.values():
+                for v in state.values():
+                    self._pin(v)
+
+    def _pin_gradients(self, *_) -> None:
+        for p in self._model.parameters():
+            self._pin(p.grad)
+
+    def __enter__(self):
+        self._hooks.append(self._model.register_forward_pre_hook(self._pin_state))
+        if self._optimizer is not None:
+            self._hooks.append(self._optimizer.register_step_pre_hook(self._pin_gradients))
+            self._hooks.append(self._optimizer.register_step_post_hook(self._pin_state))
+        self._pin_state()
+        return super().__enter__()
+
+    def __exit__(self, *exc):
+        for h in self._hooks:
+            h.remove()
+        self._hooks.clear()
+        return super().__exit__(*exc)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        self.ops += 1
+        pinned = sum(self._pinned.values())
+        extra = 0
+        own = 0
+        seen = set()
+        for t in tree_flatten((args, kwargs, out))[0]:
+            if isinstance(t, torch.Tensor) and t.device.type != "meta":
+                ptr, nbytes = _storage_key(t)
+                if ptr in seen or ptr in self._outside:
+                    continue
+                seen.add(ptr)
+                own += nbytes
+                if ptr not in self._pinned:
+                    extra += nbytes
+        self.op_bytes = max(self.op_bytes, own)
+        if pinned + extra > self.required_bytes:
+            self.required_bytes = pinned + extra
+            self.at_op = str(func)
+            self.pinned_at_max = pinned
+        return out
