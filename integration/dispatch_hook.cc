@@ -17,11 +17,11 @@
 #include <chrono>
 #include <memory>
 #include <mutex>
-#include <optional>
 #include <utility>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
+#include "absl/container/inlined_vector.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -366,27 +366,28 @@ void Fallback(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch::ji
   record.leaves.clear();
   // An op that writes none of its arguments can run again after running out of memory: keep its arguments.
   const std::size_t base = stack->size() - num_arguments;
-  std::optional<torch::jit::Stack> retry_arguments;
-  if (traits.written_arguments.empty()) retry_arguments.emplace(stack->begin() + base, stack->end());
+  const bool retryable = traits.written_arguments.empty();
+  absl::InlinedVector<c10::IValue, 8> retry_arguments;  // no allocation for the usual few arguments
+  if (retryable) retry_arguments.assign(stack->begin() + base, stack->end());
   auto start = std::chrono::steady_clock::now();
   for (int retries = 0;; ++retries) {
     try {
       op.redispatchBoxed(below, stack);
       break;
     } catch (const c10::OutOfMemoryError&) {
-      if (!retry_arguments || retries == kMaxOutOfMemoryRetries || !observer->RetryAfterOutOfMemory(record)) {
+      if (!retryable || retries == kMaxOutOfMemoryRetries || !observer->RetryAfterOutOfMemory(record)) {
         observer->OpFailed(record);
         throw;
       }
       stack->resize(base);
-      stack->insert(stack->end(), retry_arguments->begin(), retry_arguments->end());
+      stack->insert(stack->end(), retry_arguments.begin(), retry_arguments.end());
       start = std::chrono::steady_clock::now();  // the op's cost is that of the run that succeeds
     } catch (...) {
       observer->OpFailed(record);
       throw;
     }
   }
-  retry_arguments.reset();
+  retry_arguments.clear();
   record.duration_ns = static_cast<std::uint64_t>(
       std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start).count());
   CaptureOutputs(record, *stack);
