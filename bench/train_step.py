@@ -56,12 +56,12 @@ def _load_train_example():
 train = _load_train_example()
 remat = train.remat
 
-# Per model: batch and image size when --batch / --image-size are not given. On the 2-core development machine
-# (shared), resnet50 at 8 x 3 x 128 x 128 takes about 1.4 s a step with --threads 1 (4 to 9 s with torch's 2
-# threads while other processes load the cores), and its activations are about half of the 360 MiB peak (beside
-# about 180 MiB of gradients and momentum); the transformer (examples/train.py's defaults: width 64, 4 layers,
-# context 128) at batch 32 takes about 0.37 s with --threads 1, with a 184 MiB peak.
-DEFAULT_BATCH = {"resnet50": 8, "transformer": 32}
+# Per model: batch and image size when --batch / --image-size are not given. resnet50 at 16 x 3 x 128 x 128 takes
+# about 1.9 s a step on the 2-core development machine with --threads 1; its peak is 567 MiB, of which 180 MiB are
+# gradients and momentum, and remat.bound.RequiredBytes (the least any drop-and-recompute runtime needs) is 0.32 of
+# it, so 0.5 is a budget some policy could meet (at batch 8 the bound is 0.50). The transformer (examples/train.py's
+# defaults: width 64, 4 layers, context 128) at batch 32 takes about 0.26 s with --threads 1, with a 184 MiB peak.
+DEFAULT_BATCH = {"resnet50": 16, "transformer": 32}
 DEFAULT_IMAGE_SIZE = 128
 FALLBACK_BATCH = 8
 
