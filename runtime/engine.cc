@@ -1021,10 +1021,13 @@ bool Engine::MakeHoleForRetry() {
   if (arena == nullptr || failed_request_ == 0 || !pending_.ok()) return false;
   const std::size_t bytes = failed_request_;
   failed_request_ = 0;
-  if (arena->Stats().largest_free_block >= bytes) return true;  // the failed kernel's scratch was freed
   const OpId kernel = running_kernel_;
   running_kernel_ = kNoKernel;
-  Compact(*arena, bytes);
+  // The kernel may allocate more than the request it failed on: gather every free byte into one hole if nothing
+  // stands in the way, else as many as the request needs.
+  const std::size_t alignment = arena->alignment();
+  const std::size_t all_free = arena->Stats().free_bytes / alignment * alignment;
+  if (!(all_free > bytes && Compact(*arena, all_free))) Compact(*arena, bytes);
   running_kernel_ = kernel;
   return arena->Stats().largest_free_block >= bytes;
 }
@@ -1041,11 +1044,17 @@ bool Engine::MakeRoomOnce(Arena& arena, std::size_t bytes) {
     }
   }
   std::int64_t start = NowNs();
+  // When the policy has nothing left: page a constant, or move memory; deferred storages (gradients) go last.
+  auto last_resort = [&] { return PageLruConstant() || RelocateIdle(arena, bytes) || Compact(arena, bytes); };
   if (options_.policy->UsesWindows()) {
     std::optional<Window> window = ChooseWindow(arena, bytes);
-    if ((!window || window->owners.empty()) && ReleaseDeferred()) window = ChooseWindow(arena, bytes);
     stats_.search_ns += NowNs() - start;
-    if (!window || window->owners.empty()) return PageLruConstant() || RelocateIdle(arena, bytes) || Compact(arena, bytes);
+    if (!window || window->owners.empty()) {
+      if (last_resort()) return true;
+      if (!ReleaseDeferred()) return false;
+      window = ChooseWindow(arena, bytes);
+      if (!window || window->owners.empty()) return false;
+    }
     for (OwnerId o : window->owners) {
       if (absl::Status s = Reclaim(static_cast<StorageIndex>(o - 1)); !s.ok()) {
         pending_ = s;
@@ -1054,9 +1063,11 @@ bool Engine::MakeRoomOnce(Arena& arena, std::size_t bytes) {
     }
     return true;
   }
-  if (m.pool_size == 0 && !ReleaseDeferred()) {
+  if (m.pool_size == 0) {
     stats_.search_ns += NowNs() - start;
-    return PageLruConstant() || RelocateIdle(arena, bytes) || Compact(arena, bytes);
+    if (last_resort()) return true;
+    if (!ReleaseDeferred()) return false;
+    start = NowNs();
   }
   std::optional<StorageIndex> pick = ChooseFromPool();
   stats_.search_ns += NowNs() - start;
@@ -1366,7 +1377,7 @@ absl::Status Engine::MakeRoomCounter(std::int64_t bytes, std::string_view what) 
   Impl& m = *impl_;
   while (stats_.used_bytes + bytes > options_.budget) {
     if (m.pool_size == 0) {
-      if (ReleaseDeferred() || PageLruConstant()) continue;
+      if (PageLruConstant() || ReleaseDeferred()) continue;
       std::int64_t locked = 0;
       for (const Impl::Storage& st : m.storages) {
         if (st.material && st.locks > 0 && !st.pinned) locked += st.size;

@@ -191,8 +191,8 @@ class Engine final : public PressureHandler, private StorageView {
   // Locks t's storage for good (outputs at the end of a replay).
   void Pin(TensorId t);
   // t's storage stays evictable, but only once nothing else is: it leaves the eviction pool for a reserve that
-  // MakeRoom (arena mode) returns to the pool, all at once, when the pool is empty (or no window holds the
-  // request). For storages that are costly to get back and certain to be read soon: parameters' gradients. Evicted
+  // MakeRoom returns to the pool, all at once, when the pool is empty (or no window holds the request) and, in
+  // arena mode, neither paging a constant, relocation nor compaction made room. For storages that are costly to get back and certain to be read soon: parameters' gradients. Evicted
   // and recomputed, a deferred storage stays deferred until released; Pin ends it.
   void Defer(TensorId t);
 
@@ -206,8 +206,9 @@ class Engine final : public PressureHandler, private StorageView {
   // Arena mode, after MakeRoom gave up on a kernel's allocation (the op's own kernel between BeginOp and EndOp, or a
   // replay inside Executor::Execute) and that kernel threw without writing anything, before the caller runs it
   // again: compacts the arena as MakeRoom's last resort does, but with the failed kernel's inputs movable too
-  // (nothing uses them until the retry), so that the request MakeRoom gave up on fits in one hole. Returns whether
-  // it fits now (and false when there is nothing to retry for).
+  // (nothing uses them until the retry): all free bytes into one hole when no barrier splits them (the kernel may
+  // need more than the request it failed on), else enough for that request. Returns whether the request MakeRoom
+  // gave up on fits in one hole now (and false when there is nothing to retry for).
   bool MakeHoleForRetry();
 
   // Introspection (tests, executors, integration).
