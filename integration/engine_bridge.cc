@@ -237,6 +237,15 @@ void EngineBridge::DeferGradient(c10::StorageImpl* impl) {
   ++stats_.deferred_gradients;
 }
 
+bool EngineBridge::PinState(c10::StorageImpl* impl) {
+  std::lock_guard<std::recursive_mutex> lock(mutex_);
+  auto it = entries_.find(impl);
+  if (it == entries_.end() || it->second.pinned || it->second.released) return false;
+  PinEntry(it->second);
+  ++stats_.pinned_state;
+  return true;
+}
+
 void EngineBridge::CountRecordRefs(const OpRecord& record, int delta) {
   auto count = [&](const c10::StorageImpl* impl) {
     auto it = entries_.find(impl);

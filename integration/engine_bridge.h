@@ -132,6 +132,7 @@ struct BridgeStats {
   std::int64_t pruned_entries = 0;       // storages forgotten for the same reason
   std::int64_t retried_ops = 0;          // kernels run again after running out of memory (RetryAfterOutOfMemory)
   std::int64_t deferred_gradients = 0;   // parameter gradients deferred once accumulated (Engine::Defer)
+  std::int64_t pinned_state = 0;         // storages pinned by PinState (optimizer state)
   HostTierStats host_tier;               // zeros without paging
 };
 
@@ -151,6 +152,11 @@ class EngineBridge final : public OpObserver, public PressureHandler, public Hel
   // References the kept records hold on `storage` (held_references.h).
   std::int64_t HeldReferences(const c10::StorageImpl* storage) override;
 
+  // Pins the storage for good, as a constant (resident from now on): for state a program keeps across steps and
+  // rewrites in place, such as an optimizer's (the Python package calls it after every optimizer step). Recomputing
+  // such a storage would replay every step since it was made. Storages remat did not make are constants already.
+  // Returns whether it pinned something.
+  bool PinState(c10::StorageImpl* impl);
   // Makes every live storage resident again (before remat is switched off: user tensors must keep their data).
   // Allocations then come from whatever allocator is installed.
   absl::Status MaterializeLive();

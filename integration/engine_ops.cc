@@ -10,6 +10,7 @@
 #include <optional>
 #include <string>
 #include <tuple>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "integration/engine_session.h"
@@ -57,6 +58,12 @@ std::string CheckHostTier(const std::string& text) {
 
 void DisableEngine() { ThrowIfError(DisableRematEngine()); }
 
+int64_t PinState(const std::vector<at::Tensor>& tensors) {
+  absl::StatusOr<int> pinned = PinRematState(tensors);
+  ThrowIfError(pinned.status());
+  return *pinned;
+}
+
 bool EngineEnabled() { return RematEngineEnabled(); }
 
 c10::List<std::string> Policies() {
@@ -97,6 +104,7 @@ c10::Dict<std::string, double> EngineStatsDict() {
   put("retried_ops", s->retried_ops);
   put("retried_replays", s->executor.retried_replays);
   put("deferred_gradients", s->deferred_gradients);
+  put("pinned_state", s->pinned_state);
   put("deferred_releases", s->engine.deferred_releases);
   // Paging (zeros with offload off). paged_* and page_* are the engine's counts; stall_ns is its link model's
   // clock time ops waited for page-ins (modelled); page_*_wall_ns the executor's measured copy time.
@@ -127,6 +135,7 @@ TORCH_LIBRARY_FRAGMENT(remat, m) {
   m.def("resolve_paging(str? offload, str? host_budget) -> (str, int)", &ResolvePagingOp);
   m.def("check_host_tier(str host_tier) -> str", &CheckHostTier);
   m.def("disable_engine() -> ()", &DisableEngine);
+  m.def("pin_state(Tensor[] tensors) -> int", &PinState);
   m.def("engine_enabled() -> bool", &EngineEnabled);
   m.def("policies() -> str[]", &Policies);
   m.def("engine_stats() -> Dict(str, float)", &EngineStatsDict);

@@ -90,6 +90,16 @@ absl::Status DisableRematEngine() {
   return status;
 }
 
+absl::StatusOr<int> PinRematState(const std::vector<at::Tensor>& tensors) {
+  std::lock_guard<std::mutex> lock(g_mutex);
+  if (g_bridge == nullptr) return absl::FailedPreconditionError("remat: not enabled");
+  int pinned = 0;
+  for (const at::Tensor& t : tensors) {
+    if (t.defined() && t.has_storage()) pinned += g_bridge->PinState(t.storage().unsafeGetStorageImpl());
+  }
+  return pinned;
+}
+
 absl::StatusOr<PagingSetting> ResolvePaging(const std::optional<std::string>& offload,
                                             const std::optional<std::string>& host_budget) {
   // The environment, reduced to the two variables this resolves (a malformed REMAT_BUDGET is not our business).

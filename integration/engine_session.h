@@ -13,6 +13,8 @@
 // Enable/Disable are serialized by a mutex; enabling twice is AlreadyExists.
 #pragma once
 
+#include <ATen/core/Tensor.h>
+
 #include <cstddef>
 #include <cstdint>
 #include <limits>
@@ -56,6 +58,9 @@ absl::StatusOr<PagingSetting> ResolvePaging(const std::optional<std::string>& of
 absl::Status EnableRematEngine(const EngineSessionOptions& options);
 absl::Status DisableRematEngine();
 bool RematEngineEnabled();
+// Pins the storages of `tensors` for good (EngineBridge::PinState): state kept across steps, such as an optimizer's.
+// Returns how many were pinned; FailedPrecondition when remat is not enabled.
+absl::StatusOr<int> PinRematState(const std::vector<at::Tensor>& tensors);
 // Of the current engine, else of the last one; NotFound before the first EnableRematEngine.
 absl::StatusOr<BridgeStats> GetEngineStats();
 

@@ -247,6 +247,23 @@ def test_training_under_budgets_is_bitwise_identical(name, optimizer):
             assert stats["evictions"] > 0 and stats["rematerializations"] > 0, stats
 
 
+def test_the_optimizers_state_is_pinned_once_after_its_first_step():
+    """Momentum buffers are rewritten in place every step: remat pins them after the step that makes them (a global
+    optimizer hook), so recomputing one never replays earlier steps; later steps pin nothing new."""
+    pinned = []
+    for steps in (1, 3):
+        model, inputs, targets, loss_fn = build("gpt")
+        opt = make_optimizer("sgd", model)
+        with remat.enable(HUGE, costs="estimated"):
+            for _ in range(steps):
+                opt.zero_grad()
+                loss_fn(model(inputs), targets).backward()
+                opt.step()
+        pinned.append(remat.stats()["pinned_state"])
+    assert 0 < pinned[0] <= len(list(model.parameters()))
+    assert pinned[1] == pinned[0]
+
+
 def test_too_small_a_budget_raises_out_of_memory_naming_the_request():
     expect_out_of_memory("gpt", "adam", 256 * 1024)
     train("gpt", "adam", budget=HUGE)  # and remat works again

@@ -5,7 +5,9 @@ The package's ``remat.enable(budget, policy=...)`` switches this on; this module
 ``policies()`` lists the engine's registry, ``resolve_policy`` validates a name (or ``REMAT_POLICY``), and
 ``stats()`` merges the arena's numbers with the engine's (evictions, rematerializations, replayed time, search
 time, fragmentation, paging), and ``resolve_paging`` parses ``offload``/``host_budget`` or ``REMAT_OFFLOAD``/
-``REMAT_HOST_BUDGET`` with the C++ configuration parser.
+``REMAT_HOST_BUDGET`` with the C++ configuration parser. After every optimizer step (a global step hook, idle
+while remat is off) the optimizer's state is pinned: momentum and Adam's moments are rewritten in place every step,
+so recomputing them would replay every step since they were made.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import os
 from typing import Dict, List, Optional, Tuple, Union
 
 import torch
+from torch.optim.optimizer import register_optimizer_step_post_hook
 
 DEFAULT_POLICY = "dtr-eq"
 
@@ -89,3 +92,15 @@ def engine_stats() -> Dict[str, Union[int, float]]:
     for key, value in dict(torch.ops.remat.engine_stats()).items():
         out[key] = value if key == "fragmentation" else int(value)
     return out
+
+
+def _pin_optimizer_state(optimizer: torch.optim.Optimizer, args, kwargs) -> None:
+    """torch.optim's global step post hook: pins the tensors of `optimizer.state` (EngineBridge::PinState)."""
+    if not is_enabled():
+        return
+    tensors = [v for state in optimizer.state.values() for v in state.values() if isinstance(v, torch.Tensor)]
+    if tensors:
+        torch.ops.remat.pin_state(tensors)
+
+
+_OPTIMIZER_HOOK = register_optimizer_step_post_hook(_pin_optimizer_state)
