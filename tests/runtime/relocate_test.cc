@@ -14,15 +14,10 @@
 namespace remat {
 namespace {
 
-// Arena of 1024 bytes (64-byte units): constants c0..c3 of 64 bytes between three 192-byte activations, then the
-// activations are released. Free: four 192-byte holes and 768 bytes in all; a 384-byte request has no hole unless
-// a constant moves.
-struct Fragmented {
-  explicit Fragmented(bool relocate) {
-    ArenaOptions ao;
-    ao.capacity = 1024;
-    ao.alignment = 64;
-    arena = *Arena::Create(MakeVirtualProvider(), ao);
+// An engine (dtr-eq) over a fresh 1024-byte arena (64-byte units) with nothing in it.
+struct Empty {
+  explicit Empty(bool relocate = true) {
+    arena = *Arena::Create(MakeVirtualProvider(), ArenaOptions{.capacity = 1024, .alignment = 64});
     policy = *MakePolicy("dtr-eq");
     executor = std::make_unique<SimExecutor>(arena.get(), /*cheap_tensor_partitioning=*/false);
     EngineOptions o;
@@ -33,6 +28,22 @@ struct Fragmented {
     o.relocate = relocate;
     engine = std::make_unique<Engine>(o, executor.get());
     arena->SetPressureHandler(engine.get());
+    arena->ForEachBlock([&](const BlockInfo& block) { base = base == 0 ? block.address : base; });
+  }
+  ~Empty() { arena->SetPressureHandler(nullptr); }
+  std::uintptr_t AddressOf(TensorId t) const { return engine->StorageAddress(engine->StorageOf(t)); }
+
+  std::unique_ptr<Arena> arena;
+  std::unique_ptr<Policy> policy;
+  std::unique_ptr<SimExecutor> executor;
+  std::unique_ptr<Engine> engine;
+  std::uintptr_t base = 0;
+};
+
+// Constants c0..c3 of 64 bytes between three 192-byte activations, then the activations are released. Free: four
+// 192-byte holes and 768 bytes in all; a 384-byte request has no hole unless a constant moves.
+struct Fragmented : Empty {
+  explicit Fragmented(bool relocate) : Empty(relocate) {
     const std::vector<OutputSpec> activation = {{192, -1}};
     c.push_back(*engine->Constant(64));
     for (int i = 0; i < 3; ++i) {
@@ -42,12 +53,6 @@ struct Fragmented {
     }
     for (TensorId t : activations) engine->Release(t);
   }
-  ~Fragmented() { arena->SetPressureHandler(nullptr); }
-
-  std::unique_ptr<Arena> arena;
-  std::unique_ptr<Policy> policy;
-  std::unique_ptr<SimExecutor> executor;
-  std::unique_ptr<Engine> engine;
   std::vector<TensorId> c;
   std::vector<TensorId> activations;
 };
@@ -92,16 +97,8 @@ TEST(RelocateTest, MovingOneConstantOutOfTheCheapestWindowMakesTheHole) {
 // evicted and must be replayed before the op runs. No constant but c0 (the replay's own input) could move, so only
 // moving a locked input makes the 384-byte hole.
 TEST(RelocateTest, InputsLockedWhileAnotherInputReplaysMayMove) {
-  std::unique_ptr<Arena> arena = *Arena::Create(MakeVirtualProvider(), ArenaOptions{.capacity = 1024, .alignment = 64});
-  std::unique_ptr<Policy> policy = *MakePolicy("dtr-eq");
-  SimExecutor executor(arena.get(), /*cheap_tensor_partitioning=*/false);
-  EngineOptions o;
-  o.mode = AccountingMode::kArena;
-  o.budget = 1024;
-  o.policy = policy.get();
-  o.arena = arena.get();
-  Engine engine(o, &executor);
-  arena->SetPressureHandler(&engine);
+  Empty e;
+  Engine& engine = *e.engine;
   const TensorId c0 = *engine.Constant(64);
   const std::vector<TensorId> from_c0 = {c0};
   const std::vector<OutputSpec> spec192 = {{192, -1}}, spec64 = {{64, -1}}, spec384 = {{384, -1}};
@@ -113,9 +110,8 @@ TEST(RelocateTest, InputsLockedWhileAnotherInputReplaysMayMove) {
     inputs.push_back((*engine.Call(from_c0, spec64, 10, "a"))[0]);
   }
   for (TensorId t : holes) engine.Release(t);
-  const std::uintptr_t base = engine.StorageAddress(engine.StorageOf(c0));
-  ASSERT_EQ(engine.StorageAddress(engine.StorageOf(inputs[0])), base + 256);
-  ASSERT_EQ(arena->Stats().largest_free_block, 192u);
+  ASSERT_EQ(e.AddressOf(inputs[0]), e.base + 256);
+  ASSERT_EQ(e.arena->Stats().largest_free_block, 192u);
   const std::int64_t evictions_before = engine.stats().evictions;
 
   std::vector<TensorId> op_inputs = inputs;
@@ -124,41 +120,10 @@ TEST(RelocateTest, InputsLockedWhileAnotherInputReplaysMayMove) {
   ASSERT_TRUE(result.ok()) << result.status();
   EXPECT_EQ(engine.stats().relocations, 1);
   EXPECT_EQ(engine.stats().evictions, evictions_before);  // nothing was evictable: the rest are the op's inputs
-  EXPECT_EQ(engine.StorageAddress(engine.StorageOf(b)), base + 64);
-  EXPECT_EQ(engine.StorageAddress(engine.StorageOf(inputs[0])), base + 960);  // the highest hole
-  EXPECT_EQ(engine.StorageAddress(engine.StorageOf(c0)), base);  // the replay's input never moves
-  arena->SetPressureHandler(nullptr);
+  EXPECT_EQ(e.AddressOf(b), e.base + 64);
+  EXPECT_EQ(e.AddressOf(inputs[0]), e.base + 960);  // the highest hole
+  EXPECT_EQ(e.AddressOf(c0), e.base);  // the replay's input never moves
 }
-
-// An engine over a fresh 1024-byte arena (64-byte units) with nothing in it.
-struct Empty {
-  Empty() {
-    arena = *Arena::Create(MakeVirtualProvider(), ArenaOptions{.capacity = 1024, .alignment = 64});
-    policy = *MakePolicy("dtr-eq");
-    executor = std::make_unique<SimExecutor>(arena.get(), /*cheap_tensor_partitioning=*/false);
-    EngineOptions o;
-    o.mode = AccountingMode::kArena;
-    o.budget = 1024;
-    o.policy = policy.get();
-    o.arena = arena.get();
-    engine = std::make_unique<Engine>(o, executor.get());
-    arena->SetPressureHandler(engine.get());
-    base = BaseOf(*arena);
-  }
-  ~Empty() { arena->SetPressureHandler(nullptr); }
-  static std::uintptr_t BaseOf(const Arena& arena) {
-    std::uintptr_t first = 0;
-    arena.ForEachBlock([&](const BlockInfo& b) { first = first == 0 ? b.address : first; });
-    return first;
-  }
-  std::uintptr_t AddressOf(TensorId t) const { return engine->StorageAddress(engine->StorageOf(t)); }
-
-  std::unique_ptr<Arena> arena;
-  std::unique_ptr<Policy> policy;
-  std::unique_ptr<SimExecutor> executor;
-  std::unique_ptr<Engine> engine;
-  std::uintptr_t base = 0;
-};
 
 // Holes of 64 and 192 bytes around a 256-byte constant: moving it out needs a hole of 256 that does not exist, but
 // sliding it down joins the holes. Layout: c0 [0,64), hole [64,128), c1 [128,384), hole [384,576), c2 [576,1024).
