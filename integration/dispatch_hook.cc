@@ -364,9 +364,10 @@ void Fallback(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch::ji
   }
   observer->BeforeOp(record);
   record.leaves.clear();
-  // An op that writes none of its arguments can run again after running out of memory: keep its arguments.
+  // An op that writes none of its arguments, draws no random numbers and has no other side effect can run again
+  // after running out of memory, with the same result: keep its arguments.
   const std::size_t base = stack->size() - num_arguments;
-  const bool retryable = traits.written_arguments.empty();
+  const bool retryable = traits.written_arguments.empty() && !traits.random && traits.replayable;
   absl::InlinedVector<c10::IValue, 8> retry_arguments;  // no allocation for the usual few arguments
   if (retryable) retry_arguments.assign(stack->begin() + base, stack->end());
   auto start = std::chrono::steady_clock::now();

@@ -186,9 +186,10 @@ class OpObserver {
   virtual void AfterOp(OpRecord&& record) = 0;
   // The op threw after BeforeOp returned (release locks); the exception then propagates.
   virtual void OpFailed(OpRecord& record) noexcept = 0;
-  // The op's kernel threw c10::OutOfMemoryError. It writes none of its arguments, so it can run again on the same
-  // arguments: return true to have it run again (the observer has made room that was not there), false to let the
-  // error propagate (OpFailed follows). Asked at most kMaxOutOfMemoryRetries times per op.
+  // The op's kernel threw c10::OutOfMemoryError. It writes none of its arguments, draws no random numbers and has
+  // no other side effect (OpTraits), so it can run again on the same arguments with the same result: return true to
+  // have it run again (the observer has made room that was not there), false to let the error propagate (OpFailed
+  // follows). Asked at most kMaxOutOfMemoryRetries times per op.
   virtual bool RetryAfterOutOfMemory(OpRecord& record) { return false; }
 };
 

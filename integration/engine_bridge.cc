@@ -559,6 +559,8 @@ void EngineBridge::OpFailed(OpRecord& record) noexcept {
 
 bool EngineBridge::RetryAfterOutOfMemory(OpRecord& record) {
   if (!current_.active) return false;
+  // An op not known to be random that drew from the default generator before failing would draw other numbers.
+  if (current_.check_rng && !SameRngState(current_.rng_before, DefaultCpuRngState())) return false;
   executor_.SetRunningOp(nullptr);  // its kernel has unwound: nothing reads its inputs until it runs again
   const bool retry = engine_->MakeHoleForRetry();
   executor_.SetRunningOp(&record);
