@@ -11,6 +11,7 @@
 #include <ATen/core/List.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <c10/util/Exception.h>
+#include <torch/csrc/autograd/graph_task.h>
 
 #include <algorithm>
 #include <atomic>
@@ -356,14 +357,8 @@ void Fallback(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch::ji
   }
   if (traits.random) CaptureRng(record, record.arguments);
   CaptureAutocast(record);
-  for (std::size_t i = stack->size() - num_arguments; i < stack->size(); ++i) {
-    const c10::IValue& value = (*stack)[i];
-    if (value.isTensor() && value.toTensor().requires_grad() && value.toTensor().is_leaf()) {
-      record.leaves.push_back(value.toTensor());
-    }
-  }
+  record.in_backward = torch::autograd::get_current_graph_task_id() != -1;
   observer->BeforeOp(record);
-  record.leaves.clear();
   // An op that writes none of its arguments, draws no random numbers and has no other side effect can run again
   // after running out of memory, with the same result: keep its arguments.
   const std::size_t base = stack->size() - num_arguments;

@@ -170,9 +170,9 @@ struct OpRecord {
   std::optional<c10::ScalarType> autocast_cpu_dtype;
   std::optional<c10::ScalarType> autocast_cuda_dtype;
   std::uint64_t duration_ns = 0;  // the op's wall time, nested calls included
-  // The tensor arguments that are leaves requiring grad (parameters), as the op received them, for BeforeOp only:
-  // the observer may watch their gradients (gradient_watch.h). Cleared once BeforeOp returned.
-  std::vector<at::Tensor> leaves;
+  // Run by autograd's engine as part of a backward pass (torch::autograd::get_current_graph_task_id): its outputs
+  // are gradients, or values computed to produce them.
+  bool in_backward = false;
 };
 
 // Implemented by the runtime. Called for every recorded (outermost) op on the thread that runs it.

@@ -229,14 +229,6 @@ void EngineBridge::Sweep(const OpRecord& record) {
   live_.resize(kept);
 }
 
-void EngineBridge::DeferGradient(c10::StorageImpl* impl) {
-  std::lock_guard<std::recursive_mutex> lock(mutex_);
-  auto it = entries_.find(impl);
-  if (it == entries_.end() || it->second.pinned || it->second.released) return;  // not made under remat, or done
-  engine_->Defer(it->second.root);
-  ++stats_.deferred_gradients;
-}
-
 bool EngineBridge::PinState(c10::StorageImpl* impl) {
   std::lock_guard<std::recursive_mutex> lock(mutex_);
   auto it = entries_.find(impl);
@@ -310,7 +302,6 @@ void EngineBridge::BeforeOp(OpRecord& record) {
   mutex_.lock();
   try {
     if (options_.next != nullptr) options_.next->BeforeOp(record);
-    for (const at::Tensor& leaf : record.leaves) gradient_watch_.Watch(leaf);
     engine_->NoteAllocation();
     Sweep(record);
     if (++ops_since_prune_ >= 1024) {
@@ -489,6 +480,10 @@ void EngineBridge::AfterOp(OpRecord&& record) {
         executor_.SetOwner(AddressOf(*impl), s, /*evictable=*/true);
         replay->output_storage[spec_output[j]] = s;
         keep = true;
+        if (record.in_backward) {
+          engine_->Defer(t);
+          ++stats_.deferred_outputs;
+        }
       } else {
         engine_->Pin(t);
         entry.pinned = true;
@@ -518,6 +513,10 @@ void EngineBridge::AfterOp(OpRecord&& record) {
       executor_.SetOwner(AddressOf(*impl), s, /*evictable=*/true);
       replay->in_place.emplace_back(k, s);
       keep = true;
+      if (record.in_backward) {  // a gradient accumulated in place, for one
+        engine_->Defer(t);
+        ++stats_.deferred_outputs;
+      }
     } else {
       engine_->Pin(t);
       entry.pinned = true;

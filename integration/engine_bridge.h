@@ -56,10 +56,12 @@
 // them again: EngineOptions::free_dead) and forgets storages that are released, unreferenced and read by no kept
 // record, so that a long training run does not grow by a record per op.
 //
-// Gradients. A parameter's gradient is deferred (Engine::Defer) as soon as autograd has accumulated it
-// (GradientWatch, on the parameters the ops read): it is evicted only once nothing else can be, since the optimizer
-// reads every one of them and recomputing one replays the backward pass up to it. The optimizer's first write pins
-// them (writes to constants, above).
+// Backward. The outputs of ops that autograd's engine runs for a backward pass (OpRecord::in_backward: the
+// parameters' gradients and the gradients flowing between layers) are deferred (Engine::Defer): evicted only once
+// nothing else can be. Recomputing one replays the backward pass up to it (and the forward ops that pass reads),
+// while a forward activation comes back by replaying forward ops from the nearest resident one; checkpointing
+// recomputes only forward activations for the same reason. The optimizer's first write pins the parameters'
+// gradients (writes to constants, above), and PinState pins the optimizer's state after each step.
 //
 // Out of memory inside an op's kernel: the hook asks RetryAfterOutOfMemory (ops that write none of their arguments).
 // The arena is compacted with the op's inputs movable, since no kernel uses them until the retry: the inputs of a
@@ -87,7 +89,6 @@
 #include "absl/status/statusor.h"
 #include "allocator/arena.h"
 #include "integration/dispatch_hook.h"
-#include "integration/gradient_watch.h"
 #include "integration/held_references.h"
 #include "integration/host_tier.h"
 #include "integration/torch_executor.h"
@@ -131,7 +132,7 @@ struct BridgeStats {
   std::int64_t pruned_records = 0;       // records dropped because nothing can need their outputs any more
   std::int64_t pruned_entries = 0;       // storages forgotten for the same reason
   std::int64_t retried_ops = 0;          // kernels run again after running out of memory (RetryAfterOutOfMemory)
-  std::int64_t deferred_gradients = 0;   // parameter gradients deferred once accumulated (Engine::Defer)
+  std::int64_t deferred_outputs = 0;     // outputs of backward-pass ops, deferred (Engine::Defer)
   std::int64_t pinned_state = 0;         // storages pinned by PinState (optimizer state)
   HostTierStats host_tier;               // zeros without paging
 };
@@ -194,7 +195,6 @@ class EngineBridge final : public OpObserver, public PressureHandler, public Hel
   void PinDependents(StorageIndex start);
   void PinEntry(Entry& entry);
   void CountRecordRefs(const OpRecord& record, int delta = 1);
-  void DeferGradient(c10::StorageImpl* impl);
   void Prune();
   void Unlock();
 
@@ -212,7 +212,6 @@ class EngineBridge final : public OpObserver, public PressureHandler, public Hel
   std::vector<OpId> kept_ops_;  // ops whose records the executor keeps
   std::int64_t ops_since_prune_ = 0;
   BridgeStats stats_;
-  GradientWatch gradient_watch_{[this](c10::StorageImpl* impl) { DeferGradient(impl); }};  // last: hooks go first
 };
 
 }  // namespace remat::integration

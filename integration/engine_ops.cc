@@ -103,7 +103,7 @@ c10::Dict<std::string, double> EngineStatsDict() {
   put("compacted_bytes", s->engine.compacted_bytes);
   put("retried_ops", s->retried_ops);
   put("retried_replays", s->executor.retried_replays);
-  put("deferred_gradients", s->deferred_gradients);
+  put("deferred_outputs", s->deferred_outputs);
   put("pinned_state", s->pinned_state);
   put("deferred_releases", s->engine.deferred_releases);
   // Paging (zeros with offload off). paged_* and page_* are the engine's counts; stall_ns is its link model's
