@@ -678,16 +678,33 @@ void Engine::Defer(TensorId t) {
 bool Engine::ReleaseDeferred() {
   Impl& m = *impl_;
   if (m.deferred_list.empty()) return false;
-  std::vector<StorageIndex> released;
-  released.swap(m.deferred_list);
-  for (StorageIndex s : released) {
+  released_.clear();
+  released_.swap(m.deferred_list);
+  std::size_t kept = 0;
+  for (StorageIndex s : released_) {
     Impl::Storage& st = m.storages[s];
-    if (!st.deferred) continue;
-    st.deferred = false;
-    if (st.material && st.locks == 0 && !st.pinned) m.PoolAppend(s);
+    if (!st.deferred || st.in_pool || !st.material || st.locks > 0 || st.pinned) continue;
+    st.deferred = false;  // so that PoolAppend puts it in the pool; RedeferUnchosen sets it again
+    m.PoolAppend(s);
+    st.deferred = true;
+    released_[kept++] = s;
   }
+  released_.resize(kept);
   ++stats_.deferred_releases;
   return m.pool_size > 0;
+}
+
+void Engine::RedeferUnchosen() {
+  Impl& m = *impl_;
+  for (StorageIndex s : released_) {
+    Impl::Storage& st = m.storages[s];
+    if (!st.deferred) continue;  // pinned since
+    if (st.in_pool) {
+      m.PoolRemove(s);
+      m.PoolAppend(s);  // into deferred_list
+    }
+  }
+  released_.clear();
 }
 
 void Engine::Pin(TensorId t) {
@@ -1044,6 +1061,7 @@ bool Engine::MakeRoomOnce(Arena& arena, std::size_t bytes) {
     }
   }
   std::int64_t start = NowNs();
+  absl::Cleanup redefer = [this] { RedeferUnchosen(); };  // after the choice's victims are evicted
   // When the policy has nothing left: page a constant, or move memory; deferred storages (gradients) go last.
   auto last_resort = [&] { return PageLruConstant() || RelocateIdle(arena, bytes) || Compact(arena, bytes); };
   if (options_.policy->UsesWindows()) {
@@ -1390,8 +1408,13 @@ absl::Status Engine::MakeRoomCounter(std::int64_t bytes, std::string_view what) 
     std::int64_t start = NowNs();
     std::optional<StorageIndex> pick = ChooseFromPool();
     stats_.search_ns += NowNs() - start;
-    if (!pick) return absl::InternalError("policy chose nothing from a non-empty pool");
-    if (absl::Status s = Reclaim(*pick); !s.ok()) return s;
+    if (!pick) {
+      RedeferUnchosen();
+      return absl::InternalError("policy chose nothing from a non-empty pool");
+    }
+    absl::Status reclaimed = Reclaim(*pick);
+    RedeferUnchosen();  // no-op unless the deferred storages were released for this choice
+    if (!reclaimed.ok()) return reclaimed;
   }
   return absl::OkStatus();
 }

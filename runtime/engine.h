@@ -151,7 +151,7 @@ struct EngineStats {
   // Relocation (arena mode).
   std::int64_t relocations = 0;
   std::int64_t relocated_bytes = 0;
-  std::int64_t deferred_releases = 0;  // times the deferred storages went back to the pool
+  std::int64_t deferred_releases = 0;  // choices made among the deferred storages (the pool was empty)
   std::int64_t compactions = 0;        // runs compacted
   std::int64_t compacted_bytes = 0;    // bytes slid by compactions
 };
@@ -190,10 +190,11 @@ class Engine final : public PressureHandler, private StorageView {
   absl::Status Rematerialize(TensorId t);
   // Locks t's storage for good (outputs at the end of a replay).
   void Pin(TensorId t);
-  // t's storage stays evictable, but only once nothing else is: it leaves the eviction pool for a reserve that
-  // MakeRoom returns to the pool, all at once, when the pool is empty (or no window holds the request) and, in
-  // arena mode, neither paging a constant, relocation nor compaction made room. For storages that are costly to get back and certain to be read soon: parameters' gradients. Evicted
-  // and recomputed, a deferred storage stays deferred until released; Pin ends it.
+  // t's storage stays evictable, but only once nothing else is: it leaves the eviction pool for a reserve. When the
+  // pool is empty (or no window holds the request) and, in arena mode, neither paging a constant, relocation nor
+  // compaction made room, MakeRoom lets the policy choose among the reserve for that one request; the storages it
+  // did not choose stay deferred. For storages that are costly to get back and certain to be read soon: the
+  // gradients of a backward pass. Evicted and recomputed, a deferred storage is deferred again; Pin ends it.
   void Defer(TensorId t);
 
   // Reported by the executor in arena mode: where storage s lives.
@@ -311,8 +312,11 @@ class Engine final : public PressureHandler, private StorageView {
   // memory is not an error (returns false), and s counts as a prefetch and is marked fresh.
   absl::StatusOr<bool> PageInStorage(StorageIndex s, bool prefetch, bool may_reclaim);
   void DropPagedCopy(StorageIndex s);
-  // Returns the deferred storages to the pool (Defer); true when the pool is no longer empty.
+  // Puts the deferred storages (Defer) into the pool for one choice; true when the pool is no longer empty. The
+  // caller chooses, then calls RedeferUnchosen, which takes the ones not chosen out again: one pressure event that
+  // finds nothing else releases one victim, not every gradient at once.
   bool ReleaseDeferred();
+  void RedeferUnchosen();
   // MakeRoom without the bookkeeping of failed requests.
   bool MakeRoomOnce(Arena& arena, std::size_t bytes);
   // Counter mode: reclaims until `bytes` more fit in the budget.
@@ -344,6 +348,7 @@ class Engine final : public PressureHandler, private StorageView {
   std::size_t failed_request_ = 0;   // the last request MakeRoom gave up on (MakeHoleForRetry)
   absl::Status pending_;     // an executor error met inside MakeRoom (which can only answer bool)
   std::vector<StorageIndex> newly_pinned_;  // free_dead: pinned since the last CollectDead
+  std::vector<StorageIndex> released_;      // deferred storages in the pool for one choice (ReleaseDeferred)
 };
 
 }  // namespace remat

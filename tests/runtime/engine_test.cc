@@ -112,6 +112,18 @@ TEST(EngineTest, DeferredStoragesGoOnlyWhenThePoolIsEmpty) {
   (void)b;
 }
 
+TEST(EngineTest, AnEmptyPoolReleasesOneDeferredVictimNotAll) {
+  Fixture f("dtr-local", 300);
+  TensorId a = f.Const("a", 10);
+  f.engine->Defer(f.Op("c", {a}, 100, 10));
+  f.engine->Defer(f.Op("c2", {a}, 100, 10));
+  f.Op("h", {a}, 100, 1000);  // the pool is empty: one deferred storage goes (c, the staler)
+  f.Op("i", {a}, 100, 1000);  // h, dear as it is, goes before c2, which stayed deferred
+  EXPECT_THAT(f.executor.events, ElementsAre("run constant", "run c", "run c2", "evict c", "run h", "evict h",
+                                             "run i"));
+  EXPECT_EQ(f.engine->stats().deferred_releases, 1);
+}
+
 TEST(EngineTest, ReuseRematerializesAndEvictsAgain) {
   std::vector<std::string> reuse;
   FanOut("dtr-local", &reuse);
