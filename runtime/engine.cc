@@ -1015,6 +1015,15 @@ std::string Engine::MemoryReport() const {
   // results pinned for good (gradients and optimizer state once written) take blocks remat cannot evict.
   if (options_.arena != nullptr) absl::StrAppend(&report, " of which ", constant_in_arena, " in the arena");
   absl::StrAppend(&report, ", pinned results ", pinned, ")");
+  // Where it happened: the op the caller runs and, when it ran out while replaying, the innermost replay.
+  if (!m.stack.empty()) {
+    absl::StrAppend(&report, ", running '", m.names[m.ops[m.stack.front().op].name], "'");
+    const auto replays = std::count_if(m.stack.begin(), m.stack.end(), [](const Impl::Frame& f) { return f.remat; });
+    if (replays > 0 && m.stack.back().remat) {
+      absl::StrAppend(&report, " and replaying '", m.names[m.ops[m.stack.back().op].name], "' for it (", replays,
+                      " replay(s) deep)");
+    }
+  }
   if (options_.arena != nullptr) {
     std::size_t run = 0, largest = 0;
     options_.arena->ForEachBlock([&](const BlockInfo& b) {

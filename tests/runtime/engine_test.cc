@@ -424,6 +424,34 @@ TEST(EngineDeadTest, StoragesNothingCanNeedAreFreedForGood) {
 namespace remat {
 namespace {
 
+TEST(EngineSplitTest, ArenaOutOfMemoryDuringAReplayNamesTheOpAndTheReplay) {
+  ArenaOptions ao;
+  ao.capacity = 1024;
+  ao.alignment = 64;
+  std::unique_ptr<Arena> arena = *Arena::Create(MakeVirtualProvider(), ao);
+  std::unique_ptr<Policy> policy = *MakePolicy("dtr");
+  ArenaExecutor ex(arena.get());
+  EngineOptions o;
+  o.mode = AccountingMode::kArena;
+  o.budget = 1024;
+  o.policy = policy.get();
+  o.arena = arena.get();
+  Engine e(o, &ex);
+  arena->SetPressureHandler(&e);
+  TensorId a = *e.Constant(256);
+  OutputSpec out{256, -1};
+  TensorId x = (*e.Call(std::vector<TensorId>{a}, {&out, 1}, 1, "x"))[0];
+  ASSERT_TRUE(e.Evict(e.StorageOf(x)).ok());
+  OutputSpec fill{768, -1};
+  e.Pin((*e.Call(std::vector<TensorId>{a}, {&fill, 1}, 1, "filler"))[0]);  // the arena is full and nothing evictable
+  OutputSpec small{64, -1};
+  absl::StatusOr<std::span<const TensorId>> r = e.Call(std::vector<TensorId>{x}, {&small, 1}, 1, "reader");
+  arena->SetPressureHandler(nullptr);
+  ASSERT_FALSE(r.ok());
+  std::string m(r.status().message());
+  EXPECT_THAT(m, ::testing::HasSubstr("running 'reader' and replaying 'x' for it (1 replay(s) deep)"));
+}
+
 TEST(EngineSplitTest, ArenaOutOfMemoryNamesTheLargestWindow) {
   ArenaOptions ao;
   ao.capacity = 1024;
@@ -448,6 +476,7 @@ TEST(EngineSplitTest, ArenaOutOfMemoryNamesTheLargestWindow) {
   EXPECT_THAT(m, ::testing::HasSubstr("768"));
   EXPECT_THAT(m, ::testing::HasSubstr("constant 512"));
   EXPECT_THAT(m, ::testing::HasSubstr("largest window of free or evictable blocks 512 bytes"));
+  EXPECT_THAT(m, ::testing::HasSubstr("running 'big',"));
   // The engine goes on after a caught OOM: a smaller op fits.
   arena->SetPressureHandler(&e);
   OutputSpec small{256, -1};
