@@ -424,52 +424,57 @@ TEST(EngineDeadTest, StoragesNothingCanNeedAreFreedForGood) {
 namespace remat {
 namespace {
 
+// A 1 KiB virtual arena (64-byte alignment) with an engine as its pressure handler.
+struct SmallArenaEngine {
+  explicit SmallArenaEngine(const char* policy_name)
+      : arena(*Arena::Create(MakeVirtualProvider(), SmallArena())),
+        policy(*MakePolicy(policy_name)),
+        executor(arena.get()),
+        engine(Options(policy.get(), arena.get()), &executor) {
+    arena->SetPressureHandler(&engine);
+  }
+  static ArenaOptions SmallArena() {
+    ArenaOptions o;
+    o.capacity = 1024;
+    o.alignment = 64;
+    return o;
+  }
+  static EngineOptions Options(const Policy* policy, Arena* arena) {
+    EngineOptions o;
+    o.mode = AccountingMode::kArena;
+    o.budget = 1024;
+    o.policy = policy;
+    o.arena = arena;
+    return o;
+  }
+  ~SmallArenaEngine() { arena->SetPressureHandler(nullptr); }
+  absl::StatusOr<std::span<const TensorId>> Call(TensorId input, std::int64_t bytes, const char* name) {
+    OutputSpec out{bytes, -1};
+    return engine.Call(std::vector<TensorId>{input}, {&out, 1}, 1, name);
+  }
+
+  std::unique_ptr<Arena> arena;
+  std::unique_ptr<Policy> policy;
+  ArenaExecutor executor;
+  Engine engine;
+};
+
 TEST(EngineSplitTest, ArenaOutOfMemoryDuringAReplayNamesTheOpAndTheReplay) {
-  ArenaOptions ao;
-  ao.capacity = 1024;
-  ao.alignment = 64;
-  std::unique_ptr<Arena> arena = *Arena::Create(MakeVirtualProvider(), ao);
-  std::unique_ptr<Policy> policy = *MakePolicy("dtr");
-  ArenaExecutor ex(arena.get());
-  EngineOptions o;
-  o.mode = AccountingMode::kArena;
-  o.budget = 1024;
-  o.policy = policy.get();
-  o.arena = arena.get();
-  Engine e(o, &ex);
-  arena->SetPressureHandler(&e);
-  TensorId a = *e.Constant(256);
-  OutputSpec out{256, -1};
-  TensorId x = (*e.Call(std::vector<TensorId>{a}, {&out, 1}, 1, "x"))[0];
-  ASSERT_TRUE(e.Evict(e.StorageOf(x)).ok());
-  OutputSpec fill{768, -1};
-  e.Pin((*e.Call(std::vector<TensorId>{a}, {&fill, 1}, 1, "filler"))[0]);  // the arena is full and nothing evictable
-  OutputSpec small{64, -1};
-  absl::StatusOr<std::span<const TensorId>> r = e.Call(std::vector<TensorId>{x}, {&small, 1}, 1, "reader");
-  arena->SetPressureHandler(nullptr);
+  SmallArenaEngine f("dtr");
+  TensorId a = *f.engine.Constant(256);
+  TensorId x = (*f.Call(a, 256, "x"))[0];
+  ASSERT_TRUE(f.engine.Evict(f.engine.StorageOf(x)).ok());
+  f.engine.Pin((*f.Call(a, 768, "filler"))[0]);  // the arena is full and nothing is evictable
+  absl::StatusOr<std::span<const TensorId>> r = f.Call(x, 64, "reader");
   ASSERT_FALSE(r.ok());
-  std::string m(r.status().message());
-  EXPECT_THAT(m, ::testing::HasSubstr("running 'reader' and replaying 'x' for it (1 replay(s) deep)"));
+  EXPECT_THAT(std::string(r.status().message()),
+              ::testing::HasSubstr("running 'reader' and replaying 'x' for it (1 replay(s) deep)"));
 }
 
 TEST(EngineSplitTest, ArenaOutOfMemoryNamesTheLargestWindow) {
-  ArenaOptions ao;
-  ao.capacity = 1024;
-  ao.alignment = 64;
-  std::unique_ptr<Arena> arena = *Arena::Create(MakeVirtualProvider(), ao);
-  std::unique_ptr<Policy> policy = *MakePolicy("coop");
-  ArenaExecutor ex(arena.get());
-  EngineOptions o;
-  o.mode = AccountingMode::kArena;
-  o.budget = 1024;
-  o.policy = policy.get();
-  o.arena = arena.get();
-  Engine e(o, &ex);
-  arena->SetPressureHandler(&e);
-  TensorId a = *e.Constant(512);
-  OutputSpec out{768, -1};
-  absl::StatusOr<std::span<const TensorId>> r = e.Call(std::vector<TensorId>{a}, {&out, 1}, 1, "big");
-  arena->SetPressureHandler(nullptr);
+  SmallArenaEngine f("coop");
+  TensorId a = *f.engine.Constant(512);
+  absl::StatusOr<std::span<const TensorId>> r = f.Call(a, 768, "big");
   ASSERT_FALSE(r.ok());
   EXPECT_TRUE(absl::IsResourceExhausted(r.status()));
   std::string m(r.status().message());
@@ -478,10 +483,7 @@ TEST(EngineSplitTest, ArenaOutOfMemoryNamesTheLargestWindow) {
   EXPECT_THAT(m, ::testing::HasSubstr("largest window of free or evictable blocks 512 bytes"));
   EXPECT_THAT(m, ::testing::HasSubstr("running 'big',"));
   // The engine goes on after a caught OOM: a smaller op fits.
-  arena->SetPressureHandler(&e);
-  OutputSpec small{256, -1};
-  EXPECT_TRUE(e.Call(std::vector<TensorId>{a}, {&small, 1}, 1, "small").ok());
-  arena->SetPressureHandler(nullptr);
+  EXPECT_TRUE(f.Call(a, 256, "small").ok());
 }
 
 }  // namespace
