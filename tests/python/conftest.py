@@ -6,5 +6,5 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "integration" / "python"))
-BUILD_DIR = Path(os.environ.get("REMAT_BUILD_DIR", ROOT / "build"))
+BUILD_DIR = Path(os.environ.get("REMAT_BUILD_DIR", ROOT / "build")).resolve()  # absolute: tests run subprocesses elsewhere
 os.environ.setdefault("REMAT_LIBRARY", str(BUILD_DIR / "integration" / "libremat_torch.so"))

@@ -24,6 +24,10 @@ from pathlib import Path
 import pytest
 import torch
 
+if __name__ == "__main__":  # run as a script: find the package and the library as under pytest
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import conftest  # noqa: F401
+
 import remat
 from remat.bound import RequiredBytes
 
@@ -392,7 +396,5 @@ def sweep(names, modes=("off",), fractions=BUDGETS):
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    import conftest  # noqa: F401  (finds the package and the library as under pytest)
     modes = tuple(os.environ.get("SWEEP_MODES", "off").split(","))
     sweep(sys.argv[1:] or MODELS, modes)
