@@ -155,7 +155,6 @@ void EngineBridge::PinEntry(Entry& entry) {
   }
   engine_->Pin(entry.root);
   entry.pinned = true;
-  if (getenv("REMAT_DEBUG_PINS")) fprintf(stderr, "PIN %s %lld\n", std::string(engine_->OpName(engine_->ProducerOf(entry.root))).c_str(), (long long)engine_->StorageBytes(engine_->StorageOf(entry.root)));
   if (c10::intrusive_ptr<c10::StorageImpl> impl = entry.weak.lock()) {
     executor_.SetOwner(AddressOf(*impl), engine_->StorageOf(entry.root), /*evictable=*/false);
   }
@@ -467,6 +466,12 @@ void EngineBridge::AfterOp(OpRecord&& record) {
   auto replay = std::make_unique<ReplayOp>(OpRecord(record.op, traits));
   replay->output_storage.assign(record.outputs.size(), kNoIndex);
   bool keep = false;
+  // An evictable result of a backward-pass op (a gradient, or one accumulated in place) goes last (header: Backward).
+  auto defer_if_backward = [&](TensorId t) {
+    if (!record.in_backward) return;
+    engine_->Defer(t);
+    ++stats_.deferred_outputs;
+  };
   for (std::size_t j = 0; j < specs.size(); ++j) {
     const TensorId t = out_tensors[j];
     const StorageIndex s = engine_->StorageOf(t);
@@ -480,10 +485,7 @@ void EngineBridge::AfterOp(OpRecord&& record) {
         executor_.SetOwner(AddressOf(*impl), s, /*evictable=*/true);
         replay->output_storage[spec_output[j]] = s;
         keep = true;
-        if (record.in_backward) {
-          engine_->Defer(t);
-          ++stats_.deferred_outputs;
-        }
+        defer_if_backward(t);
       } else {
         engine_->Pin(t);
         entry.pinned = true;
@@ -513,10 +515,7 @@ void EngineBridge::AfterOp(OpRecord&& record) {
       executor_.SetOwner(AddressOf(*impl), s, /*evictable=*/true);
       replay->in_place.emplace_back(k, s);
       keep = true;
-      if (record.in_backward) {  // a gradient accumulated in place, for one
-        engine_->Defer(t);
-        ++stats_.deferred_outputs;
-      }
+      defer_if_backward(t);
     } else {
       engine_->Pin(t);
       entry.pinned = true;

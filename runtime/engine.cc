@@ -157,10 +157,11 @@ struct Engine::Impl {
     st.last_access = clock;
     if (st.pool_pos != kNone) dense_last[st.pool_pos] = static_cast<double>(clock);
   }
-  void PoolAppend(StorageIndex s) {
+  // reserve = false: into the pool even when deferred (ReleaseDeferred's one choice).
+  void PoolAppend(StorageIndex s, bool reserve = true) {
     Storage& st = storages[s];
     if (st.in_pool) return;
-    if (st.deferred) {  // evictable, but only once the pool is empty (ReleaseDeferred); duplicates are harmless
+    if (reserve && st.deferred) {  // evictable, but only once the pool is empty (ReleaseDeferred); duplicates are harmless
       deferred_list.push_back(s);
       return;
     }
@@ -684,9 +685,7 @@ bool Engine::ReleaseDeferred() {
   for (StorageIndex s : released_) {
     Impl::Storage& st = m.storages[s];
     if (!st.deferred || st.in_pool || !st.material || st.locks > 0 || st.pinned) continue;
-    st.deferred = false;  // so that PoolAppend puts it in the pool; RedeferUnchosen sets it again
-    m.PoolAppend(s);
-    st.deferred = true;
+    m.PoolAppend(s, /*reserve=*/false);  // still deferred: RedeferUnchosen takes it out again unless chosen
     released_[kept++] = s;
   }
   released_.resize(kept);
@@ -1403,8 +1402,9 @@ void Engine::WaitForInputs(OpId op) {
 absl::Status Engine::MakeRoomCounter(std::int64_t bytes, std::string_view what) {
   Impl& m = *impl_;
   while (stats_.used_bytes + bytes > options_.budget) {
-    if (m.pool_size == 0) {
-      if (PageLruConstant() || ReleaseDeferred()) continue;
+    if (m.pool_size == 0 && PageLruConstant()) continue;
+    absl::Cleanup redefer = [this] { RedeferUnchosen(); };  // after this round's victim is evicted
+    if (m.pool_size == 0 && !ReleaseDeferred()) {
       std::int64_t locked = 0;
       for (const Impl::Storage& st : m.storages) {
         if (st.material && st.locks > 0 && !st.pinned) locked += st.size;
@@ -1417,13 +1417,8 @@ absl::Status Engine::MakeRoomCounter(std::int64_t bytes, std::string_view what) 
     std::int64_t start = NowNs();
     std::optional<StorageIndex> pick = ChooseFromPool();
     stats_.search_ns += NowNs() - start;
-    if (!pick) {
-      RedeferUnchosen();
-      return absl::InternalError("policy chose nothing from a non-empty pool");
-    }
-    absl::Status reclaimed = Reclaim(*pick);
-    RedeferUnchosen();  // no-op unless the deferred storages were released for this choice
-    if (!reclaimed.ok()) return reclaimed;
+    if (!pick) return absl::InternalError("policy chose nothing from a non-empty pool");
+    if (absl::Status s = Reclaim(*pick); !s.ok()) return s;
   }
   return absl::OkStatus();
 }

@@ -188,8 +188,8 @@ def stats() -> Dict[str, Union[int, float]]:
     (mean free/budget at allocations that needed eviction), relocations, relocated_bytes, compactions,
     compacted_bytes (memory moved to make holes), retried_ops and retried_replays (kernels run again after running
     out of memory; failed_allocations counts those failures too), deferred_outputs (outputs of backward-pass ops,
-    kept out of the eviction pool), deferred_releases (victims chosen among them because the pool ran dry), pinned_state (optimizer state pinned after
-    a step) and the bridge's other counts (engine_stats() in _engine.py);
+    kept out of the eviction pool), deferred_releases (victims chosen among them because the pool ran dry),
+    pinned_state (optimizer state pinned after a step) and the bridge's other counts (engine_stats() in _engine.py);
     paging: page_outs, page_ins, prefetches, paged_out_bytes, paged_in_bytes, host_used_bytes, host_peak_bytes,
     stall_ns (the link model's wait for page-ins, in the engine's clock), page_out_wall_ns and page_in_wall_ns
     (measured copy time), host_tier_file_bytes (the file tier's size).

@@ -94,11 +94,16 @@ def engine_stats() -> Dict[str, Union[int, float]]:
     return out
 
 
+def optimizer_state_tensors(optimizer: torch.optim.Optimizer) -> List[torch.Tensor]:
+    """The tensors of `optimizer.state` (momentum buffers, Adam's moments and step counts)."""
+    return [v for state in optimizer.state.values() for v in state.values() if isinstance(v, torch.Tensor)]
+
+
 def _pin_optimizer_state(optimizer: torch.optim.Optimizer, args, kwargs) -> None:
     """torch.optim's global step post hook: pins the tensors of `optimizer.state` (EngineBridge::PinState)."""
     if not is_enabled():
         return
-    tensors = [v for state in optimizer.state.values() for v in state.values() if isinstance(v, torch.Tensor)]
+    tensors = optimizer_state_tensors(optimizer)
     if tensors:
         torch.ops.remat.pin_state(tensors)
 

@@ -30,6 +30,8 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
+from ._engine import optimizer_state_tensors
+
 __all__ = ["RequiredBytes"]
 
 
@@ -70,9 +72,8 @@ class RequiredBytes(TorchDispatchMode):
     def _pin_state(self, *_) -> None:
         self._pinned.clear()
         if self._optimizer is not None:
-            for state in self._optimizer.state.values():
-                for v in state.values():
-                    self._pin(v)
+            for t in optimizer_state_tensors(self._optimizer):
+                self._pin(t)
 
     def _pin_gradients(self, *_) -> None:
         for p in self._model.parameters():
