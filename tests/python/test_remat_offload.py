@@ -3,7 +3,7 @@ with offload "always" and "auto" at 0.3 of their peak, with real copies to a hos
 arena, or a temporary file). The offload options and REMAT_OFFLOAD / REMAT_HOST_BUDGET are parsed by remat's C++
 configuration parser; bad values are ValueErrors naming the option or the variable.
 
-train() (test_remat_training.py) calls remat.enable(budget, policy=..., costs=...) without offload arguments, so the
+train() (test_remat_training.py) calls remat.enable(budget, policy=..., costs=...) without an offload argument, so the
 offload mode reaches it the way it reaches any program: through REMAT_OFFLOAD. The whole matrix with paging, as a
 table: SWEEP_MODES=off,always,auto python tests/python/test_remat_training.py
 """
@@ -18,15 +18,9 @@ import pytest
 import torch
 
 import remat
-from test_remat_training import (CASES, HUGE, IMAGES, MiB, assert_identical, expect_out_of_memory,
-                                 reference_and_peak, train)
+from test_remat_training import (CASES, HUGE, MiB, assert_identical, reference_and_peak, train)
 
 OFFLOAD_BUDGET = 0.3
-# The cases that do not train at 0.3 with paging, and why: resnet18's stem runs batch norm backward on 16 MiB
-# tensors, and its CPU kernel holds four of them at once (input, incoming gradient, result and a scratch buffer the
-# size of its input): 64 MiB, more than 0.3 of the SGD peak (55.6 MiB; with Adam the budget is 68.4 MiB and it
-# trains). test_one_kernel_of_resnet18_needs_more_than_0_3_of_its_sgd_peak measures it.
-OFFLOAD_INFEASIBLE = {("resnet18", "sgd", "always"), ("resnet18", "sgd", "auto")}
 
 
 @pytest.fixture(autouse=True)
@@ -42,9 +36,6 @@ def test_training_with_offload_is_bitwise_identical(name, optimizer, offload, mo
     reference, peak = reference_and_peak(name, optimizer)
     budget = int(peak * OFFLOAD_BUDGET)
     monkeypatch.setenv("REMAT_OFFLOAD", offload)
-    if (name, optimizer, offload) in OFFLOAD_INFEASIBLE:
-        expect_out_of_memory(name, optimizer, budget)
-        return
     got = train(name, optimizer, budget=budget)
     stats = got[3]
     assert_identical(reference, got, f"{name}/{optimizer} offload={offload} at {OFFLOAD_BUDGET}")
@@ -53,25 +44,6 @@ def test_training_with_offload_is_bitwise_identical(name, optimizer, offload, mo
     assert stats["page_outs"] > 0 and stats["page_ins"] > 0, stats
     assert stats["paged_out_bytes"] > 0 and stats["paged_in_bytes"] > 0, stats
     assert stats["page_out_wall_ns"] > 0 and stats["page_in_wall_ns"] > 0, stats
-
-
-def test_one_kernel_of_resnet18_needs_more_than_0_3_of_its_sgd_peak():
-    """The batch norm backward of resnet18's stem, on the test's inputs, needs more memory at once (its inputs, and
-    what it allocates while it runs) than 0.3 of the SGD run's peak: no runtime can train that run at 0.3, whatever
-    it pages or drops."""
-    peak = reference_and_peak("resnet18", "sgd")[1]
-    batch, side = IMAGES["resnet18"]
-    with remat.enable(HUGE):
-        x = torch.randn(batch, 64, side // 2, side // 2)  # the stem convolution's output
-        grad = torch.randn_like(x)
-        weight, mean, invstd = torch.ones(64), torch.zeros(64), torch.ones(64)
-        before = remat.stats()["allocated_bytes"]
-        remat.reset_peak()
-        torch.ops.aten.native_batch_norm_backward(grad, x, weight, None, None, mean, invstd, True, 1e-5,
-                                                  [True, True, True])
-        during = remat.stats()["peak_allocated_bytes"] - before
-    need = x.nbytes + grad.nbytes + during
-    assert need > int(peak * OFFLOAD_BUDGET), (need, peak)
 
 
 def test_the_file_backed_tier_trains_bitwise_identically(monkeypatch):
