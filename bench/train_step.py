@@ -10,7 +10,9 @@ default), these configurations:
   unconstrained  under remat with a budget that never binds (64 GiB); its arena peak is "the peak", what remat
                  allocates during training (activations, gradients, optimizer state; the model and the data are made
                  before remat is enabled), measured as examples/train.py does;
-  each budget    int(fraction * peak) bytes.
+  each budget    int(fraction * peak) bytes, once per --offload mode: "off" (evict and recompute only) and "auto"
+                 (also page victims to host memory outside the arena when the copy is cheaper than recomputing;
+                 on the CPU a copy is a memcpy).
 Each run trains --steps steps from a fresh model; the first step is a warm-up (it allocates gradients and the
 optimizer's state). Every configuration runs --rounds times: the first round in the order above, the next in
 reverse, and so on, so that drift in the machine's load weighs on all of them alike; the baseline's per-round
@@ -79,7 +81,15 @@ def model_args(cli, model):
     )
 
 
-def timed_run(args, budget=None):
+def config_label(config):
+    """A budget configuration is (fraction, offload mode); the others are strings."""
+    if isinstance(config, str):
+        return config
+    fraction, offload = config
+    return f"{fraction:g}" if offload == "off" else f"{fraction:g}, offload {offload}"
+
+
+def timed_run(args, budget=None, offload="off"):
     """examples/train.py's run() (same build, optimizer, seeds and step), keeping every step's time: run() returns
     their mean, this benchmark reports the median after the warm-up step. Returns (losses, params, per step (wall
     seconds, process CPU seconds), stats or None)."""
@@ -89,7 +99,7 @@ def timed_run(args, budget=None):
     stats = None
     times = []
     if budget is not None:
-        remat.enable(budget, policy=args.policy, costs=args.costs)
+        remat.enable(budget, policy=args.policy, costs=args.costs, offload=offload)
     try:
         losses = []
         for _ in range(args.steps):
@@ -130,7 +140,7 @@ def bench_model(cli, model):
     print(f"# {model} ({shape}, {args.steps} steps, {cli.rounds} rounds, {args.optimizer}, policy "
           f"{args.policy or 'default'}, {args.costs} costs, {torch.get_num_threads()} threads)",
           file=sys.stderr, flush=True)
-    configs = ["baseline", "unconstrained"] + list(cli.budgets)
+    configs = ["baseline", "unconstrained"] + [(f, mode) for mode in cli.offload for f in cli.budgets]
     runs = {c: [] for c in configs}    # per config: the step times of each run that finished
     stats = {c: [] for c in configs}   # remat.stats() of each run that finished
     same = {c: [] for c in configs}    # per finished run: bitwise identical to the first baseline
@@ -144,18 +154,18 @@ def bench_model(cli, model):
         # budget that is a fraction of it.
         order = configs if r % 2 == 0 else configs[::-1]
         for config in order:
-            budget = None
+            budget, offload = None, "off"
             if config == "unconstrained":
                 budget = train.HUGE
             elif config != "baseline":
-                budget = budgets[config]
+                budget, offload = budgets[config[0]], config[1]
             try:
-                losses, params, times, run_stats = timed_run(args, budget=budget)
+                losses, params, times, run_stats = timed_run(args, budget=budget, offload=offload)
             except torch.OutOfMemoryError as error:
                 lines = str(error).strip().splitlines()
                 message = lines[0] if lines else type(error).__name__
                 errors[config].append(message)
-                print(f"  round {r + 1}, {config}: oom: {message}", file=sys.stderr, flush=True)
+                print(f"  round {r + 1}, {config_label(config)}: oom: {message}", file=sys.stderr, flush=True)
                 gc.collect()
                 continue
             if reference is None:
@@ -170,7 +180,7 @@ def bench_model(cli, model):
             if config == "unconstrained" and not budgets:
                 peak = run_stats["peak_allocated_bytes"]
                 budgets.update({f: int(peak * f) for f in cli.budgets})
-            print(f"  round {r + 1}, {config}: {median_step([times]) * 1e3:.0f} ms/step wall, "
+            print(f"  round {r + 1}, {config_label(config)}: {median_step([times]) * 1e3:.0f} ms/step wall, "
                   f"{median_step([times], cpu=True) * 1e3:.0f} ms CPU"
                   + ("" if run_stats is None else f", peak {mib(run_stats['peak_allocated_bytes']):.1f} MiB, "
                      f"{run_stats.get('evictions', 0)} evictions")
@@ -185,7 +195,7 @@ def bench_model(cli, model):
         step = median_step(finished) if finished else None
         cpu = median_step(finished, cpu=True) if finished else None
         st = stats[config]
-        fraction = None if isinstance(config, str) else config
+        fraction = None if isinstance(config, str) else config[0]
         error = ""
         if errors[config]:
             error = "oom: " + errors[config][0]
@@ -193,9 +203,10 @@ def bench_model(cli, model):
                 error = f"oom in {len(errors[config])} of {cli.rounds} rounds: " + errors[config][0]
         rows.append({
             "model": model,
-            "run": config if isinstance(config, str) else f"{config:g}",
+            "run": config_label(config),
             "fraction": fraction,
-            "budget_mib": round(mib(budgets[config]), 1) if fraction is not None and config in budgets else None,
+            "offload": None if fraction is None else config[1],
+            "budget_mib": round(mib(budgets[fraction]), 1) if fraction in budgets else None,
             "step_ms": None if step is None else round(step * 1e3, 1),
             "overhead": None if step is None else round(step / base[0], 3),
             "cpu_ms": None if cpu is None else round(cpu * 1e3, 1),
@@ -204,6 +215,7 @@ def bench_model(cli, model):
             "evictions": joined([s.get("evictions", 0) for s in st]) if st else None,
             "rematerializations": joined([s.get("rematerializations", 0) for s in st]) if st else None,
             "replayed_ms": round(statistics.median(s.get("replayed_time_ns", 0) for s in st) / 1e6, 1) if st else None,
+            "paged_out_mib": round(mib(statistics.median(s.get("paged_out_bytes", 0) for s in st)), 1) if st else None,
             "identical": None if not same[config] else ("yes" if all(same[config]) else "NO"),
             "baseline_rounds_ms": " / ".join(f"{t * 1e3:.0f}" for t in baseline_rounds) if config == "baseline" else "",
             "error": error,
@@ -224,18 +236,19 @@ def short_error(error, limit=120):
 
 def markdown(rows):
     lines = ["| model | run | budget | step, wall (median) | overhead | step, CPU | overhead, CPU | remat peak "
-             "| evictions | remats | replayed | identical |",
-             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+             "| evictions | remats | replayed | paged out | identical |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
     for r in rows:
         if r["error"] and r["step_ms"] is None:
             lines.append(f"| {r['model']} | {r['run']} | {cell(r['budget_mib'], '{:.1f} MiB')} | "
-                         f"{short_error(r['error'])} | | | | | | | | |")
+                         f"{short_error(r['error'])} | | | | | | | | | |")
             continue
         lines.append(
             f"| {r['model']} | {r['run']} | {cell(r['budget_mib'], '{:.1f} MiB')} | {cell(r['step_ms'], '{:.0f} ms')} "
             f"| {cell(r['overhead'], '{:.2f}x')} | {cell(r['cpu_ms'], '{:.0f} ms')} "
             f"| {cell(r['cpu_overhead'], '{:.2f}x')} | {cell(r['peak_mib'], '{:.1f} MiB')} | {cell(r['evictions'])} "
-            f"| {cell(r['rematerializations'])} | {cell(r['replayed_ms'], '{:.0f} ms')} | {cell(r['identical'])} |")
+            f"| {cell(r['rematerializations'])} | {cell(r['replayed_ms'], '{:.0f} ms')} "
+            f"| {cell(r['paged_out_mib'], '{:.0f} MiB')} | {cell(r['identical'])} |")
     drift = [f"{r['model']} {r['baseline_rounds_ms']} ms" for r in rows if r["baseline_rounds_ms"]]
     partial = [f"{r['model']} at {r['run']}: {short_error(r['error'])}" for r in rows
                if r["error"] and r["step_ms"] is not None]
@@ -256,6 +269,14 @@ def parse_budgets(text):
     if not budgets or any(not 0 < b for b in budgets):
         raise argparse.ArgumentTypeError(f"budgets are fractions of the peak > 0, got {text!r}")
     return budgets
+
+
+def parse_offload(text):
+    modes = [part.strip() for part in text.split(",") if part.strip()]
+    unknown = [m for m in modes if m not in ("off", "auto", "always")]
+    if not modes or unknown:
+        raise argparse.ArgumentTypeError(f"expected offload modes off, auto, always separated by commas, got {text!r}")
+    return list(dict.fromkeys(modes))
 
 
 def parse_models(text):
@@ -302,6 +323,9 @@ def main(argv=None):
                                                        + ", ".join(remat.policies()))
     parser.add_argument("--costs", choices=("measured", "estimated"), default="measured",
                         help="how the engine weighs ops (default: measured)")
+    parser.add_argument("--offload", type=parse_offload, default=["off", "auto"],
+                        help="comma-separated paging modes to run each budget with: off (evict and recompute only), "
+                             "auto, always (default: off,auto)")
     parser.add_argument("--optimizer", choices=("sgd", "adam"), default="sgd")
     parser.add_argument("--batch", type=positive_int(1), default=None,
                         help=f"batch size for every model (default: {DEFAULT_BATCH}, others {FALLBACK_BATCH})")
