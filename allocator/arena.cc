@@ -460,12 +460,18 @@ absl::StatusOr<std::uintptr_t> Arena::Allocate(std::size_t bytes, OwnerId owner,
     // Without the lock: the handler evicts through Free.
     const bool progress = handler->MakeRoom(*this, *aligned);
     ++rounds;
-    std::lock_guard<std::mutex> lock(s.mu);
-    if (!progress || (s.frees == frees_before && s.moves == moves_before)) {
+    {
+      std::lock_guard<std::mutex> lock(s.mu);
+      if (progress && (s.frees != frees_before || s.moves != moves_before)) continue;
       if (Node* b = s.PlaceOrGrow(*aligned, owner, placement)) return b->address;  // freed by another thread
-      return s.Exhausted(bytes, *aligned,
-                         absl::StrCat("the pressure handler freed nothing after ", rounds, " round(s)"));
     }
+    // Giving up. The handler says what holds the memory without our lock held: it may read the blocks.
+    const std::string held = handler->DescribeMemory();
+    std::lock_guard<std::mutex> lock(s.mu);
+    if (Node* b = s.PlaceOrGrow(*aligned, owner, placement)) return b->address;
+    return s.Exhausted(bytes, *aligned,
+                       absl::StrCat("the pressure handler freed nothing after ", rounds, " round(s)",
+                                    held.empty() ? "" : "; ", held));
   }
 }
 

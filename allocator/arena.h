@@ -26,6 +26,7 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "absl/functional/function_ref.h"
@@ -93,6 +94,9 @@ class PressureHandler {
   // `bytes` (aligned) could not be placed. Free memory (Arena::Free) and return true if anything was freed;
   // false gives up and fails the allocation.
   virtual bool MakeRoom(Arena& arena, std::size_t bytes) = 0;
+  // After MakeRoom gave up: what holds the memory it could not free (locked, constant, pinned bytes), for the
+  // out-of-memory error. Called without the arena's lock held; empty when the handler has nothing to say.
+  virtual std::string DescribeMemory() { return {}; }
 };
 
 class Arena {

@@ -572,6 +572,12 @@ bool EngineBridge::MakeRoom(Arena& arena, std::size_t bytes) {
   return engine_->MakeRoom(arena, bytes);
 }
 
+std::string EngineBridge::DescribeMemory() {
+  std::unique_lock<std::recursive_mutex> lock(mutex_, std::try_to_lock);
+  if (!lock.owns_lock()) return {};
+  return engine_->DescribeMemory();
+}
+
 std::int64_t EngineBridge::HeldReferences(const c10::StorageImpl* storage) {
   std::lock_guard<std::recursive_mutex> lock(mutex_);
   auto it = entries_.find(storage);

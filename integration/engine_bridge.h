@@ -150,6 +150,8 @@ class EngineBridge final : public OpObserver, public PressureHandler, public Hel
   // fits now.
   bool RetryAfterOutOfMemory(OpRecord& record) override;
   bool MakeRoom(Arena& arena, std::size_t bytes) override;
+  // The engine's report (Engine::DescribeMemory); empty when another thread is inside an op.
+  std::string DescribeMemory() override;
   // References the kept records hold on `storage` (held_references.h).
   std::int64_t HeldReferences(const c10::StorageImpl* storage) override;
 

@@ -14,6 +14,7 @@
 #include "absl/cleanup/cleanup.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_format.h"
 #include "policies/window.h"
 #include "runtime/dense_scan.h"
@@ -919,7 +920,7 @@ absl::Status Engine::RunFramesFrom(std::size_t base) {
     }
     if (!executed.ok()) {
       if (!absl::IsResourceExhausted(executed)) return executed;
-      return absl::ResourceExhaustedError(absl::StrCat(executed.message(), "; ", MemoryReport()));
+      return WithMemoryReport(executed.message(), "");
     }
     if (options_.mode == AccountingMode::kArena) {
       for (StorageIndex s : m.remat_storages) stats_.used_bytes += m.storages[s].size;
@@ -997,6 +998,15 @@ void Engine::AfterCompute() {
   }
 }
 
+// The executor's out-of-memory message, `context`, and the memory report, unless the message has it already (in
+// arena mode the engine is the arena's pressure handler, and the arena adds DescribeMemory when it gives up).
+absl::Status Engine::WithMemoryReport(absl::string_view message, absl::string_view context) const {
+  if (absl::StrContains(message, kMemoryReportMarker)) {
+    return absl::ResourceExhaustedError(absl::StrCat(message, context));
+  }
+  return absl::ResourceExhaustedError(absl::StrCat(message, context, "; ", MemoryReport()));
+}
+
 // Budget, bytes in use, locked and constant bytes, and in arena mode the largest run of free or evictable blocks
 // (the largest window any eviction could have made).
 std::string Engine::MemoryReport() const {
@@ -1008,13 +1018,17 @@ std::string Engine::MemoryReport() const {
     if (st.pinned && !st.constant) pinned += st.size;
     if (st.constant && st.has_address) constant_in_arena += st.size;
   }
-  std::string report = absl::StrFormat("budget %d, in use %d (locked by the running ops %d, constant %d",
-                                       options_.budget, stats_.used_bytes, locked, m.constant_bytes);
+  std::string report = absl::StrFormat("budget %d, in use %d (%s %d, constant %d", options_.budget,
+                                       stats_.used_bytes, kMemoryReportMarker, locked, m.constant_bytes);
   // Arena mode: constants made outside the arena (parameters made before remat) count in use but take no block;
   // results pinned for good (gradients and optimizer state once written) take blocks remat cannot evict.
   if (options_.arena != nullptr) absl::StrAppend(&report, " of which ", constant_in_arena, " in the arena");
   absl::StrAppend(&report, ", pinned results ", pinned, ")");
-  // Where it happened: the op the caller runs and, when it ran out while replaying, the innermost replay.
+  // Where it happened: the op the caller runs and, when it ran out while replaying, the innermost replay; or the
+  // kernel running between BeginOp and EndOp.
+  if (m.stack.empty() && running_kernel_ != kNoKernel && running_kernel_ < m.ops.size()) {
+    absl::StrAppend(&report, ", running '", m.names[m.ops[running_kernel_].name], "'");
+  }
   if (!m.stack.empty()) {
     absl::StrAppend(&report, ", running '", m.names[m.ops[m.stack.front().op].name], "'");
     const auto replays = std::count_if(m.stack.begin(), m.stack.end(), [](const Impl::Frame& f) { return f.remat; });
@@ -1317,7 +1331,7 @@ absl::StatusOr<bool> Engine::PageInStorage(StorageIndex s, bool prefetch, bool m
     if (!pending_.ok()) return pending_;
     if (!absl::IsResourceExhausted(x)) return x;
     if (prefetch) return false;
-    return absl::ResourceExhaustedError(absl::StrCat(x.message(), " (paging in storage ", s, "); ", MemoryReport()));
+    return WithMemoryReport(x.message(), absl::StrCat(" (paging in storage ", s, ")"));
   }
   st.ready_at = IssueCopy(st.size, /*in=*/true, st.ready_at);  // after its own page-out
   st.paged = false;

@@ -67,6 +67,7 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "allocator/arena.h"
 #include "policies/policy.h"
 #include "runtime/config.h"
@@ -204,6 +205,8 @@ class Engine final : public PressureHandler, private StorageView {
 
   // PressureHandler (arena mode): evicts one storage, or one window for window policies.
   bool MakeRoom(Arena& arena, std::size_t bytes) override;
+  // MemoryReport(): budget, bytes in use, locked by running ops, constant, pinned, where it ran out, largest window.
+  std::string DescribeMemory() override { return MemoryReport(); }
   // Arena mode, after MakeRoom gave up on a kernel's allocation (the op's own kernel between BeginOp and EndOp, or a
   // replay inside Executor::Execute) and that kernel threw without writing anything, before the caller runs it
   // again: compacts the arena as MakeRoom's last resort does, but with the failed kernel's inputs movable too
@@ -304,6 +307,8 @@ class Engine final : public PressureHandler, private StorageView {
   void AfterCompute();
   void FreeDead(StorageIndex s);
   std::string MemoryReport() const;
+  static constexpr char kMemoryReportMarker[] = "locked by the running ops";
+  absl::Status WithMemoryReport(absl::string_view message, absl::string_view context) const;
   void MarkEvicted(StorageIndex s, bool held_memory = true);
   // Drops or pages out victim s as the offload mode says.
   absl::Status Reclaim(StorageIndex s);

@@ -6,6 +6,7 @@
 #include <deque>
 #include <mutex>
 #include <cstring>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -349,6 +350,30 @@ TEST(ArenaTest, HandlerClaimingProgressWithoutFreeingStops) {
   arena->SetPressureHandler(&handler);
   EXPECT_EQ(arena->Allocate(kA, 2).status().code(), absl::StatusCode::kResourceExhausted);
   EXPECT_EQ(handler.calls, 1);
+}
+
+// Frees nothing and says what holds the memory; reads the arena while saying it, as the engine's report does.
+class DescribingHandler : public PressureHandler {
+ public:
+  bool MakeRoom(Arena&, std::size_t) override { return false; }
+  std::string DescribeMemory() override {
+    std::size_t blocks = 0;
+    arena->ForEachBlock([&](const BlockInfo&) { ++blocks; });
+    return "all of it locked by a test (" + std::to_string(blocks) + " block(s))";
+  }
+  Arena* arena = nullptr;
+};
+
+TEST(ArenaTest, OutOfMemoryErrorCarriesWhatTheHandlerSaysHoldsTheMemory) {
+  auto arena = MakeArena(2 * kA);
+  ASSERT_TRUE(arena->Allocate(2 * kA, 1).ok());
+  DescribingHandler handler;
+  handler.arena = arena.get();
+  arena->SetPressureHandler(&handler);
+  absl::StatusOr<std::uintptr_t> r = arena->Allocate(kA, 2);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(std::string(r.status().message()),
+              HasSubstr("the pressure handler freed nothing after 1 round(s); all of it locked by a test (1 block(s))"));
 }
 
 TEST(ArenaTest, GrowReservesSegmentsUpToTheLimit) {

@@ -22,6 +22,7 @@ import functools
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -277,8 +278,16 @@ def test_the_optimizers_state_is_pinned_once_after_its_first_step():
     assert pinned[1] == pinned[0]
 
 
-def test_too_small_a_budget_raises_out_of_memory_naming_the_request():
-    expect_out_of_memory("gpt", "adam", 256 * 1024)
+def test_too_small_a_budget_raises_out_of_memory_naming_the_request_and_what_holds_the_memory():
+    with pytest.raises(torch.OutOfMemoryError) as raised:
+        train("gpt", "adam", budget=256 * 1024)
+    message = str(raised.value)
+    assert "tried to allocate" in message and "budget 262144 bytes" in message, message
+    assert "Raise the budget given to remat.enable()" in message, message
+    # The engine's report: what the running ops lock, what is constant or pinned, the op that ran out.
+    assert re.search(r"locked by the running ops \d+, constant \d+ of which \d+ in the arena, pinned results \d+\), "
+                     r"running 'aten::[\w.]+'", message), message
+    assert not remat.is_enabled()
     train("gpt", "adam", budget=HUGE)  # and remat works again
 
 
