@@ -25,6 +25,7 @@ import os
 import re
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
@@ -259,6 +260,76 @@ def test_training_under_budgets_is_bitwise_identical(name, optimizer):
         assert stats["failed_allocations"] == stats["retried_ops"] + stats["retried_replays"]  # every one recovered
         if fraction < 0.8:
             assert stats["evictions"] > 0 and stats["rematerializations"] > 0, (label, stats)
+
+
+def test_parameters_inputs_foreign_memory_and_optimizer_state_are_never_evicted():
+    """Under a budget at which remat evicts and recomputes, storages remat must never drop keep their memory at every
+    module boundary of the forward and backward passes: the parameters and inputs (made before enable, at the same
+    address throughout), a tensor over numpy memory and one over a Python buffer (torch.frombuffer, from_blob's
+    path) made under remat and read by the forward pass, and the optimizer's state once a step made it (it may move
+    within the arena, never lose its bytes). Results stay bitwise those of the same program without remat."""
+    import numpy as np
+    name, optimizer = "gpt", "adam"
+    peak = reference_and_peak(name, optimizer)[1]
+    array = np.random.default_rng(0).standard_normal(64).astype(np.float32)
+    buffer = bytearray(np.arange(64, dtype=np.float32).tobytes())
+
+    def run(budget):
+        model, inputs, targets, loss_fn = build(name)
+        opt = make_optimizer(optimizer, model)
+        torch.manual_seed(1)
+        fixed = {id(t): t.untyped_storage().data_ptr() for t in [*model.parameters(), inputs, targets]}
+        watched = {"parameter or input": [*model.parameters(), inputs, targets]}
+        checks, losses = [], []
+
+        def check(*_):
+            for kind, tensors in watched.items():
+                for t in tensors:
+                    try:
+                        address = t.untyped_storage().data_ptr()
+                    except RuntimeError:  # remat refuses the pointer of an evicted storage outside an op
+                        address = 0
+                    assert address != 0, f"a {kind} was evicted"
+                    assert fixed.get(id(t), address) == address, f"a {kind} moved"
+            checks.append(1)
+
+        hooks = [m.register_forward_hook(check) for m in model.modules()]
+        hooks += [m.register_full_backward_hook(check) for m in model.modules() if m is not model]
+        warnings.filterwarnings("ignore", "Full backward hook is firing", UserWarning)  # the embedding's input
+        if budget is not None:
+            remat.enable(budget, costs="estimated", offload="off")
+        try:
+            from_numpy = torch.from_numpy(array)
+            from_buffer = torch.frombuffer(buffer, dtype=torch.float32)
+            fixed.update({id(from_numpy): array.ctypes.data, id(from_buffer): from_buffer.data_ptr()})
+            watched["tensor over foreign memory"] = [from_numpy, from_buffer]
+            for _ in range(3):
+                opt.zero_grad()
+                loss = loss_fn(model(inputs) + from_numpy + from_buffer * 1e-3, targets)
+                loss.backward()
+                opt.step()
+                watched["optimizer state"] = [t for state in opt.state.values() for t in state.values()
+                                              if torch.is_tensor(t) and t.numel() > 1]
+                check()
+                losses.append(loss.detach().clone())
+                del loss
+        finally:
+            for h in hooks:
+                h.remove()
+            stats = None
+            if budget is not None:
+                remat.disable()
+                stats = remat.stats()
+        return losses, [p.detach().clone() for p in model.parameters()], stats, len(checks)
+
+    reference = run(None)
+    got = run(int(peak * 0.5))
+    assert got[2]["evictions"] > 0 and got[2]["rematerializations"] > 0, got[2]
+    assert got[3] > 100  # checks made
+    for r, g in zip(reference[0] + reference[1], got[0] + got[1]):
+        assert bitwise_equal(r, g)
+    assert np.array_equal(array, np.random.default_rng(0).standard_normal(64).astype(np.float32))
+    assert bytes(buffer) == np.arange(64, dtype=np.float32).tobytes()
 
 
 def test_the_optimizers_state_is_pinned_once_after_its_first_step():
