@@ -12,7 +12,6 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "integration/cpu_allocator.h"
 #include "integration/op_cost.h"
 #include "integration/storage_eviction.h"
 #include "policies/registry.h"
@@ -104,16 +103,19 @@ absl::StatusOr<std::unique_ptr<EngineBridge>> EngineBridge::Create(const BridgeO
 
 EngineBridge::EngineBridge(const BridgeOptions& options, std::unique_ptr<Policy> policy,
                            std::unique_ptr<HostTier> tier)
-    : options_(options), policy_(std::move(policy)), tier_(std::move(tier)) {
+    : options_(options),
+      memory_(options.memory != nullptr ? options.memory : &default_memory_),
+      policy_(std::move(policy)),
+      tier_(std::move(tier)) {
   EngineOptions engine_options;
   engine_options.mode = AccountingMode::kArena;
   engine_options.budget = static_cast<std::int64_t>(options.budget);
   engine_options.policy = policy_.get();
-  engine_options.arena = options.arena;
+  engine_options.arena = memory_->arena();
   engine_options.free_released_constants = true;  // we free a dead constant's memory ourselves (Sweep)
   engine_options.free_dead = true;
   engine_options.paging = options.paging;
-  executor_.SetArena(options.arena);
+  executor_.SetMemory(memory_);
   executor_.SetHostTier(tier_.get());
   engine_ = std::make_unique<Engine>(engine_options, &executor_);
 }
@@ -134,7 +136,7 @@ EngineBridge::Entry& EngineBridge::EntryFor(c10::StorageImpl* impl) {
   if (it != entries_.end()) return it->second;
   // Made outside remat's view (before enable, numpy, from_blob, another thread): a constant.
   const std::int64_t nbytes = impl->sym_nbytes().is_heap_allocated() ? 0 : static_cast<std::int64_t>(impl->nbytes());
-  const std::uintptr_t address = AllocatedByRematArena(impl->_mutable_data_ptr_no_checks()) ? AddressOf(*impl) : 0;
+  const std::uintptr_t address = memory_->Owns(impl->_mutable_data_ptr_no_checks()) ? AddressOf(*impl) : 0;
   const TensorId t = engine_->AdoptConstant(nbytes, address, "constant");
   auto strong = c10::intrusive_ptr<c10::StorageImpl>::reclaim_copy(impl);
   Entry entry;
@@ -392,7 +394,7 @@ void EngineBridge::BeforeOp(OpRecord& record) {
     current_.op = *op;
     current_.active = true;
     if (policy_->UsesWindows()) {
-      SetCpuPlacementForThisThread(engine_->OpCostly(*op) ? Placement::kLow : Placement::kHigh);
+      memory_->SetPlacementForThisThread(engine_->OpCostly(*op) ? Placement::kLow : Placement::kHigh);
     }
   } catch (...) {
     current_.active = false;
@@ -412,7 +414,7 @@ void EngineBridge::AfterOp(OpRecord&& record) {
   }
   if (!current_.active) return;
   current_.active = false;
-  if (policy_->UsesWindows()) SetCpuPlacementForThisThread(Placement::kLow);
+  if (policy_->UsesWindows()) memory_->SetPlacementForThisThread(Placement::kLow);
   ++stats_.ops;
   const OpTraits& traits = *record.traits;
   const std::size_t n = record.input_storages.size();
@@ -481,7 +483,7 @@ void EngineBridge::AfterOp(OpRecord&& record) {
       entry.weak = c10::weak_intrusive_ptr<c10::StorageImpl>(impl);
       entry.root = t;
       executor_.SetHome(s, impl);
-      if (replayable && EvictableMemory(*impl)) {
+      if (replayable && EvictableMemory(*memory_, *impl)) {
         executor_.SetOwner(AddressOf(*impl), s, /*evictable=*/true);
         replay->output_storage[spec_output[j]] = s;
         keep = true;
@@ -511,7 +513,7 @@ void EngineBridge::AfterOp(OpRecord&& record) {
     owner_[s] = impl.get();
     executor_.SetHome(s, impl);
     if (entry.pinned) continue;  // a constant written in place stays a constant (the engine pinned it)
-    if (replayable && EvictableMemory(*impl)) {
+    if (replayable && EvictableMemory(*memory_, *impl)) {
       executor_.SetOwner(AddressOf(*impl), s, /*evictable=*/true);
       replay->in_place.emplace_back(k, s);
       keep = true;
@@ -550,7 +552,7 @@ void EngineBridge::OpFailed(OpRecord& record) noexcept {
       executor_.SetHome(engine_->StorageOf(entry.root), record.input_storages[k]);
     }
   }
-  if (policy_->UsesWindows()) SetCpuPlacementForThisThread(Placement::kLow);
+  if (policy_->UsesWindows()) memory_->SetPlacementForThisThread(Placement::kLow);
   if (options_.next != nullptr) options_.next->OpFailed(record);
   Unlock();
 }

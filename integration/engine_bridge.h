@@ -88,6 +88,8 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
 #include "allocator/arena.h"
+#include "integration/cpu_device_memory.h"
+#include "integration/device_memory.h"
 #include "integration/dispatch_hook.h"
 #include "integration/held_references.h"
 #include "integration/host_tier.h"
@@ -100,7 +102,9 @@ namespace remat::integration {
 struct BridgeOptions {
   std::size_t budget = 0;
   std::string policy = "dtr-eq";  // a name from policies/registry.h
-  Arena* arena = nullptr;         // the installed CPU arena (InstalledCpuArena())
+  // The memory the engine evicts from (not owned; outlives the bridge): the CPU arena (CpuDeviceMemory over
+  // InstalledCpuArena()) or a CUDA device's. nullptr: CpuDeviceMemory with no arena.
+  DeviceMemory* memory = nullptr;
   OpObserver* next = nullptr;     // also told about every op (the session's tracker: counts, traces)
   // Op costs for the engine: measured wall time (default), or EstimatedCostNs (op_cost.h): the same choices in
   // every run.
@@ -201,6 +205,8 @@ class EngineBridge final : public OpObserver, public PressureHandler, public Hel
   void Unlock();
 
   BridgeOptions options_;
+  CpuDeviceMemory default_memory_{nullptr};
+  DeviceMemory* memory_;  // options_.memory, else default_memory_
   std::unique_ptr<Policy> policy_;
   std::unique_ptr<HostTier> tier_;  // paging on; outlives the engine (the destructor resets the engine first)
   TorchExecutor executor_;

@@ -10,6 +10,7 @@
 #include <utility>
 
 #include "integration/cpu_allocator.h"
+#include "integration/cpu_device_memory.h"
 #include "integration/dispatch_hook.h"
 #include "absl/strings/str_cat.h"
 #include "integration/session.h"
@@ -22,13 +23,11 @@ std::mutex g_mutex;
 // A raw pointer on purpose: the bridge is deleted by DisableRematEngine, never by static destruction at exit (ops
 // and frees may still reach it while the process tears down with remat enabled).
 EngineBridge* g_bridge = nullptr;         // guarded by g_mutex
+DeviceMemory* g_memory = nullptr;         // the bridge's memory, owned likewise; guarded by g_mutex
+bool g_on_cpu = true;                     // g_memory is the CPU arena's; guarded by g_mutex
 std::optional<BridgeStats> g_last_stats;  // guarded by g_mutex
 
-}  // namespace
-
-absl::Status EnableRematEngine(const EngineSessionOptions& options) {
-  std::lock_guard<std::mutex> lock(g_mutex);
-  if (g_bridge != nullptr) return absl::AlreadyExistsError("remat: already enabled; disable it first");
+absl::StatusOr<BridgeOptions> ToBridgeOptions(const EngineSessionOptions& options) {
   BridgeOptions bridge_options;
   bridge_options.budget = options.budget;
   bridge_options.policy = options.policy;
@@ -44,24 +43,51 @@ absl::Status EnableRematEngine(const EngineSessionOptions& options) {
   bridge_options.paging.latency_ns = options.latency_ns;
   bridge_options.host_tier = options.host_tier;
   bridge_options.host_tier_directory = options.host_tier_directory;
-  // Check the policy before touching torch's allocator.
+  // Check the policy and the tier before touching torch's allocator.
   if (absl::StatusOr<std::unique_ptr<EngineBridge>> probe = EngineBridge::Create(bridge_options); !probe.ok()) {
     return probe.status();
   }
-  if (absl::Status status = EnableRemat(RematOptions{options.budget}); !status.ok()) return status;
-  bridge_options.arena = InstalledCpuArena();
-  bridge_options.next = GetObserver();  // the session's tracker
-  absl::StatusOr<std::unique_ptr<EngineBridge>> bridge = EngineBridge::Create(bridge_options);
+  return bridge_options;
+}
+
+// Enables the hook (EnableRemat, with the CPU arena or without), then the bridge over `memory`. Holds g_mutex.
+absl::Status EnableLocked(const EngineSessionOptions& options, std::unique_ptr<DeviceMemory> memory) {
+  if (g_bridge != nullptr) return absl::AlreadyExistsError("remat: already enabled; disable it first");
+  absl::StatusOr<BridgeOptions> bridge_options = ToBridgeOptions(options);
+  if (!bridge_options.ok()) return bridge_options.status();
+  const bool on_cpu = memory == nullptr;
+  if (absl::Status status = EnableRemat(RematOptions{options.budget, /*install_cpu_arena=*/on_cpu}); !status.ok()) {
+    return status;
+  }
+  if (on_cpu) memory = std::make_unique<CpuDeviceMemory>(InstalledCpuArena());
+  bridge_options->memory = memory.get();
+  bridge_options->next = GetObserver();  // the session's tracker
+  absl::StatusOr<std::unique_ptr<EngineBridge>> bridge = EngineBridge::Create(*bridge_options);
   if (!bridge.ok()) {
     (void)DisableRemat();
     return bridge.status();
   }
+  g_memory = memory.release();
+  g_on_cpu = on_cpu;
   g_bridge = bridge->release();
-  SetCpuPressureHandler(g_bridge);
+  g_memory->SetPressureHandler(g_bridge);
   SetObserver(g_bridge);
   SetHeldReferences(g_bridge);
   g_last_stats.reset();
   return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status EnableRematEngine(const EngineSessionOptions& options) {
+  std::lock_guard<std::mutex> lock(g_mutex);
+  return EnableLocked(options, nullptr);
+}
+
+absl::Status EnableRematEngineOn(const EngineSessionOptions& options, std::unique_ptr<DeviceMemory> memory) {
+  if (memory == nullptr) return absl::InvalidArgumentError("remat: EnableRematEngineOn needs device memory");
+  std::lock_guard<std::mutex> lock(g_mutex);
+  return EnableLocked(options, std::move(memory));
 }
 
 absl::Status DisableRematEngine() {
@@ -69,24 +95,36 @@ absl::Status DisableRematEngine() {
   if (g_bridge == nullptr) return absl::FailedPreconditionError("remat: not enabled");
   SetObserver(nullptr);
   SetHeldReferences(nullptr);
-  // Storages a user still holds get their bytes back after the arena is uninstalled, from torch's own allocator:
-  // together they may exceed the budget. One block of ours keeps the retired arena (which the engine reads for
-  // its statistics) alive meanwhile. If even that block does not fit, bring them back under the budget first.
-  c10::DataPtr keep_alive;
-  try {
-    keep_alive = RematCpuAllocator()->allocate(kCpuAlignment);
-  } catch (const c10::Error&) {
-    keep_alive.clear();
-  }
   absl::Status status = absl::OkStatus();
-  if (!keep_alive) status = g_bridge->MaterializeLive();
-  SetCpuPressureHandler(nullptr);
-  if (absl::Status disabled = DisableRemat(); !disabled.ok() && status.ok()) status = disabled;
-  if (keep_alive) status = g_bridge->MaterializeLive();
-  g_last_stats = g_bridge->Stats();
-  delete g_bridge;
+  if (g_on_cpu) {
+    // Storages a user still holds get their bytes back after the arena is uninstalled, from torch's own allocator:
+    // together they may exceed the budget. One block of ours keeps the retired arena (which the engine reads for
+    // its statistics) alive meanwhile. If even that block does not fit, bring them back under the budget first.
+    c10::DataPtr keep_alive;
+    try {
+      keep_alive = RematCpuAllocator()->allocate(kCpuAlignment);
+    } catch (const c10::Error&) {
+      keep_alive.clear();
+    }
+    if (!keep_alive) status = g_bridge->MaterializeLive();
+    g_memory->SetPressureHandler(nullptr);
+    if (absl::Status disabled = DisableRemat(); !disabled.ok() && status.ok()) status = disabled;
+    if (keep_alive) status = g_bridge->MaterializeLive();
+    g_last_stats = g_bridge->Stats();
+    delete g_bridge;
+    keep_alive.clear();
+  } else {
+    // The device's memory is all there is: bring everything back under its budget while the bridge can still make
+    // room, then detach it.
+    status = g_bridge->MaterializeLive();
+    g_memory->SetPressureHandler(nullptr);
+    if (absl::Status disabled = DisableRemat(); !disabled.ok() && status.ok()) status = disabled;
+    g_last_stats = g_bridge->Stats();
+    delete g_bridge;
+  }
   g_bridge = nullptr;
-  keep_alive.clear();
+  delete g_memory;
+  g_memory = nullptr;
   return status;
 }
 

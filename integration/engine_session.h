@@ -10,6 +10,12 @@
 // cannot be brought back the error is returned (remat is off anyway) and reading that tensor raises a clear error.
 // The engine's statistics stay readable until the next enable.
 //
+// EnableRematEngineOn does the same over memory the caller set up and hands over (a CUDA device's arena,
+// integration/cuda/cuda_device_memory.h): it installs no CPU arena; the bridge becomes that memory's pressure handler.
+// options.budget must be the memory's budget (the arena's size). DisableRematEngine then makes every storage a user
+// still holds resident again in that memory, under its budget (there is no other allocator to spill to: a storage
+// that does not fit is an error), before it detaches the bridge.
+//
 // Enable/Disable are serialized by a mutex; enabling twice is AlreadyExists.
 #pragma once
 
@@ -18,12 +24,14 @@
 #include <cstddef>
 #include <cstdint>
 #include <limits>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "integration/device_memory.h"
 #include "integration/engine_bridge.h"
 #include "integration/host_tier.h"
 #include "runtime/config.h"
@@ -56,6 +64,7 @@ absl::StatusOr<PagingSetting> ResolvePaging(const std::optional<std::string>& of
                                             const std::optional<std::string>& host_budget);
 
 absl::Status EnableRematEngine(const EngineSessionOptions& options);
+absl::Status EnableRematEngineOn(const EngineSessionOptions& options, std::unique_ptr<DeviceMemory> memory);
 absl::Status DisableRematEngine();
 bool RematEngineEnabled();
 // Pins the storages of `tensors` for good (EngineBridge::PinState): state kept across steps, such as an optimizer's.

@@ -63,6 +63,7 @@ class TrackingObserver final : public OpObserver {
 
 std::mutex g_mutex;
 bool g_enabled = false;  // guarded by g_mutex
+bool g_cpu_arena = false;  // this session installed the CPU arena; guarded by g_mutex
 
 TrackingObserver& Tracker() {
   static auto* tracker = new TrackingObserver();  // never destroyed: an op in flight may still hold it
@@ -76,14 +77,17 @@ absl::Status EnableRemat(const RematOptions& options) {
   if (g_enabled) return absl::AlreadyExistsError("remat: already enabled; disable it first");
   absl::StatusOr<c10::DispatchKey> key = InstallHook();
   if (!key.ok()) return key.status();
-  if (absl::Status status = InstallCpuArena(options.budget); !status.ok()) return status;
+  if (options.install_cpu_arena) {
+    if (absl::Status status = InstallCpuArena(options.budget); !status.ok()) return status;
+  }
   Tracker().Reset();
   SetObserver(&Tracker());
   if (absl::Status status = SetHookEnabledOnThisThread(true); !status.ok()) {
     SetObserver(nullptr);
-    (void)UninstallCpuArena();
+    if (options.install_cpu_arena) (void)UninstallCpuArena();
     return status;
   }
+  g_cpu_arena = options.install_cpu_arena;
   g_enabled = true;
   return absl::OkStatus();
 }
@@ -96,7 +100,9 @@ absl::Status DisableRemat() {
   if (std::unique_ptr<TraceRecorder> recorder = Tracker().TakeRecorder(); recorder != nullptr) {
     if (absl::Status closed = recorder->Close(); !closed.ok() && status.ok()) status = closed;
   }
-  if (absl::Status uninstall = UninstallCpuArena(); !uninstall.ok() && status.ok()) status = uninstall;
+  if (g_cpu_arena) {
+    if (absl::Status uninstall = UninstallCpuArena(); !uninstall.ok() && status.ok()) status = uninstall;
+  }
   g_enabled = false;
   return status;
 }
@@ -111,7 +117,7 @@ RematStats GetRematStats() {
   RematStats stats;
   stats.enabled = g_enabled;
   absl::StatusOr<CpuArenaStats> arena = GetCpuArenaStats();
-  stats.has_arena = arena.ok();
+  stats.has_arena = arena.ok() && !(g_enabled && !g_cpu_arena);
   if (arena.ok()) stats.arena = *arena;
   stats.ops_recorded = Tracker().ops();
   stats.random_ops_recorded = Tracker().random_ops();

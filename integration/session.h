@@ -25,6 +25,9 @@ namespace remat::integration {
 
 struct RematOptions {
   std::size_t budget = 0;  // bytes; > 0
+  // false: the caller manages the memory (the engine on a CUDA device's arena); no CPU arena is installed, budget is
+  // not used, and the stats report no arena.
+  bool install_cpu_arena = true;
 };
 
 absl::Status EnableRemat(const RematOptions& options);

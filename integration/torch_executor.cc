@@ -2,7 +2,6 @@
 #include "integration/torch_executor.h"
 
 #include <ATen/core/List.h>
-#include <c10/core/CPUAllocator.h>
 #include <c10/core/TensorImpl.h>
 #include <c10/util/Exception.h>
 
@@ -14,7 +13,6 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
-#include "integration/cpu_allocator.h"
 #include "integration/storage_eviction.h"
 
 namespace remat::integration {
@@ -68,30 +66,6 @@ std::vector<at::Tensor> ReturnedTensors(const c10::Stack& stack, std::size_t num
 
 }  // namespace
 
-c10::intrusive_ptr<c10::StorageImpl> CopyStorage(c10::StorageImpl& source) {
-  const std::size_t nbytes = source.nbytes();
-  c10::Allocator* allocator = c10::GetCPUAllocator();
-  c10::DataPtr memory = allocator->allocate(nbytes);
-  if (nbytes > 0) std::memcpy(memory.get(), source._mutable_data_ptr_no_checks().get(), nbytes);
-  return c10::make_intrusive<c10::StorageImpl>(c10::StorageImpl::use_byte_size_t(), nbytes, std::move(memory),
-                                               allocator, /*resizable=*/true);
-}
-
-c10::intrusive_ptr<c10::StorageImpl> BlankStorage(std::size_t nbytes) {
-  c10::Allocator* allocator = c10::GetCPUAllocator();
-  return c10::make_intrusive<c10::StorageImpl>(c10::StorageImpl::use_byte_size_t(), nbytes,
-                                               allocator->allocate(nbytes), allocator, /*resizable=*/true);
-}
-
-bool EvictableMemory(c10::StorageImpl& storage) {
-  if (storage.has_materializer() || storage.throw_on_immutable_data_ptr() || storage.throw_on_mutable_data_ptr()) {
-    return false;
-  }
-  if (storage.sym_nbytes().is_heap_allocated() || storage.nbytes() == 0) return false;
-  if (storage.device_type() != c10::DeviceType::CPU) return false;
-  return AllocatedByRematArena(storage._mutable_data_ptr_no_checks());
-}
-
 void TorchExecutor::Grow(StorageIndex s) {
   if (s >= homes_.size()) {
     homes_.resize(s + 1, c10::weak_intrusive_ptr<c10::StorageImpl>(c10::intrusive_ptr<c10::StorageImpl>()));
@@ -125,13 +99,14 @@ c10::intrusive_ptr<c10::StorageImpl> TorchExecutor::Holder(StorageIndex s) const
 }
 
 void TorchExecutor::SetOwner(std::uintptr_t address, StorageIndex s, bool evictable) {
-  if (arena_ == nullptr || address == 0) return;
-  (void)arena_->SetOwner(address, evictable ? static_cast<OwnerId>(s) + 1 : kNoOwner);  // not ours: NotFound
+  Arena* arena = memory_->arena();
+  if (arena == nullptr || address == 0) return;
+  (void)arena->SetOwner(address, evictable ? static_cast<OwnerId>(s) + 1 : kNoOwner);  // not ours: NotFound
 }
 
 absl::Status TorchExecutor::Deliver(Engine& engine, StorageIndex s,
                                     const c10::intrusive_ptr<c10::StorageImpl>& source, bool copy, bool evictable) {
-  c10::intrusive_ptr<c10::StorageImpl> memory = copy ? CopyStorage(*source) : source;
+  c10::intrusive_ptr<c10::StorageImpl> memory = copy ? CopyStorage(*memory_, *source) : source;
   Grow(s);
   c10::intrusive_ptr<c10::StorageImpl> home = homes_[s].lock();
   std::uintptr_t address = 0;
@@ -191,7 +166,7 @@ absl::Status TorchExecutor::ExecuteOrThrow(Engine& engine, OpId op, bool replay,
       if (!r.overwritten.empty() && r.overwritten[k]) {  // its old contents do not matter
         const StorageIndex s = r.in_place_storage(static_cast<int>(k));
         if (s == kNoIndex) return absl::InternalError("remat: an overwritten argument without a new value");
-        scratch[k] = BlankStorage(static_cast<std::size_t>(engine.StorageBytes(s)));
+        scratch[k] = memory_->NewStorage(static_cast<std::size_t>(engine.StorageBytes(s)));
         subst[record.input_storages[k].get()] = scratch[k];
         continue;
       }
@@ -208,7 +183,7 @@ absl::Status TorchExecutor::ExecuteOrThrow(Engine& engine, OpId op, bool replay,
       holders[k] = holder;
       in_use_.push_back(holder.get());
       if (r.written[k]) {
-        scratch[k] = CopyStorage(*holder);
+        scratch[k] = CopyStorage(*memory_, *holder);
         subst[record.input_storages[k].get()] = scratch[k];
       } else {
         subst[record.input_storages[k].get()] = holder;
@@ -305,13 +280,18 @@ absl::Status TorchExecutor::PageOut(Engine& engine, std::uint32_t s) {
   }
   const auto address = reinterpret_cast<std::uintptr_t>(holder->_mutable_data_ptr_no_checks().get());
   bool evictable = true;
-  if (arena_ != nullptr) {
-    absl::StatusOr<BlockInfo> block = arena_->Block(address);
+  if (Arena* arena = memory_->arena(); arena != nullptr) {
+    absl::StatusOr<BlockInfo> block = arena->Block(address);
     evictable = !block.ok() || block->owner != kNoOwner;
   }
-  if (absl::Status stored = tier_->Store(s, holder->_mutable_data_ptr_no_checks().get(), nbytes); !stored.ok()) {
-    return stored;
+  const void* bytes = holder->_mutable_data_ptr_no_checks().get();
+  std::vector<std::byte> staging;  // memory host code cannot read is copied to the host first
+  if (!memory_->host_accessible()) {
+    staging.resize(nbytes);
+    if (absl::Status copied = memory_->CopyToHost(staging.data(), bytes, nbytes); !copied.ok()) return copied;
+    bytes = staging.data();
   }
+  if (absl::Status stored = tier_->Store(s, bytes, nbytes); !stored.ok()) return stored;
   if (shadows_[s]) {
     shadows_[s].reset();  // frees its memory: nobody else holds a shadow
   } else if (absl::StatusOr<std::size_t> dropped = EvictStorage(*holder); !dropped.ok()) {
@@ -341,9 +321,15 @@ absl::Status TorchExecutor::PageInOrThrow(Engine& engine, StorageIndex s) {
   if (!tier_->Holds(s)) return absl::FailedPreconditionError(absl::StrCat("remat: storage ", s, " is not paged"));
   Grow(s);
   const auto nbytes = static_cast<std::size_t>(engine.StorageBytes(s));
-  c10::intrusive_ptr<c10::StorageImpl> memory = BlankStorage(nbytes);  // may make room (the arena's handler)
-  if (absl::Status loaded = tier_->Load(s, memory->_mutable_data_ptr_no_checks().get(), nbytes); !loaded.ok()) {
-    return loaded;  // the tier copy stays; `memory` goes back to the arena
+  c10::intrusive_ptr<c10::StorageImpl> memory = memory_->NewStorage(nbytes);  // may make room (the arena's handler)
+  void* target = memory->_mutable_data_ptr_no_checks().get();
+  // On failure the tier copy stays; `memory` goes back to the arena.
+  if (memory_->host_accessible()) {
+    if (absl::Status loaded = tier_->Load(s, target, nbytes); !loaded.ok()) return loaded;
+  } else {
+    std::vector<std::byte> staging(nbytes);
+    if (absl::Status loaded = tier_->Load(s, staging.data(), nbytes); !loaded.ok()) return loaded;
+    if (absl::Status copied = memory_->CopyFromHost(target, staging.data(), nbytes); !copied.ok()) return copied;
   }
   if (absl::Status delivered = Deliver(engine, s, memory, /*copy=*/false, paged_evictable_[s]); !delivered.ok()) {
     return delivered;
@@ -371,15 +357,19 @@ bool TorchExecutor::InUse(const c10::StorageImpl* impl) const {
 absl::StatusOr<bool> TorchExecutor::Relocate(Engine& engine, std::uint32_t s, AddressRange avoid) {
   if (s >= homes_.size() || shadows_[s]) return false;
   c10::intrusive_ptr<c10::StorageImpl> home = homes_[s].lock();
-  if (!home || IsEvicted(*home) || !EvictableMemory(*home) || InUse(home.get())) return false;
+  if (!home || IsEvicted(*home) || !EvictableMemory(*memory_, *home) || InUse(home.get())) return false;
   const std::size_t nbytes = home->nbytes();
+  const std::size_t alignment = memory_->alignment();
   for (const Placement placement : {Placement::kTop, Placement::kLow}) {
-    c10::DataPtr fresh = TryAllocateInCpuArena(nbytes, placement);  // freed on return unless swapped in
+    c10::DataPtr fresh = memory_->TryAllocate(nbytes, placement);  // freed on return unless swapped in
     if (fresh.get() == nullptr) return false;
     const auto to = reinterpret_cast<std::uintptr_t>(fresh.get());
-    const std::size_t aligned = (nbytes + kCpuAlignment - 1) / kCpuAlignment * kCpuAlignment;
+    const std::size_t aligned = (nbytes + alignment - 1) / alignment * alignment;
     if (avoid.Overlaps(to, aligned)) continue;
-    std::memcpy(fresh.get(), home->_mutable_data_ptr_no_checks().get(), nbytes);
+    if (absl::Status copied = memory_->Copy(fresh.get(), home->_mutable_data_ptr_no_checks().get(), nbytes);
+        !copied.ok()) {
+      return copied;
+    }
     c10::DataPtr old = home->set_data_ptr(std::move(fresh));  // the old block is freed when `old` goes
     engine.SetAddress(s, to);
     SetOwner(to, s, /*evictable=*/false);
@@ -390,8 +380,8 @@ absl::StatusOr<bool> TorchExecutor::Relocate(Engine& engine, std::uint32_t s, Ad
 
 absl::StatusOr<bool> TorchExecutor::Slide(Engine& engine, std::uint32_t s, std::uintptr_t to) {
   c10::intrusive_ptr<c10::StorageImpl> holder = Holder(s);
-  if (!holder || IsEvicted(*holder) || !EvictableMemory(*holder) || InUse(holder.get())) return false;
-  if (absl::Status slid = SlideInCpuArena(*holder, to); !slid.ok()) return slid;
+  if (!holder || IsEvicted(*holder) || !EvictableMemory(*memory_, *holder) || InUse(holder.get())) return false;
+  if (absl::Status slid = memory_->Slide(*holder, to); !slid.ok()) return slid;
   engine.SetAddress(s, to);
   return true;
 }

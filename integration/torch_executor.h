@@ -24,12 +24,16 @@
 //   PageOut(engine, s) copies the holder's bytes into the tier under key s, then drops the memory exactly as Evict
 //     does (EvictStorage on the home; a shadow is released). If the tier refuses the copy (budget, I/O) or the
 //     memory cannot be dropped, the tier copy is released again and s stays resident with its bytes.
-//   PageIn(engine, s) allocates nbytes from the current CPU allocator (the arena: the allocation may call MakeRoom),
-//     loads the tier copy into it, byte-identical, and moves it into the home with RestoreStorage (or keeps it as a
+//   PageIn(engine, s) allocates nbytes in the device memory (the arena: the allocation may call MakeRoom), loads
+//     the tier copy into it, byte-identical, and moves it into the home with RestoreStorage (or keeps it as a
 //     shadow when no home wants it, as Deliver does); reports the address with Engine::SetAddress and restores the
 //     arena owner the block had when it was paged out (s + 1, or none for a pinned storage). Only then is the tier
 //     copy released: a failed allocation or load keeps it.
 //   DropPaged(engine, s) releases the tier copy.
+//
+// Memory: every allocation, copy and arena operation goes through a DeviceMemory (device_memory.h): the CPU arena by
+// default, a CUDA device's arena when the bridge runs on CUDA. With memory that host code cannot read, page copies
+// go through a staging buffer in host memory.
 //
 // Not thread-safe: the engine bridge serializes every call (engine_bridge.h).
 #pragma once
@@ -45,6 +49,8 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "integration/cpu_device_memory.h"
+#include "integration/device_memory.h"
 #include "integration/dispatch_hook.h"
 #include "integration/host_tier.h"
 #include "runtime/engine.h"
@@ -99,7 +105,8 @@ class TorchExecutor final : public Executor {
   TorchExecutor(const TorchExecutor&) = delete;
   TorchExecutor& operator=(const TorchExecutor&) = delete;
 
-  void SetArena(Arena* arena) { arena_ = arena; }
+  // The memory storages live in (not owned; must outlive the executor). Default: the CPU allocator, no arena.
+  void SetMemory(DeviceMemory* memory) { memory_ = memory; }
   // The second tier PageOut/PageIn use (not owned); null: paging is Unimplemented (the engine fails loudly).
   void SetHostTier(HostTier* tier) { tier_ = tier; }
   // The op `op` can be replayed from `replay`.
@@ -127,9 +134,10 @@ class TorchExecutor final : public Executor {
   // A replay or the running user op reads or writes `impl` (its memory must not move).
   bool InUse(const c10::StorageImpl* impl) const;
   // Moves a pinned storage's bytes out of `avoid` (Executor::Relocate): a fresh block of the arena (highest hole
-  // first, never asking the pressure handler), a copy, and a DataPtr swap in its StorageImpl.
+  // first, never asking the pressure handler: DeviceMemory::TryAllocate), a copy, and a DataPtr swap in its
+  // StorageImpl.
   absl::StatusOr<bool> Relocate(Engine& engine, std::uint32_t storage, AddressRange avoid) override;
-  // Slides a storage's block into the hole next to it (Executor::Slide) with SlideInCpuArena.
+  // Slides a storage's block into the hole next to it (Executor::Slide) with DeviceMemory::Slide.
   absl::StatusOr<bool> Slide(Engine& engine, std::uint32_t storage, std::uintptr_t to) override;
 
   // Drops every record and shadow (the engine is going away).
@@ -143,7 +151,8 @@ class TorchExecutor final : public Executor {
                        bool copy, bool evictable = true);
   absl::Status PageInOrThrow(Engine& engine, StorageIndex s);
 
-  Arena* arena_ = nullptr;
+  CpuDeviceMemory default_memory_{nullptr};
+  DeviceMemory* memory_ = &default_memory_;
   std::vector<std::unique_ptr<ReplayOp>> ops_;  // by OpId; null for ops that are never replayed
   std::vector<c10::weak_intrusive_ptr<c10::StorageImpl>> homes_;  // by StorageIndex
   std::vector<c10::intrusive_ptr<c10::StorageImpl>> shadows_;     // by StorageIndex
@@ -153,14 +162,5 @@ class TorchExecutor final : public Executor {
   HostTier* tier_ = nullptr;
   std::vector<bool> paged_evictable_;  // by StorageIndex: the arena owner its block had when paged out
 };
-
-// A new CPU StorageImpl holding a copy of `source`'s bytes (allocated by the current CPU allocator).
-c10::intrusive_ptr<c10::StorageImpl> CopyStorage(c10::StorageImpl& source);
-// A new CPU StorageImpl of `nbytes` uninitialized bytes (allocated by the current CPU allocator).
-c10::intrusive_ptr<c10::StorageImpl> BlankStorage(std::size_t nbytes);
-
-// True when remat may evict this storage's memory: it came from a remat arena, holds bytes and torch puts no
-// guard on it (copy-on-write materializer, data-access checks).
-bool EvictableMemory(c10::StorageImpl& storage);
 
 }  // namespace remat::integration

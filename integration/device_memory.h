@@ -1,0 +1,75 @@
+// DeviceMemory: the memory remat evicts from, as the engine bridge and its executor see it: one device's arena, how
+// to make storages in it, and how to move bytes (DESIGN.md, "PyTorch integration").
+//
+// EngineBridge and TorchExecutor never call an allocator or copy bytes themselves; they go through this seam, so the
+// same code drives the CPU arena (CpuDeviceMemory, cpu_device_memory.h) and a CUDA device's arena
+// (integration/cuda/cuda_device_memory.h, whose CUDA calls go through the CudaRuntime seam and so run in CI against
+// its host-memory test double).
+//
+// Contract for implementations:
+//   - Owns(data) is true only for blocks of this memory's arena: memory remat may evict. Memory from any other
+//     allocator (torch's own, numpy, from_blob, another device) is not.
+//   - NewStorage allocates through the allocator torch uses for this device now, so that a request that does not
+//     fit goes through the arena's pressure handler (the engine) and, failing that, throws c10::OutOfMemoryError.
+//   - TryAllocate never calls the pressure handler (the engine uses it while it makes room).
+//   - Copies are complete when they return (a device implementation synchronizes with the stream it copies on).
+// Not thread-safe beyond what the allocator guarantees: the bridge serializes every call.
+#pragma once
+
+#include <c10/core/Allocator.h>
+#include <c10/core/StorageImpl.h>
+#include <c10/util/intrusive_ptr.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "absl/status/status.h"
+#include "allocator/arena.h"
+
+namespace remat::integration {
+
+class DeviceMemory {
+ public:
+  virtual ~DeviceMemory() = default;
+
+  // The device type of the tensors whose storages live here (CPU for the CPU arena; CUDA in production for a CUDA
+  // device, CPU in the tests that run the CUDA arena's logic on host memory).
+  virtual c10::DeviceType device_type() const = 0;
+  // The arena storages are placed in (block owners, windows, relocation), or nullptr when there is none (tests of
+  // the executor over torch's own allocator).
+  virtual Arena* arena() = 0;
+  // A block of this memory's arena: remat may evict it.
+  virtual bool Owns(const c10::DataPtr& data) const = 0;
+  // A new resizable storage of `nbytes` uninitialized bytes from the allocator torch uses for this device now.
+  virtual c10::intrusive_ptr<c10::StorageImpl> NewStorage(std::size_t nbytes) = 0;
+  // A block placed as `placement` says, without asking the pressure handler; an empty DataPtr when nothing fits or
+  // there is no arena. `bytes` > 0.
+  virtual c10::DataPtr TryAllocate(std::size_t bytes, Placement placement) = 0;
+  // Moves the arena block `storage` holds to `to`, inside the range the block would free (Arena::Move), bytes
+  // included, and points the storage there. The caller makes sure no kernel uses it.
+  virtual absl::Status Slide(c10::StorageImpl& storage, std::uintptr_t to) = 0;
+  // The hook the arena calls when a request does not fit (the engine bridge), or nullptr. Not owned.
+  virtual void SetPressureHandler(PressureHandler* handler) = 0;
+  // Which end of a free block this thread's next allocations take (Coop's cheap-tensor partitioning).
+  virtual void SetPlacementForThisThread(Placement placement) = 0;
+  // Every block's address and size are multiples of it.
+  virtual std::size_t alignment() const = 0;
+
+  // Byte copies between two places of this memory, and between it and host memory (paging).
+  virtual absl::Status Copy(void* dst, const void* src, std::size_t nbytes) = 0;
+  virtual absl::Status CopyToHost(void* host, const void* src, std::size_t nbytes) = 0;
+  virtual absl::Status CopyFromHost(void* dst, const void* host, std::size_t nbytes) = 0;
+  // Host code may read and write this memory directly (the CPU): paging copies need no staging buffer.
+  virtual bool host_accessible() const = 0;
+};
+
+// A new storage holding a copy of `source`'s bytes: in `memory` when `source` is on its device type (a copy within
+// the device), else from torch's allocator for `source`'s device (host memory: memcpy). Throws as NewStorage does;
+// a failed copy is a c10::Error.
+c10::intrusive_ptr<c10::StorageImpl> CopyStorage(DeviceMemory& memory, c10::StorageImpl& source);
+
+// True when remat may evict this storage's memory: it holds bytes, `memory` owns them, and torch puts no guard on
+// it (copy-on-write materializer, data-access checks).
+bool EvictableMemory(const DeviceMemory& memory, c10::StorageImpl& storage);
+
+}  // namespace remat::integration
