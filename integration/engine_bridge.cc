@@ -194,7 +194,7 @@ void EngineBridge::PinDependents(StorageIndex start) {
   }
 }
 
-void EngineBridge::Sweep(const OpRecord& record) {
+void EngineBridge::Sweep() {
   std::size_t kept = 0;
   for (std::size_t i = 0; i < live_.size(); ++i) {
     const c10::StorageImpl* key = live_[i];
@@ -304,7 +304,7 @@ void EngineBridge::BeforeOp(OpRecord& record) {
   try {
     if (options_.next != nullptr) options_.next->BeforeOp(record);
     engine_->NoteAllocation();
-    Sweep(record);
+    Sweep();
     if (++ops_since_prune_ >= 1024) {
       ops_since_prune_ = 0;
       Prune();
@@ -588,6 +588,7 @@ std::int64_t EngineBridge::HeldReferences(const c10::StorageImpl* storage) {
 
 absl::Status EngineBridge::MaterializeLive() {
   std::lock_guard<std::recursive_mutex> lock(mutex_);
+  Sweep();  // storages whose last reference died since the last op need no bytes
   absl::Status result = absl::OkStatus();
   for (const c10::StorageImpl* key : live_) {
     Entry& entry = entries_.at(key);

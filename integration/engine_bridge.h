@@ -197,7 +197,7 @@ class EngineBridge final : public OpObserver, public PressureHandler, public Hel
 
   EngineBridge(const BridgeOptions& options, std::unique_ptr<Policy> policy, std::unique_ptr<HostTier> tier);
   Entry& EntryFor(c10::StorageImpl* impl);
-  void Sweep(const OpRecord& record);
+  void Sweep();
   void PinDependents(StorageIndex start);
   void PinEntry(Entry& entry);
   void CountRecordRefs(const OpRecord& record, int delta = 1);

@@ -53,6 +53,10 @@ struct DeviceArena::State {
    public:
     explicit Reclaimer(State* state) : state_(state) {}
     bool MakeRoom(Arena& arena, std::size_t bytes) override { return state_->MakeRoom(arena, bytes); }
+    std::string DescribeMemory() override {
+      PressureHandler* user = state_->handler.load(std::memory_order_acquire);
+      return user == nullptr ? std::string() : user->DescribeMemory();
+    }
 
    private:
     State* state_;
@@ -444,8 +448,69 @@ absl::Status DeviceArena::EmptyCache() {
   std::lock_guard<std::mutex> lock(s.mu);
   absl::StatusOr<std::size_t> reclaimed = s.ReclaimLocked(/*synchronize=*/true);
   if (!reclaimed.ok()) return reclaimed.status();
-  if (s.live.empty() && s.pending.empty() && s.inflight == 0) s.ReleaseArenaLocked();
+  const bool attached = s.handler.load(std::memory_order_acquire) != nullptr;
+  if (s.live.empty() && s.pending.empty() && s.inflight == 0 && !attached) s.ReleaseArenaLocked();
   return absl::OkStatus();
+}
+
+absl::StatusOr<std::uintptr_t> DeviceArena::TryAllocate(std::size_t bytes, cudaStream_t stream,
+                                                        Placement placement) {
+  State& s = *state_;
+  std::lock_guard<std::mutex> lock(s.mu);
+  if (absl::Status status = s.NoteStreamLocked(stream); !status.ok()) return status;
+  if (absl::Status status = s.EnsureArenaLocked(); !status.ok()) return status;
+  (void)s.ReclaimLocked(/*synchronize=*/false);
+  absl::StatusOr<std::uintptr_t> address = s.arena->TryAllocate(bytes, kNoOwner, placement);
+  if (!address.ok()) return address.status();
+  absl::StatusOr<BlockInfo> block = s.arena->Block(*address);
+  const std::size_t size = block.ok() ? block->size : bytes;
+  s.live[*address] = LiveBlock{size, bytes, stream, {}};
+  s.stats.allocation.Increase(1);
+  s.stats.allocated_bytes.Increase(static_cast<std::int64_t>(size));
+  s.stats.requested_bytes.Increase(static_cast<std::int64_t>(bytes));
+  s.stats.active.Increase(1);
+  s.stats.active_bytes.Increase(static_cast<std::int64_t>(size));
+  return *address;
+}
+
+absl::Status DeviceArena::Move(std::uintptr_t from, std::uintptr_t to) {
+  State& s = *state_;
+  std::lock_guard<std::mutex> lock(s.mu);
+  auto it = s.live.find(from);
+  if (it == s.live.end() || s.arena == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat("remat: moving ", absl::Hex(from),
+                                                   ", which is not a live block of CUDA device ", s.options.device));
+  }
+  if (!it->second.uses.empty()) {
+    return absl::FailedPreconditionError("remat: a block other streams use (record_stream) does not move");
+  }
+  if (from == to) return absl::OkStatus();
+  if (absl::Status moved = s.arena->Move(from, to); !moved.ok()) return moved;
+  LiveBlock block = std::move(it->second);
+  s.live.erase(it);
+  ScopedDevice device(s.runtime, s.options.device);
+  absl::Status copied = device.status();
+  // Chunks no longer than the distance never overlap their own source; copying in the direction of the move
+  // reads every chunk before a later one overwrites it.
+  const std::size_t distance = from > to ? from - to : to - from;
+  const std::size_t size = block.requested;
+  for (std::size_t done = 0; copied.ok() && done < size;) {
+    const std::size_t chunk = std::min(distance, size - done);
+    const std::size_t offset = from > to ? done : size - done - chunk;
+    copied = s.runtime->MemcpyAsync(reinterpret_cast<void*>(to + offset), reinterpret_cast<const void*>(from + offset),
+                                    chunk, CopyKind::kDeviceToDevice, block.stream);
+    done += chunk;
+  }
+  if (copied.ok()) copied = s.runtime->StreamSynchronize(block.stream);
+  s.live[to] = std::move(block);
+  return copied;
+}
+
+absl::StatusOr<Arena*> DeviceArena::Reserve() {
+  State& s = *state_;
+  std::lock_guard<std::mutex> lock(s.mu);
+  if (absl::Status status = s.EnsureArenaLocked(); !status.ok()) return status;
+  return s.arena.get();
 }
 
 absl::Status DeviceArena::SetBudget(std::size_t bytes) {

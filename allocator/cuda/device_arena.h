@@ -87,6 +87,17 @@ class DeviceArena {
   // A block of `bytes` (0 counts as one alignment unit) for use on `stream`.
   absl::StatusOr<std::uintptr_t> Allocate(std::size_t bytes, cudaStream_t stream,
                                           Placement placement = Placement::kLow);
+  // Same, but only what fits now: no pending frees are waited for and the pressure handler is not asked (the
+  // runtime moving memory while it makes room). ResourceExhausted when nothing fits.
+  absl::StatusOr<std::uintptr_t> TryAllocate(std::size_t bytes, cudaStream_t stream,
+                                             Placement placement = Placement::kLow);
+  // Slides the live block at `from` to `to` inside the range it would free (Arena::Move) and moves its bytes with
+  // device-to-device copies on the block's stream (in chunks no longer than the distance, so that overlapping
+  // ranges copy correctly), waiting for them. FailedPrecondition for a block other streams use (record_stream);
+  // the arena's InvalidArgument when `to` is out of range (nothing changes then).
+  absl::Status Move(std::uintptr_t from, std::uintptr_t to);
+  // Reserves the budget's segment now (Allocate does it at the first request) and returns the arena.
+  absl::StatusOr<Arena*> Reserve();
   // Stream-ordered: the memory is reused only after the recorded uses finish (see above).
   absl::Status Free(std::uintptr_t address);
   // `stream` also uses the block at `address` (torch's record_stream). The allocation stream is a no-op.
@@ -100,7 +111,8 @@ class DeviceArena {
 
   // Returns completed pending blocks to the arena; with `synchronize`, waits for all of them. Returns how many.
   absl::StatusOr<std::size_t> ReclaimPending(bool synchronize);
-  // Waits for pending frees, then releases the segment if nothing is allocated.
+  // Waits for pending frees, then releases the segment if nothing is allocated and no pressure handler is set (the
+  // runtime holds on to the arena while it is attached).
   absl::Status EmptyCache();
   // Changes the budget; FailedPrecondition while any block is allocated. Releases the current segment.
   absl::Status SetBudget(std::size_t bytes);
@@ -111,7 +123,8 @@ class DeviceArena {
   // segment is reserved (torch's cacheInfo, which cuDNN uses to size its workspace).
   std::size_t LargestFreeBlock();
 
-  // The runtime's hook, called after pending frees are exhausted. nullptr: fail instead. Not owned.
+  // The runtime's hook, called after pending frees are exhausted. nullptr: fail instead. Not owned. Its
+  // DescribeMemory is added to the out-of-memory error.
   void SetPressureHandler(PressureHandler* handler);
   // The arena (SetOwner, FindWindow for the runtime); nullptr before the first allocation and after EmptyCache
   // released the segment.

@@ -142,6 +142,8 @@ class RematCudaAllocator final : public c10::cuda::CUDACachingAllocator::CUDAAll
   // The paging primitive for `device`: FailedPrecondition when host_budget is 0.
   absl::StatusOr<cuda::CudaPager*> Pager(c10::DeviceIndex device);
   cuda::CudaRuntime* runtime() const { return runtime_; }
+  // The stream torch considers current on `device` (CudaStreams::current).
+  cudaStream_t CurrentStream(c10::DeviceIndex device) const { return streams_.current(device); }
 
  private:
   struct PagingState {

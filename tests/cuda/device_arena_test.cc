@@ -220,6 +220,73 @@ TEST(CudaDeviceArena, CallsThePressureHandlerWhenTheBudgetIsFull) {
   ASSERT_TRUE(arena->Free(*c).ok());
 }
 
+TEST(CudaDeviceArena, TryAllocateTakesOnlyWhatFitsNowAndNeverAsksTheHandler) {
+  FakeCudaRuntime rt;
+  auto arena = MakeArena(rt, 4096);
+  std::uintptr_t a = *arena->Allocate(2048, nullptr);
+  FreeingHandler handler(arena.get(), {a});
+  arena->SetPressureHandler(&handler);
+  absl::StatusOr<std::uintptr_t> top = arena->TryAllocate(1024, nullptr, Placement::kTop);
+  ASSERT_TRUE(top.ok()) << top.status();
+  EXPECT_EQ(*top, a + 3072);  // the highest 1 KiB of the free half
+  EXPECT_TRUE(arena->Owns(*top));
+  EXPECT_EQ(arena->Stats().allocated_bytes.current, 3072);
+  EXPECT_EQ(arena->TryAllocate(2048, nullptr).status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(handler.calls, 0);
+  arena->SetPressureHandler(nullptr);
+  ASSERT_TRUE(arena->Free(a).ok());
+  ASSERT_TRUE(arena->Free(*top).ok());
+}
+
+TEST(CudaDeviceArena, MoveSlidesABlockWithItsBytesAcrossAnOverlap) {
+  FakeCudaRuntime rt;
+  auto arena = MakeArena(rt, 8192);
+  std::uintptr_t hole = *arena->Allocate(1024, nullptr);
+  std::uintptr_t block = *arena->Allocate(3000, nullptr);  // 3072 aligned: the slide overlaps itself
+  auto* bytes = reinterpret_cast<unsigned char*>(block);
+  for (int i = 0; i < 3000; ++i) bytes[i] = static_cast<unsigned char>(i * 7 + 3);
+  ASSERT_TRUE(arena->Free(hole).ok());
+  const std::uint64_t copies = rt.counters().copies;
+  ASSERT_TRUE(arena->Move(block, hole).ok());
+  EXPECT_GE(rt.counters().copies, copies + 3);  // chunks no longer than the 1 KiB distance
+  EXPECT_TRUE(arena->Owns(hole));
+  EXPECT_FALSE(arena->Owns(block));
+  EXPECT_EQ(*arena->BlockSize(hole), 3072u);
+  auto* moved = reinterpret_cast<unsigned char*>(hole);
+  int same = 0;
+  for (int i = 0; i < 3000; ++i) same += moved[i] == static_cast<unsigned char>(i * 7 + 3);
+  EXPECT_EQ(same, 3000);
+  EXPECT_EQ(arena->Move(block, hole).code(), absl::StatusCode::kInvalidArgument);  // no longer a live block
+  ASSERT_TRUE(arena->Free(hole).ok());
+}
+
+TEST(CudaDeviceArena, ABlockAnotherStreamUsesDoesNotMove) {
+  FakeCudaRuntime rt;
+  auto arena = MakeArena(rt, 8192);
+  std::uintptr_t hole = *arena->Allocate(1024, nullptr);
+  std::uintptr_t block = *arena->Allocate(1024, nullptr);
+  cudaStream_t other = *rt.StreamCreate();
+  ASSERT_TRUE(arena->RecordStream(block, other).ok());
+  ASSERT_TRUE(arena->Free(hole).ok());
+  EXPECT_EQ(arena->Move(block, hole).code(), absl::StatusCode::kFailedPrecondition);
+  ASSERT_TRUE(arena->Free(block).ok());
+}
+
+TEST(CudaDeviceArena, EmptyCacheKeepsTheSegmentWhileAPressureHandlerIsAttached) {
+  FakeCudaRuntime rt;
+  auto arena = MakeArena(rt, 4096);
+  absl::StatusOr<Arena*> reserved = arena->Reserve();
+  ASSERT_TRUE(reserved.ok()) << reserved.status();
+  EXPECT_EQ(arena->arena(), *reserved);
+  FreeingHandler handler(arena.get(), {});
+  arena->SetPressureHandler(&handler);
+  ASSERT_TRUE(arena->EmptyCache().ok());
+  EXPECT_EQ(arena->arena(), *reserved);  // the runtime holds on to it
+  arena->SetPressureHandler(nullptr);
+  ASSERT_TRUE(arena->EmptyCache().ok());
+  EXPECT_EQ(arena->arena(), nullptr);
+}
+
 TEST(CudaDeviceArena, EvictionsOnBusyStreamsAreWaitedFor) {
   FakeCudaRuntime rt;
   auto arena = MakeArena(rt, 4096);

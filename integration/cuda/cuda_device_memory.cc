@@ -1,0 +1,113 @@
+// CudaDeviceMemory: see cuda_device_memory.h.
+#include "integration/cuda/cuda_device_memory.h"
+
+#include <c10/util/Exception.h>
+
+#include <string>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+
+namespace remat::integration {
+
+absl::StatusOr<std::unique_ptr<CudaDeviceMemory>> CudaDeviceMemory::Create(RematCudaAllocator* allocator,
+                                                                           c10::DeviceIndex device,
+                                                                           c10::Allocator* storage_allocator,
+                                                                           c10::DeviceType tensor_device) {
+  if (allocator == nullptr || storage_allocator == nullptr) {
+    return absl::InvalidArgumentError("remat: CUDA device memory needs remat's CUDA allocator");
+  }
+  cuda::DeviceArena* device_arena = nullptr;
+  try {
+    device_arena = &allocator->Device(device);
+  } catch (const c10::Error& e) {
+    return absl::InvalidArgumentError(e.what_without_backtrace());
+  }
+  absl::StatusOr<Arena*> arena = device_arena->Reserve();
+  if (!arena.ok()) return arena.status();
+  return std::unique_ptr<CudaDeviceMemory>(
+      new CudaDeviceMemory(allocator, device, *arena, storage_allocator, tensor_device));
+}
+
+absl::StatusOr<std::unique_ptr<CudaDeviceMemory>> CudaDeviceMemory::ForInstalledAllocator(c10::DeviceIndex device) {
+  RematCudaAllocator* allocator = InstalledCudaAllocator();
+  if (allocator == nullptr) {
+    return absl::FailedPreconditionError(
+        "remat: the engine on CUDA needs remat's CUDA allocator installed first (remat.install_cuda_allocator)");
+  }
+  return Create(allocator, device, allocator, c10::DeviceType::CUDA);
+}
+
+CudaDeviceMemory::CudaDeviceMemory(RematCudaAllocator* allocator, c10::DeviceIndex device, Arena* arena,
+                                   c10::Allocator* storage_allocator, c10::DeviceType tensor_device)
+    : allocator_(allocator),
+      device_(device),
+      arena_(arena),
+      storage_allocator_(storage_allocator),
+      tensor_device_(tensor_device) {}
+
+c10::Device CudaDeviceMemory::DataPtrDevice() const {
+  return tensor_device_ == c10::DeviceType::CUDA ? c10::Device(c10::DeviceType::CUDA, device_)
+                                                  : c10::Device(tensor_device_);
+}
+
+bool CudaDeviceMemory::Owns(const c10::DataPtr& data) const {
+  return data.get() != nullptr && data.get_deleter() == allocator_->raw_deleter() &&
+         allocator_->Device(device_).Owns(reinterpret_cast<std::uintptr_t>(data.get()));
+}
+
+c10::intrusive_ptr<c10::StorageImpl> CudaDeviceMemory::NewStorage(std::size_t nbytes) {
+  return c10::make_intrusive<c10::StorageImpl>(c10::StorageImpl::use_byte_size_t(), nbytes,
+                                               storage_allocator_->allocate(nbytes), storage_allocator_,
+                                               /*resizable=*/true);
+}
+
+c10::DataPtr CudaDeviceMemory::TryAllocate(std::size_t bytes, Placement placement) {
+  absl::StatusOr<std::uintptr_t> address =
+      allocator_->Device(device_).TryAllocate(bytes, allocator_->CurrentStream(device_), placement);
+  if (!address.ok()) return c10::DataPtr(nullptr, DataPtrDevice());
+  void* pointer = reinterpret_cast<void*>(*address);
+  return c10::DataPtr(pointer, pointer, allocator_->raw_deleter(), DataPtrDevice());
+}
+
+absl::Status CudaDeviceMemory::Slide(c10::StorageImpl& storage, std::uintptr_t to) {
+  c10::DataPtr& data = storage._mutable_data_ptr_no_checks();
+  if (!Owns(data)) return absl::FailedPreconditionError("remat: only a block of the CUDA arena can slide");
+  const auto from = reinterpret_cast<std::uintptr_t>(data.get());
+  if (absl::Status moved = allocator_->Device(device_).Move(from, to); !moved.ok()) return moved;
+  // The block now lives at `to`: the old DataPtr must not free anything.
+  void* pointer = reinterpret_cast<void*>(to);
+  c10::DataPtr old = storage.set_data_ptr(c10::DataPtr(pointer, pointer, allocator_->raw_deleter(), data.device()));
+  (void)old.release_context();
+  return absl::OkStatus();
+}
+
+void CudaDeviceMemory::SetPressureHandler(PressureHandler* handler) {
+  allocator_->SetPressureHandler(device_, handler);
+}
+
+void CudaDeviceMemory::SetPlacementForThisThread(Placement placement) { SetCudaPlacementForThisThread(placement); }
+
+std::size_t CudaDeviceMemory::alignment() const { return arena_->alignment(); }
+
+absl::Status CudaDeviceMemory::CopyAndWait(void* dst, const void* src, std::size_t nbytes, cuda::CopyKind kind) {
+  if (nbytes == 0) return absl::OkStatus();
+  const cudaStream_t stream = allocator_->CurrentStream(device_);
+  cuda::CudaRuntime* runtime = allocator_->runtime();
+  if (absl::Status copied = runtime->MemcpyAsync(dst, src, nbytes, kind, stream); !copied.ok()) return copied;
+  return runtime->StreamSynchronize(stream);
+}
+
+absl::Status CudaDeviceMemory::Copy(void* dst, const void* src, std::size_t nbytes) {
+  return CopyAndWait(dst, src, nbytes, cuda::CopyKind::kDeviceToDevice);
+}
+
+absl::Status CudaDeviceMemory::CopyToHost(void* host, const void* src, std::size_t nbytes) {
+  return CopyAndWait(host, src, nbytes, cuda::CopyKind::kDeviceToHost);
+}
+
+absl::Status CudaDeviceMemory::CopyFromHost(void* dst, const void* host, std::size_t nbytes) {
+  return CopyAndWait(dst, host, nbytes, cuda::CopyKind::kHostToDevice);
+}
+
+}  // namespace remat::integration

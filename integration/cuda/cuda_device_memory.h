@@ -1,0 +1,68 @@
+// CudaDeviceMemory: DeviceMemory (integration/device_memory.h) over one CUDA device's arena of remat's CUDA
+// allocator (cuda_allocator.h), so that the engine evicts and rematerializes CUDA tensors (EnableRematEngineOn).
+//
+// Storages come from `storage_allocator` (in production the RematCudaAllocator itself, installed as c10's CUDA
+// allocator), so that a request that does not fit reaches the engine through the device arena's pressure handler.
+// Blocks remat moves are allocated with DeviceArena::TryAllocate on the device's current stream and slid with
+// DeviceArena::Move; copies are cudaMemcpyAsync on the current stream through the CudaRuntime seam, followed by a
+// stream synchronize. Everything CUDA goes through that seam, so this class runs in CI against the runtime's test
+// double, whose "device memory" is host memory: the tests make CPU tensors over it (`tensor_device` CPU) so that
+// real kernels run on it.
+//
+// Not done on CUDA yet: paging through the engine's host tier (the pager of cuda_allocator.h is not wired in) and
+// reproducing random ops (the dispatch hook captures only the CPU generator: outputs of CUDA random ops are kept as
+// constants).
+#pragma once
+
+#include <c10/core/Allocator.h>
+#include <c10/core/Device.h>
+
+#include <memory>
+
+#include "absl/status/statusor.h"
+#include "integration/cuda/cuda_allocator.h"
+#include "integration/device_memory.h"
+
+namespace remat::integration {
+
+class CudaDeviceMemory final : public DeviceMemory {
+ public:
+  // Reserves the device's budget now (the engine needs its arena from the start). `allocator` is not owned and
+  // must outlive this object; `storage_allocator` (not owned) makes NewStorage's storages; `tensor_device` is the
+  // device type of those storages (CUDA in production).
+  static absl::StatusOr<std::unique_ptr<CudaDeviceMemory>> Create(RematCudaAllocator* allocator,
+                                                                  c10::DeviceIndex device,
+                                                                  c10::Allocator* storage_allocator,
+                                                                  c10::DeviceType tensor_device);
+  // Production: remat's installed CUDA allocator for `device` and CUDA tensors. FailedPrecondition when remat's CUDA
+  // allocator is not installed.
+  static absl::StatusOr<std::unique_ptr<CudaDeviceMemory>> ForInstalledAllocator(c10::DeviceIndex device);
+
+  c10::DeviceType device_type() const override { return tensor_device_; }
+  Arena* arena() override { return arena_; }
+  bool Owns(const c10::DataPtr& data) const override;
+  c10::intrusive_ptr<c10::StorageImpl> NewStorage(std::size_t nbytes) override;
+  c10::DataPtr TryAllocate(std::size_t bytes, Placement placement) override;
+  absl::Status Slide(c10::StorageImpl& storage, std::uintptr_t to) override;
+  void SetPressureHandler(PressureHandler* handler) override;
+  void SetPlacementForThisThread(Placement placement) override;
+  std::size_t alignment() const override;
+  absl::Status Copy(void* dst, const void* src, std::size_t nbytes) override;
+  absl::Status CopyToHost(void* host, const void* src, std::size_t nbytes) override;
+  absl::Status CopyFromHost(void* dst, const void* host, std::size_t nbytes) override;
+  bool host_accessible() const override { return false; }
+
+ private:
+  CudaDeviceMemory(RematCudaAllocator* allocator, c10::DeviceIndex device, Arena* arena,
+                   c10::Allocator* storage_allocator, c10::DeviceType tensor_device);
+  absl::Status CopyAndWait(void* dst, const void* src, std::size_t nbytes, cuda::CopyKind kind);
+  c10::Device DataPtrDevice() const;
+
+  RematCudaAllocator* allocator_;
+  c10::DeviceIndex device_;
+  Arena* arena_;
+  c10::Allocator* storage_allocator_;
+  c10::DeviceType tensor_device_;
+};
+
+}  // namespace remat::integration
