@@ -12,12 +12,15 @@ What it does: `remat.install_cuda_allocator(budget=...)` before anything initial
 steps of resnet50 on random images, printing per step the time, the loss and torch.cuda.memory_allocated /
 max_memory_allocated / memory_reserved, which remat's allocator answers. The budget is a hard limit: memory_reserved
 equals it, and an allocation that does not fit raises torch.OutOfMemoryError naming the request, the budget and
-the largest free block. The engine does not evict CUDA tensors yet, so a budget below the model's peak fails with
-that error; the script reports it and exits with status 3.
+the largest free block once the engine cannot make room. The engine evicts and rematerializes on device 0 (it is
+switched on for this thread by install_cuda_allocator; random ops' outputs are kept, and nothing is paged, on CUDA
+so far), so a budget below the model's peak trains by recomputing; the script prints the engine's evictions and
+rematerializations per step. A budget below what even that allows fails with that error; the script reports it and
+exits with status 3.
 
 Options: --budget (bytes with a unit, e.g. 6GiB, or a fraction of device memory, e.g. 0.5; default REMAT_BUDGET,
-else 0.9), --host-budget (pinned host memory for paging; default REMAT_HOST_BUDGET), --policy (checked; not used
-until the engine evicts on CUDA), --batch-size, --image-size, --steps, --no-remat (torch's own allocator, for
+else 0.9), --host-budget (pinned host memory for paging; default REMAT_HOST_BUDGET), --policy (the engine's
+eviction policy; default REMAT_POLICY, else dtr-eq), --batch-size, --image-size, --steps, --no-remat (torch's own allocator, for
 comparison). libremat_cuda.so is found as remat.cuda's docstring says (REMAT_CUDA_LIBRARY, or the build
 directory). REMAT_BUDGET and REMAT_DEVICE are consumed here and removed from the environment before `import
 remat`, so that remat does not also apply the budget to CPU memory.
@@ -110,13 +113,15 @@ def main() -> None:
             optimizer.step()
             torch.cuda.synchronize(device)
             elapsed = time.perf_counter() - start
+            engine = "" if args.no_remat else (f"  evictions {remat.stats().get('evictions', 0)}  "
+                                               f"remats {remat.stats().get('rematerializations', 0)}")
             print(f"step {step:3d}  {elapsed * 1000:8.1f} ms  loss {loss.item():7.4f}  "
                   f"allocated {mib(torch.cuda.memory_allocated(device))}  "
                   f"peak {mib(torch.cuda.max_memory_allocated(device))}  "
-                  f"reserved {mib(torch.cuda.memory_reserved(device))}")
+                  f"reserved {mib(torch.cuda.memory_reserved(device))}{engine}")
     except torch.OutOfMemoryError as error:
-        fail(f"out of the CUDA memory budget ({args.budget}): {error}\nThe engine does not evict CUDA tensors "
-             "yet: raise --budget or lower --batch-size.", 3)
+        fail(f"out of the CUDA memory budget ({args.budget}): {error}\nEven evicting everything the engine can "
+             "recompute does not make room: raise --budget or lower --batch-size.", 3)
     print("done")
     print(NOT_RUN_NOTE)
 

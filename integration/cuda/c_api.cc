@@ -16,6 +16,8 @@
 #include "absl/strings/str_cat.h"
 #include "allocator/arena.h"
 #include "integration/cuda/cuda_allocator.h"
+#include "integration/cuda/cuda_device_memory.h"
+#include "integration/engine_session.h"
 #include "runtime/byte_size.h"
 #include "runtime/config.h"
 
@@ -112,6 +114,42 @@ int remat_cuda_set_pressure_handler(int device, void* handler, char* error, std:
     return 0;
   } catch (const c10::Error& e) {
     CopyError(e.what_without_backtrace(), error, error_size);
+  } catch (const std::exception& e) {
+    CopyError(e.what(), error, error_size);
+  }
+  return static_cast<int>(absl::StatusCode::kInternal);
+}
+
+int remat_cuda_enable_engine(int device, const char* policy, const char* costs, char* error, std::size_t error_size) {
+  using namespace remat::integration;
+  try {
+    EngineSessionOptions options;
+    if (policy != nullptr && policy[0] != '\0') {
+      options.policy = policy;
+    } else if (const char* from_environment = std::getenv("REMAT_POLICY");
+               from_environment != nullptr && from_environment[0] != '\0') {
+      options.policy = from_environment;  // checked by the engine like any name
+    }
+    if (costs != nullptr && costs[0] != '\0') options.costs = costs;
+    absl::StatusOr<std::unique_ptr<CudaDeviceMemory>> memory =
+        CudaDeviceMemory::ForInstalledAllocator(static_cast<c10::DeviceIndex>(device));
+    if (!memory.ok()) return Report(memory.status(), error, error_size);
+    absl::StatusOr<std::size_t> budget = InstalledCudaAllocator()->Device(static_cast<c10::DeviceIndex>(device)).Budget();
+    if (!budget.ok()) return Report(budget.status(), error, error_size);
+    options.budget = *budget;
+    return Report(EnableRematEngineOn(options, *std::move(memory)), error, error_size);
+  } catch (const c10::Error& e) {
+    CopyError(e.what_without_backtrace(), error, error_size);
+  } catch (const std::exception& e) {
+    CopyError(e.what(), error, error_size);
+  }
+  return static_cast<int>(absl::StatusCode::kInternal);
+}
+
+int remat_cuda_disable_engine(char* error, std::size_t error_size) {
+  using namespace remat::integration;
+  try {
+    return Report(DisableRematEngine(), error, error_size);
   } catch (const std::exception& e) {
     CopyError(e.what(), error, error_size);
   }

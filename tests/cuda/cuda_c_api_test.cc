@@ -14,6 +14,7 @@
 
 #include "allocator/cuda/fake_cuda_runtime.h"
 #include "integration/cuda/cuda_allocator.h"
+#include "integration/engine_session.h"
 
 namespace remat::integration {
 namespace {
@@ -137,6 +138,36 @@ TEST_F(CudaCApi, PressureHandlerSetThroughTheCEntryEvicts) {
   EXPECT_THAT(error, HasSubstr("invalid CUDA device 7"));
   remat_free(fresh, 1024, 0, nullptr);
   remat_free(kept, 2048, 0, nullptr);
+}
+
+// The engine switched on through the C entry: over the installed allocator's device 0, its session and stats are
+// the engine's (EnableRematEngineOn), the device's budget is its budget, and bad arguments are errors that say so.
+// (Evicting CUDA tensors needs kernels on a device; tests/cuda/cuda_engine_test runs that logic on host memory.)
+TEST_F(CudaCApi, EnableEngineRunsTheEngineSessionOnTheInstalledAllocatorsDevice) {
+  char error[512] = {};
+  EXPECT_EQ(remat_cuda_enable_engine(0, "belady", nullptr, error, sizeof(error)), 3);  // InvalidArgument
+  EXPECT_THAT(error, HasSubstr("belady"));
+  EXPECT_FALSE(RematEngineEnabled());
+  EXPECT_EQ(remat_cuda_enable_engine(0, "lru", "cheap", error, sizeof(error)), 3);
+  EXPECT_THAT(error, HasSubstr("unknown costs 'cheap'"));
+  ASSERT_EQ(remat_cuda_enable_engine(0, "lru", "estimated", error, sizeof(error)), 0) << error;
+  EXPECT_TRUE(RematEngineEnabled());
+  EXPECT_EQ(remat_cuda_enable_engine(0, nullptr, nullptr, error, sizeof(error)), 6);  // AlreadyExists
+  absl::StatusOr<BridgeStats> stats = GetEngineStats();
+  ASSERT_TRUE(stats.ok());
+  EXPECT_EQ(stats->engine.evictions, 0);
+  EXPECT_NE(allocator_->Device(0).arena(), nullptr);  // the budget is reserved from the start
+  ASSERT_EQ(remat_cuda_disable_engine(error, sizeof(error)), 0) << error;
+  EXPECT_FALSE(RematEngineEnabled());
+  EXPECT_EQ(remat_cuda_disable_engine(error, sizeof(error)), 9);  // not enabled
+  // The device's pressure handler was detached: a request beyond the budget fails at once.
+  EXPECT_THROW(remat_malloc(8192, 0, nullptr), c10::OutOfMemoryError);
+}
+
+TEST(CudaCApiWithoutAllocator, EnableEngineNeedsAnInstalledAllocator) {
+  char error[256] = {};
+  EXPECT_EQ(remat_cuda_enable_engine(0, nullptr, nullptr, error, sizeof(error)), 9);  // FailedPrecondition
+  EXPECT_THAT(error, HasSubstr("install_cuda_allocator"));
 }
 
 TEST(CudaCApiWithoutAllocator, SetPressureHandlerNeedsAnInstalledAllocator) {

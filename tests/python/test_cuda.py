@@ -117,6 +117,17 @@ def test_malformed_budgets_and_policies_are_value_errors(monkeypatch):
     assert torch.cuda.get_allocator_backend() == "native"
 
 
+def test_engine_arguments_are_checked_before_anything_is_installed(monkeypatch):
+    monkeypatch.delenv("REMAT_POLICY", raising=False)
+    with pytest.raises(ValueError, match="unknown costs 'cheap'; expected one of measured, estimated"):
+        remat.install_cuda_allocator(budget="1GiB", costs="cheap")
+    with remat.enable(budget="16MiB"):
+        with pytest.raises(RuntimeError, match=r"remat is already enabled \(on the CPU\); call remat.disable\(\)"):
+            remat.install_cuda_allocator(budget="1GiB")
+    assert remat.cuda.installed_cuda_allocator() is None
+    assert torch.cuda.get_allocator_backend() == "native"
+
+
 @pytest.mark.parametrize("value, expected", [("", "cpu"), ("cpu", "cpu"), (" CUDA ", "cuda")])
 def test_remat_device_values(monkeypatch, value, expected):
     monkeypatch.setenv("REMAT_DEVICE", value)

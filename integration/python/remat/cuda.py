@@ -13,9 +13,13 @@ Every CUDA allocation then comes from one arena per device, the size of the budg
 ``memory_allocated``, ``max_memory_allocated``, ``reset_peak_memory_stats``, ``memory_stats``, ``empty_cache``,
 ``Tensor.record_stream`` and cuDNN's ``cacheInfo`` work as usual.
 
-The engine does not evict CUDA tensors yet: the allocator calls a pressure handler when an allocation does not
-fit (``remat_cuda_set_pressure_handler`` in libremat_cuda.so), but the engine is not connected to it, so a budget
-below the model's peak raises ``torch.OutOfMemoryError``. ``policy`` is validated and recorded for when it is.
+With the engine on (the default), the ops of the thread that installed it, and the backward passes it starts, are
+tracked, and an allocation that does not fit evicts storages the engine can recompute (``policy``), rematerialized
+bitwise when read, exactly as on the CPU; ``remat.stats()`` reports its evictions and ``remat.disable()`` switches
+it off (every tensor still held is brought back, under the budget). On CUDA the engine runs on device 0, does not
+page (``offload`` is refused), and keeps the outputs of random ops (dropout) instead of evicting them: only the CPU
+generator's state is captured so far. Its logic runs in CI on the CUDA runtime's test double
+(tests/cuda/cuda_engine_test.cc), never yet on a GPU.
 
 The library, ``libremat_cuda.so``, is built when nvcc is found (``make build``). Finding it, in order: the
 ``REMAT_CUDA_LIBRARY`` environment variable (a path to the .so); ``libremat_cuda.so`` next to this file;
@@ -26,9 +30,8 @@ compiled against.
 Environment, read by ``import remat``: ``REMAT_DEVICE`` (``cpu``, the default, or ``cuda``). With
 ``REMAT_DEVICE=cuda`` and ``REMAT_BUDGET`` set (bytes with a unit such as ``6GiB``, or a fraction of device memory
 such as ``0.5``), importing remat installs the CUDA allocator with that budget (and ``REMAT_HOST_BUDGET`` for
-paging); any problem is an ImportError that names the variable. (Known gap: until ``remat/__init__.py`` skips its
-own REMAT_BUDGET handling when ``device_from_environment() == "cuda"``, that import also enables remat on the CPU
-with the same budget.)
+paging) and switches the engine on for the importing thread (``REMAT_POLICY``); any problem is an ImportError that
+names the variable. The CPU is then left alone: REMAT_BUDGET is the CUDA allocator's.
 """
 
 from __future__ import annotations
@@ -61,7 +64,8 @@ class CudaAllocator:
 
     budget: str                  # as given ("6GiB", "0.5", bytes), or as read from REMAT_BUDGET
     host_budget: Optional[str]   # pinned host memory for paging, or None
-    policy: str                  # validated; not used until the engine evicts on CUDA
+    policy: str                  # the engine's eviction policy
+    engine: bool                 # the engine evicts on device 0 (install_cuda_allocator(engine=True))
     library: Path
 
 
@@ -118,6 +122,9 @@ def _load_library() -> ctypes.CDLL:
     lib.remat_install_cuda_allocator.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p,
                                                  ctypes.c_size_t]
     lib.remat_install_cuda_allocator.restype = ctypes.c_int
+    lib.remat_cuda_enable_engine.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p,
+                                             ctypes.c_size_t]
+    lib.remat_cuda_enable_engine.restype = ctypes.c_int
     _library, _library_file = lib, path
     return lib
 
@@ -143,7 +150,8 @@ def _size_text(value: Union[int, float, str, None], name: str, fraction_ok: bool
 
 
 def install_cuda_allocator(budget: Union[int, float, str, None] = None, policy: Optional[str] = None,
-                           host_budget: Union[int, str, None] = None) -> CudaAllocator:
+                           host_budget: Union[int, str, None] = None, costs: str = "measured",
+                           engine: bool = True) -> CudaAllocator:
     """Makes remat PyTorch's CUDA allocator: one arena of `budget` per device, a hard limit (see the module's
     docstring). Call it after `import torch` and before anything initializes CUDA (the first CUDA tensor,
     stream or torch.cuda call that initializes CUDA).
@@ -151,12 +159,13 @@ def install_cuda_allocator(budget: Union[int, float, str, None] = None, policy: 
     budget: bytes (int), a string with a unit ("6GiB", "512MiB"), or a fraction of each device's memory ("0.5"
         or 0.5); None reads REMAT_BUDGET. host_budget: pinned host memory for paging (None reads
         REMAT_HOST_BUDGET; unset: no paging). policy: an eviction policy name (remat.policies(); None reads
-        REMAT_POLICY), validated now, used once the engine evicts on CUDA (not yet: a budget below the peak raises
-        torch.OutOfMemoryError).
+        REMAT_POLICY). costs: "measured" or "estimated", as for remat.enable(). engine: also switch the engine on
+        for this thread on device 0 (evict and rematerialize when the budget is full); False installs the allocator
+        alone (a budget below the peak then raises torch.OutOfMemoryError).
 
-    Raises ValueError for a malformed budget or unknown policy, and RuntimeError, with nothing installed, if CUDA
-    was already initialized, if remat's CUDA allocator is already installed, if libremat_cuda.so was not built
-    or does not load, or if there is no CUDA device."""
+    Raises ValueError for a malformed budget, unknown policy or costs, and RuntimeError, with nothing installed, if
+    CUDA was already initialized, if remat's CUDA allocator is already installed, if remat is already enabled (on
+    the CPU), if libremat_cuda.so was not built or does not load, or if there is no CUDA device."""
     global _installed
     with _lock:
         if _installed is not None:
@@ -170,6 +179,11 @@ def install_cuda_allocator(budget: Union[int, float, str, None] = None, policy: 
         budget_text = _size_text(budget, "budget", fraction_ok=True)
         host_text = _size_text(host_budget, "host_budget", fraction_ok=False)
         policy_name = _engine.resolve_policy(policy)
+        if costs not in _engine.COSTS:
+            raise ValueError(f"remat: unknown costs {costs!r}; expected one of {', '.join(_engine.COSTS)}")
+        if engine and torch.ops.remat.is_enabled():
+            raise RuntimeError("remat: remat is already enabled (on the CPU); call remat.disable() before installing "
+                               "the CUDA allocator with its engine")
         lib = _load_library()
         error = ctypes.create_string_buffer(4096)
         status = lib.remat_install_cuda_allocator(
@@ -185,7 +199,12 @@ def install_cuda_allocator(budget: Union[int, float, str, None] = None, policy: 
         _installed = CudaAllocator(
             budget=budget_text if budget_text is not None else os.environ.get("REMAT_BUDGET", ""),
             host_budget=host_text if host_text is not None else (os.environ.get("REMAT_HOST_BUDGET") or None),
-            policy=policy_name, library=_library_file)
+            policy=policy_name, engine=engine, library=_library_file)
+        if engine:
+            status = lib.remat_cuda_enable_engine(0, policy_name.encode(), costs.encode(), error, len(error))
+            if status != 0:
+                raise RuntimeError(f"remat: the CUDA allocator is installed, but its engine could not start: "
+                                   f"{error.value.decode(errors='replace')}")
         return _installed
 
 
