@@ -56,11 +56,6 @@ absl::Status EnableLocked(const EngineSessionOptions& options, std::unique_ptr<D
   absl::StatusOr<BridgeOptions> bridge_options = ToBridgeOptions(options);
   if (!bridge_options.ok()) return bridge_options.status();
   const bool on_cpu = memory == nullptr;
-  if (!on_cpu && !memory->host_accessible() && options.offload != OffloadMode::kOff) {
-    return absl::UnimplementedError(
-        "remat: offload is not available for this device yet (paging through the engine needs host-accessible "
-        "memory; on CUDA it is not wired in): use offload='off'");
-  }
   if (absl::Status status = EnableRemat(RematOptions{options.budget, /*install_cpu_arena=*/on_cpu}); !status.ok()) {
     return status;
   }

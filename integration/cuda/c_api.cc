@@ -120,10 +120,20 @@ int remat_cuda_set_pressure_handler(int device, void* handler, char* error, std:
   return static_cast<int>(absl::StatusCode::kInternal);
 }
 
-int remat_cuda_enable_engine(int device, const char* policy, const char* costs, char* error, std::size_t error_size) {
+int remat_cuda_enable_engine(int device, const char* policy, const char* costs, const char* offload,
+                             const char* host_budget, char* error, std::size_t error_size) {
   using namespace remat::integration;
   try {
     EngineSessionOptions options;
+    auto given = [](const char* text) -> std::optional<std::string> {
+      return text == nullptr || text[0] == '\0' ? std::nullopt : std::optional<std::string>(text);
+    };
+    absl::StatusOr<PagingSetting> paging = ResolvePaging(given(offload), given(host_budget));
+    if (!paging.ok()) return Report(paging.status(), error, error_size);
+    options.offload = paging->offload;
+    options.host_budget = paging->host_budget;
+    options.bandwidth_bytes_per_s = kCudaLinkBandwidthBytesPerS;
+    options.latency_ns = kCudaLinkLatencyNs;
     if (policy != nullptr && policy[0] != '\0') {
       options.policy = policy;
     } else if (const char* from_environment = std::getenv("REMAT_POLICY");

@@ -19,13 +19,16 @@
 //    Returns 0, or the absl::StatusCode number with the message in `error` (no allocator installed: 9; invalid
 //    device: 13). The handler is not owned and must outlive its use.
 //
-// 1c. remat_cuda_enable_engine(device, policy, costs, error, error_size): switches remat's engine on over `device`'s
+// 1c. remat_cuda_enable_engine(device, policy, costs, offload, host_budget, error, error_size): switches remat's
+//    engine on over `device`'s
 //    arena of the installed allocator (EnableRematEngineOn with CudaDeviceMemory; the engine and its session live in
 //    libremat_torch.so, which this library links against): the ops of the calling thread, and the backward passes
 //    it starts, are tracked, and a CUDA allocation that does not fit makes room by evicting storages the engine can
 //    recompute, rematerialized bitwise when read. `policy` NULL or "" reads REMAT_POLICY (else dtr-eq); `costs` is
-//    "measured" (NULL or "") or "estimated". Reserves the device's budget now. Paging (offload) through the engine
-//    is not available on CUDA yet. Returns 0, or the absl::StatusCode number with the message in `error`: 3 for an
+//    "measured" (NULL or "") or "estimated"; `offload` ("off", "auto",
+//    "always"; NULL or "" reads REMAT_OFFLOAD, else off) and `host_budget` (bytes with a unit; NULL or "" reads
+//    REMAT_HOST_BUDGET, else unlimited) page victims to host memory instead of dropping them, through a pinned
+//    staging block, with the link model at 12 GB/s and 10 us per copy. Reserves the device's budget now. Returns 0, or the absl::StatusCode number with the message in `error`: 3 for an
 //    unknown policy or costs, 6 when remat is already enabled, 9 when no allocator is installed. remat.disable()
 //    (or remat_cuda_disable_engine) switches it off.
 //    remat_cuda_disable_engine(error, error_size): DisableRematEngine; 0 or the status code (9: not enabled; 8:
@@ -57,7 +60,8 @@ extern "C" {
 int remat_install_cuda_allocator(const char* budget, const char* host_budget, char* error, std::size_t error_size);
 const char* remat_cuda_torch_version();
 int remat_cuda_set_pressure_handler(int device, void* handler, char* error, std::size_t error_size);
-int remat_cuda_enable_engine(int device, const char* policy, const char* costs, char* error, std::size_t error_size);
+int remat_cuda_enable_engine(int device, const char* policy, const char* costs, const char* offload,
+                             const char* host_budget, char* error, std::size_t error_size);
 int remat_cuda_disable_engine(char* error, std::size_t error_size);
 void* remat_malloc(std::size_t size, int device, cudaStream_t stream);
 void remat_free(void* ptr, std::size_t size, int device, cudaStream_t stream);

@@ -3,6 +3,7 @@
 
 #include <c10/util/Exception.h>
 
+#include <cstring>
 #include <string>
 #include <utility>
 
@@ -45,6 +46,10 @@ CudaDeviceMemory::CudaDeviceMemory(RematCudaAllocator* allocator, c10::DeviceInd
       arena_(arena),
       storage_allocator_(storage_allocator),
       tensor_device_(tensor_device) {}
+
+CudaDeviceMemory::~CudaDeviceMemory() {
+  if (staging_ != nullptr) (void)allocator_->runtime()->HostFreePinned(staging_);
+}
 
 c10::Device CudaDeviceMemory::DataPtrDevice() const {
   return tensor_device_ == c10::DeviceType::CUDA ? c10::Device(c10::DeviceType::CUDA, device_)
@@ -102,12 +107,36 @@ absl::Status CudaDeviceMemory::Copy(void* dst, const void* src, std::size_t nbyt
   return CopyAndWait(dst, src, nbytes, cuda::CopyKind::kDeviceToDevice);
 }
 
+absl::Status CudaDeviceMemory::EnsureStaging(std::size_t nbytes) {
+  if (nbytes <= staging_bytes_) return absl::OkStatus();
+  cuda::CudaRuntime* runtime = allocator_->runtime();
+  if (staging_ != nullptr) {
+    if (absl::Status freed = runtime->HostFreePinned(staging_); !freed.ok()) return freed;
+    staging_ = nullptr;
+    staging_bytes_ = 0;
+  }
+  absl::StatusOr<void*> pinned = runtime->HostAllocPinned(nbytes);
+  if (!pinned.ok()) return pinned.status();
+  staging_ = *pinned;
+  staging_bytes_ = nbytes;
+  return absl::OkStatus();
+}
+
 absl::Status CudaDeviceMemory::CopyToHost(void* host, const void* src, std::size_t nbytes) {
-  return CopyAndWait(host, src, nbytes, cuda::CopyKind::kDeviceToHost);
+  if (nbytes == 0) return absl::OkStatus();
+  if (absl::Status staged = EnsureStaging(nbytes); !staged.ok()) return staged;
+  if (absl::Status copied = CopyAndWait(staging_, src, nbytes, cuda::CopyKind::kDeviceToHost); !copied.ok()) {
+    return copied;
+  }
+  std::memcpy(host, staging_, nbytes);
+  return absl::OkStatus();
 }
 
 absl::Status CudaDeviceMemory::CopyFromHost(void* dst, const void* host, std::size_t nbytes) {
-  return CopyAndWait(dst, host, nbytes, cuda::CopyKind::kHostToDevice);
+  if (nbytes == 0) return absl::OkStatus();
+  if (absl::Status staged = EnsureStaging(nbytes); !staged.ok()) return staged;
+  std::memcpy(staging_, host, nbytes);
+  return CopyAndWait(dst, staging_, nbytes, cuda::CopyKind::kHostToDevice);
 }
 
 }  // namespace remat::integration

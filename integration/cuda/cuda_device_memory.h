@@ -9,14 +9,17 @@
 // double, whose "device memory" is host memory: the tests make CPU tensors over it (`tensor_device` CPU) so that
 // real kernels run on it.
 //
-// Not done on CUDA yet: paging through the engine's host tier (the pager of cuda_allocator.h is not wired in) and
-// reproducing random ops (the dispatch hook captures only the CPU generator: outputs of CUDA random ops are kept as
-// constants).
+// Paging (offload): the engine's host tier holds the copies; CopyToHost/CopyFromHost move the bytes through one
+// pinned staging block (grown as needed, freed with this object), synchronously on the current stream. The
+// asynchronous pager of cuda_allocator.h (copy stream, per-page events) is not wired into the engine yet.
+// Not done on CUDA yet: reproducing random ops (the dispatch hook captures only the CPU generator: outputs of CUDA
+// random ops are kept as constants).
 #pragma once
 
 #include <c10/core/Allocator.h>
 #include <c10/core/Device.h>
 
+#include <cstdint>
 #include <memory>
 
 #include "absl/status/statusor.h"
@@ -24,6 +27,11 @@
 #include "integration/device_memory.h"
 
 namespace remat::integration {
+
+// The engine's link model for paging on CUDA (the drop-or-page choice of offload "auto" and its stall figures):
+// 12 GB/s, as measured between a V100 and pinned host memory (DESIGN.md, "Offloading"), and 10 us per copy.
+inline constexpr double kCudaLinkBandwidthBytesPerS = 12e9;
+inline constexpr std::int64_t kCudaLinkLatencyNs = 10'000;
 
 class CudaDeviceMemory final : public DeviceMemory {
  public:
@@ -38,6 +46,7 @@ class CudaDeviceMemory final : public DeviceMemory {
   // allocator is not installed.
   static absl::StatusOr<std::unique_ptr<CudaDeviceMemory>> ForInstalledAllocator(c10::DeviceIndex device);
 
+  ~CudaDeviceMemory() override;
   c10::DeviceType device_type() const override { return tensor_device_; }
   Arena* arena() override { return arena_; }
   bool Owns(const c10::DataPtr& data) const override;
@@ -56,6 +65,7 @@ class CudaDeviceMemory final : public DeviceMemory {
   CudaDeviceMemory(RematCudaAllocator* allocator, c10::DeviceIndex device, Arena* arena,
                    c10::Allocator* storage_allocator, c10::DeviceType tensor_device);
   absl::Status CopyAndWait(void* dst, const void* src, std::size_t nbytes, cuda::CopyKind kind);
+  absl::Status EnsureStaging(std::size_t nbytes);
   c10::Device DataPtrDevice() const;
 
   RematCudaAllocator* allocator_;
@@ -63,6 +73,8 @@ class CudaDeviceMemory final : public DeviceMemory {
   Arena* arena_;
   c10::Allocator* storage_allocator_;
   c10::DeviceType tensor_device_;
+  void* staging_ = nullptr;  // pinned host memory for page copies
+  std::size_t staging_bytes_ = 0;
 };
 
 }  // namespace remat::integration

@@ -145,14 +145,16 @@ TEST_F(CudaCApi, PressureHandlerSetThroughTheCEntryEvicts) {
 // (Evicting CUDA tensors needs kernels on a device; tests/cuda/cuda_engine_test runs that logic on host memory.)
 TEST_F(CudaCApi, EnableEngineRunsTheEngineSessionOnTheInstalledAllocatorsDevice) {
   char error[512] = {};
-  EXPECT_EQ(remat_cuda_enable_engine(0, "belady", nullptr, error, sizeof(error)), 3);  // InvalidArgument
+  EXPECT_EQ(remat_cuda_enable_engine(0, "belady", nullptr, nullptr, nullptr, error, sizeof(error)), 3);  // InvalidArgument
   EXPECT_THAT(error, HasSubstr("belady"));
   EXPECT_FALSE(RematEngineEnabled());
-  EXPECT_EQ(remat_cuda_enable_engine(0, "lru", "cheap", error, sizeof(error)), 3);
+  EXPECT_EQ(remat_cuda_enable_engine(0, "lru", "cheap", nullptr, nullptr, error, sizeof(error)), 3);
   EXPECT_THAT(error, HasSubstr("unknown costs 'cheap'"));
-  ASSERT_EQ(remat_cuda_enable_engine(0, "lru", "estimated", error, sizeof(error)), 0) << error;
+  EXPECT_EQ(remat_cuda_enable_engine(0, "lru", nullptr, "sideways", nullptr, error, sizeof(error)), 3);
+  EXPECT_THAT(error, HasSubstr("offload"));
+  ASSERT_EQ(remat_cuda_enable_engine(0, "lru", "estimated", "auto", "64MiB", error, sizeof(error)), 0) << error;
   EXPECT_TRUE(RematEngineEnabled());
-  EXPECT_EQ(remat_cuda_enable_engine(0, nullptr, nullptr, error, sizeof(error)), 6);  // AlreadyExists
+  EXPECT_EQ(remat_cuda_enable_engine(0, nullptr, nullptr, nullptr, nullptr, error, sizeof(error)), 6);  // AlreadyExists
   absl::StatusOr<BridgeStats> stats = GetEngineStats();
   ASSERT_TRUE(stats.ok());
   EXPECT_EQ(stats->engine.evictions, 0);
@@ -166,7 +168,7 @@ TEST_F(CudaCApi, EnableEngineRunsTheEngineSessionOnTheInstalledAllocatorsDevice)
 
 TEST(CudaCApiWithoutAllocator, EnableEngineNeedsAnInstalledAllocator) {
   char error[256] = {};
-  EXPECT_EQ(remat_cuda_enable_engine(0, nullptr, nullptr, error, sizeof(error)), 9);  // FailedPrecondition
+  EXPECT_EQ(remat_cuda_enable_engine(0, nullptr, nullptr, nullptr, nullptr, error, sizeof(error)), 9);  // FailedPrecondition
   EXPECT_THAT(error, HasSubstr("install_cuda_allocator"));
 }
 

@@ -255,18 +255,40 @@ TEST(CudaEngineErrors, TooSmallABudgetRaisesOutOfMemoryErrorSayingWhatHoldsTheMe
   ASSERT_TRUE(disabled.ok()) << disabled;
 }
 
-TEST(CudaEngineErrors, PagingThroughTheEngineIsNotWiredOnCudaAndSaysSo) {
-  FakeDevice device(256 * kKiB);
+// Paging on the device: victims are copied to the engine's host tier through the pinned staging block
+// (cudaMemcpyAsync device-to-host and back, checked by the double against live device and pinned allocations) and
+// come back byte-identical when read.
+TEST(CudaEnginePaging, OffloadAlwaysPagesThroughPinnedStagingAndStaysIdentical) {
+  at::manual_seed(11);
+  const std::vector<at::Tensor> reference = Reference(7, 24);
+  FakeDevice device(704 * kKiB);
+  at::manual_seed(11);
+  const at::Tensor x = at::randn({128, 128});
   absl::StatusOr<std::unique_ptr<CudaDeviceMemory>> memory =
       CudaDeviceMemory::Create(device.cuda.get(), 0, device.host.get(), c10::DeviceType::CPU);
   ASSERT_TRUE(memory.ok());
   EngineSessionOptions options;
   options.budget = device.budget();
-  options.offload = OffloadMode::kAuto;
-  const absl::Status status = EnableRematEngineOn(options, *std::move(memory));
-  EXPECT_EQ(status.code(), absl::StatusCode::kUnimplemented);
-  EXPECT_THAT(std::string(status.message()), HasSubstr("offload"));
-  EXPECT_FALSE(RematEngineEnabled());
+  options.costs = "estimated";
+  options.offload = OffloadMode::kAlways;
+  options.bandwidth_bytes_per_s = kCudaLinkBandwidthBytesPerS;
+  options.latency_ns = kCudaLinkLatencyNs;
+  ASSERT_TRUE(EnableRematEngineOn(options, *std::move(memory)).ok());
+  const std::uint64_t pinned_before = device.rt.counters().host_allocs;
+  at::manual_seed(7);
+  std::vector<at::Tensor> ys = Chain(x, 24);
+  for (std::size_t i = 0; i < ys.size(); ++i) EXPECT_TRUE(at::equal(ys[i], reference[i])) << i;
+  absl::StatusOr<BridgeStats> stats = GetEngineStats();
+  ASSERT_TRUE(stats.ok());
+  EXPECT_GT(stats->engine.page_outs, 0);
+  EXPECT_GT(stats->engine.page_ins, 0);
+  EXPECT_EQ(stats->executor.page_outs, stats->engine.page_outs);
+  EXPECT_GT(device.rt.counters().host_allocs, pinned_before);  // the staging block
+  EXPECT_LE(device.Stats().allocated_bytes.peak, static_cast<std::int64_t>(device.budget()));
+  ys.resize(4);
+  const absl::Status disabled = DisableRematEngine();
+  ASSERT_TRUE(disabled.ok()) << disabled;
+  EXPECT_EQ(device.rt.live_host_allocations(), 0u);  // the staging block went with the engine
 }
 
 TEST(CudaEngineErrors, TheInstalledAllocatorIsNeeded) {

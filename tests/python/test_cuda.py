@@ -121,6 +121,8 @@ def test_engine_arguments_are_checked_before_anything_is_installed(monkeypatch):
     monkeypatch.delenv("REMAT_POLICY", raising=False)
     with pytest.raises(ValueError, match="unknown costs 'cheap'; expected one of measured, estimated"):
         remat.install_cuda_allocator(budget="1GiB", costs="cheap")
+    with pytest.raises(ValueError, match="offload"):
+        remat.install_cuda_allocator(budget="1GiB", offload="sideways")
     with remat.enable(budget="16MiB"):
         with pytest.raises(RuntimeError, match=r"remat is already enabled \(on the CPU\); call remat.disable\(\)"):
             remat.install_cuda_allocator(budget="1GiB")

@@ -16,8 +16,9 @@ Every CUDA allocation then comes from one arena per device, the size of the budg
 With the engine on (the default), the ops of the thread that installed it, and the backward passes it starts, are
 tracked, and an allocation that does not fit evicts storages the engine can recompute (``policy``), rematerialized
 bitwise when read, exactly as on the CPU; ``remat.stats()`` reports its evictions and ``remat.disable()`` switches
-it off (every tensor still held is brought back, under the budget). On CUDA the engine runs on device 0, does not
-page (``offload`` is refused), and keeps the outputs of random ops (dropout) instead of evicting them: only the CPU
+it off (every tensor still held is brought back, under the budget). ``offload`` ("auto", "always") pages victims to
+host memory (``host_budget``) instead of dropping them, synchronously through a pinned staging block. On CUDA the
+engine runs on device 0 and keeps the outputs of random ops (dropout) instead of evicting them: only the CPU
 generator's state is captured so far. Its logic runs in CI on the CUDA runtime's test double
 (tests/cuda/cuda_engine_test.cc), never yet on a GPU.
 
@@ -123,7 +124,7 @@ def _load_library() -> ctypes.CDLL:
                                                  ctypes.c_size_t]
     lib.remat_install_cuda_allocator.restype = ctypes.c_int
     lib.remat_cuda_enable_engine.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p,
-                                             ctypes.c_size_t]
+                                             ctypes.c_char_p, ctypes.c_char_p, ctypes.c_size_t]
     lib.remat_cuda_enable_engine.restype = ctypes.c_int
     _library, _library_file = lib, path
     return lib
@@ -151,7 +152,7 @@ def _size_text(value: Union[int, float, str, None], name: str, fraction_ok: bool
 
 def install_cuda_allocator(budget: Union[int, float, str, None] = None, policy: Optional[str] = None,
                            host_budget: Union[int, str, None] = None, costs: str = "measured",
-                           engine: bool = True) -> CudaAllocator:
+                           offload: Optional[str] = None, engine: bool = True) -> CudaAllocator:
     """Makes remat PyTorch's CUDA allocator: one arena of `budget` per device, a hard limit (see the module's
     docstring). Call it after `import torch` and before anything initializes CUDA (the first CUDA tensor,
     stream or torch.cuda call that initializes CUDA).
@@ -159,7 +160,8 @@ def install_cuda_allocator(budget: Union[int, float, str, None] = None, policy: 
     budget: bytes (int), a string with a unit ("6GiB", "512MiB"), or a fraction of each device's memory ("0.5"
         or 0.5); None reads REMAT_BUDGET. host_budget: pinned host memory for paging (None reads
         REMAT_HOST_BUDGET; unset: no paging). policy: an eviction policy name (remat.policies(); None reads
-        REMAT_POLICY). costs: "measured" or "estimated", as for remat.enable(). engine: also switch the engine on
+        REMAT_POLICY). costs: "measured" or "estimated", as for remat.enable(). offload: "off", "auto" or "always"
+        (None reads REMAT_OFFLOAD, else off): page the engine's victims to host memory, up to host_budget. engine: also switch the engine on
         for this thread on device 0 (evict and rematerialize when the budget is full); False installs the allocator
         alone (a budget below the peak then raises torch.OutOfMemoryError).
 
@@ -181,6 +183,7 @@ def install_cuda_allocator(budget: Union[int, float, str, None] = None, policy: 
         policy_name = _engine.resolve_policy(policy)
         if costs not in _engine.COSTS:
             raise ValueError(f"remat: unknown costs {costs!r}; expected one of {', '.join(_engine.COSTS)}")
+        offload_mode, _ = _engine.resolve_paging(offload, host_text)
         if engine and torch.ops.remat.is_enabled():
             raise RuntimeError("remat: remat is already enabled (on the CPU); call remat.disable() before installing "
                                "the CUDA allocator with its engine")
@@ -201,7 +204,9 @@ def install_cuda_allocator(budget: Union[int, float, str, None] = None, policy: 
             host_budget=host_text if host_text is not None else (os.environ.get("REMAT_HOST_BUDGET") or None),
             policy=policy_name, engine=engine, library=_library_file)
         if engine:
-            status = lib.remat_cuda_enable_engine(0, policy_name.encode(), costs.encode(), error, len(error))
+            status = lib.remat_cuda_enable_engine(0, policy_name.encode(), costs.encode(), offload_mode.encode(),
+                                                  host_text.encode() if host_text is not None else None, error,
+                                                  len(error))
             if status != 0:
                 raise RuntimeError(f"remat: the CUDA allocator is installed, but its engine could not start: "
                                    f"{error.value.decode(errors='replace')}")
