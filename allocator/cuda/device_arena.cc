@@ -199,6 +199,18 @@ struct DeviceArena::State {
     return absl::OkStatus();
   }
 
+  // A block the arena just placed for `stream`: live, and counted.
+  void AddLiveLocked(Arena& from, std::uintptr_t address, std::size_t bytes, cudaStream_t stream) {
+    absl::StatusOr<BlockInfo> block = from.Block(address);
+    const std::size_t size = block.ok() ? block->size : bytes;
+    live[address] = LiveBlock{size, bytes, stream, {}};
+    stats.allocation.Increase(1);
+    stats.allocated_bytes.Increase(static_cast<std::int64_t>(size));
+    stats.requested_bytes.Increase(static_cast<std::int64_t>(bytes));
+    stats.active.Increase(1);
+    stats.active_bytes.Increase(static_cast<std::int64_t>(size));
+  }
+
   void ReturnToArenaLocked(std::uintptr_t address, std::size_t size) {
     const absl::Status status = arena->Free(address);
     (void)status;  // cannot fail: the address is a live block of this arena by construction
@@ -333,14 +345,7 @@ absl::StatusOr<std::uintptr_t> DeviceArena::Allocate(std::size_t bytes, cudaStre
     ++s.stats.ooms;
     return absl::ResourceExhaustedError(s.ExhaustedMessage(bytes, stream, address.status()));
   }
-  absl::StatusOr<BlockInfo> block = arena->Block(*address);
-  const std::size_t size = block.ok() ? block->size : bytes;
-  s.live[*address] = LiveBlock{size, bytes, stream, {}};
-  s.stats.allocation.Increase(1);
-  s.stats.allocated_bytes.Increase(static_cast<std::int64_t>(size));
-  s.stats.requested_bytes.Increase(static_cast<std::int64_t>(bytes));
-  s.stats.active.Increase(1);
-  s.stats.active_bytes.Increase(static_cast<std::int64_t>(size));
+  s.AddLiveLocked(*arena, *address, bytes, stream);
   return *address;
 }
 
@@ -462,14 +467,7 @@ absl::StatusOr<std::uintptr_t> DeviceArena::TryAllocate(std::size_t bytes, cudaS
   (void)s.ReclaimLocked(/*synchronize=*/false);
   absl::StatusOr<std::uintptr_t> address = s.arena->TryAllocate(bytes, kNoOwner, placement);
   if (!address.ok()) return address.status();
-  absl::StatusOr<BlockInfo> block = s.arena->Block(*address);
-  const std::size_t size = block.ok() ? block->size : bytes;
-  s.live[*address] = LiveBlock{size, bytes, stream, {}};
-  s.stats.allocation.Increase(1);
-  s.stats.allocated_bytes.Increase(static_cast<std::int64_t>(size));
-  s.stats.requested_bytes.Increase(static_cast<std::int64_t>(bytes));
-  s.stats.active.Increase(1);
-  s.stats.active_bytes.Increase(static_cast<std::int64_t>(size));
+  s.AddLiveLocked(*s.arena, *address, bytes, stream);
   return *address;
 }
 

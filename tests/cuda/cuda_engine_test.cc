@@ -28,6 +28,7 @@
 
 #include "allocator/cuda/fake_cuda_runtime.h"
 #include "integration/engine_session.h"
+#include "tests/integration/arena_layout_workload.h"
 #include "tests/integration/chain_workload.h"
 
 namespace remat::integration {
@@ -74,7 +75,7 @@ struct FakeDevice {
     c10::SetCPUAllocator(previous, kPriority);
   }
 
-  absl::Status Enable(const std::string& policy) {
+  absl::Status Enable(const std::string& policy, OffloadMode offload = OffloadMode::kOff) {
     absl::StatusOr<std::unique_ptr<CudaDeviceMemory>> memory =
         CudaDeviceMemory::Create(cuda.get(), 0, host.get(), c10::DeviceType::CPU);
     if (!memory.ok()) return memory.status();
@@ -82,6 +83,9 @@ struct FakeDevice {
     options.budget = budget();
     options.policy = policy;
     options.costs = "estimated";
+    options.offload = offload;
+    options.bandwidth_bytes_per_s = kCudaLinkBandwidthBytesPerS;
+    options.latency_ns = kCudaLinkLatencyNs;
     return EnableRematEngineOn(options, *std::move(memory));
   }
   std::size_t budget() { return *cuda->Device(0).Budget(); }
@@ -137,30 +141,16 @@ TEST(CudaEngineMemory, ConstantsMoveOutOfTheWayWithTheirBytes) {
   const at::Tensor expected = at::sin(big);
   FakeDevice device(640 * kKiB);
   ASSERT_TRUE(device.Enable("dtr-eq").ok());
-  std::vector<at::Tensor> constants;
-  std::vector<at::Tensor> activations;
-  for (int i = 0; i < 5; ++i) {
-    constants.push_back(at::empty({64 * 1024}, at::kByte));
-    std::memset(constants.back().data_ptr(), 'a' + i, 64 * 1024);
-    activations.push_back(at::sin(small));
-  }
-  std::vector<const void*> before;
-  for (const at::Tensor& c : constants) before.push_back(c.const_data_ptr());
-  activations.clear();  // released: evicted at once
+  const ConstantsBetweenHoles layout = ConstantsBetweenHoles::Make(small);
   const at::Tensor y = at::sin(big);
   EXPECT_TRUE(at::equal(y, expected));
   absl::StatusOr<BridgeStats> stats = GetEngineStats();
   ASSERT_TRUE(stats.ok());
   EXPECT_GE(stats->engine.relocations, 1);
-  int moved = 0;
-  for (int i = 0; i < 5; ++i) {
-    moved += constants[i].const_data_ptr() != before[i];
-    const auto* bytes = static_cast<const unsigned char*>(constants[i].const_data_ptr());
-    EXPECT_EQ(std::count(bytes, bytes + 64 * 1024, static_cast<unsigned char>('a' + i)), 64 * 1024) << i;
-  }
-  EXPECT_EQ(moved, stats->engine.relocations);
+  EXPECT_EQ(layout.ExpectBytesKept(), stats->engine.relocations);
   EXPECT_LE(device.Stats().allocated_bytes.peak, static_cast<std::int64_t>(device.budget()));
-  EXPECT_GE(device.rt.counters().copies, static_cast<std::uint64_t>(stats->engine.relocations));  // the bytes moved through cudaMemcpyAsync
+  // The bytes moved through cudaMemcpyAsync.
+  EXPECT_GE(device.rt.counters().copies, static_cast<std::uint64_t>(stats->engine.relocations));
 }
 
 // A slide on the device (DeviceArena::Move: the block list and the bytes, copied on the block's stream): x sits
@@ -171,14 +161,9 @@ TEST(CudaEngineMemory, AKernelWhoseInputSplitsTheFreeBytesRunsAgainAfterASlide) 
   const at::Tensor expected = at::cat({at::sin(small), at::sin(small)});
   FakeDevice device(192 * kKiB);
   ASSERT_TRUE(device.Enable("dtr-eq").ok());
-  at::Tensor a = at::tanh(small);
-  const at::Tensor x = at::sin(small);
-  at::Tensor b = at::tanh(small);
-  const auto base = reinterpret_cast<std::uintptr_t>(a.const_data_ptr());
-  ASSERT_EQ(reinterpret_cast<std::uintptr_t>(x.const_data_ptr()), base + 64 * kKiB);
-  a = at::Tensor();
-  b = at::Tensor();
-  (void)at::sin(small);  // the next op sees that a and b died: their blocks are freed; its own result goes at once
+  const InputBetweenHoles layout = InputBetweenHoles::Make(small);
+  const at::Tensor& x = layout.x;
+  const std::uintptr_t base = layout.base;
   ASSERT_LT(device.Stats().largest_free_block, 128 * kKiB);
   const at::Tensor y = at::cat({x, x});
   EXPECT_TRUE(at::equal(y, expected));
@@ -264,16 +249,7 @@ TEST(CudaEnginePaging, OffloadAlwaysPagesThroughPinnedStagingAndStaysIdentical) 
   FakeDevice device(704 * kKiB);
   at::manual_seed(11);
   const at::Tensor x = at::randn({128, 128});
-  absl::StatusOr<std::unique_ptr<CudaDeviceMemory>> memory =
-      CudaDeviceMemory::Create(device.cuda.get(), 0, device.host.get(), c10::DeviceType::CPU);
-  ASSERT_TRUE(memory.ok());
-  EngineSessionOptions options;
-  options.budget = device.budget();
-  options.costs = "estimated";
-  options.offload = OffloadMode::kAlways;
-  options.bandwidth_bytes_per_s = kCudaLinkBandwidthBytesPerS;
-  options.latency_ns = kCudaLinkLatencyNs;
-  ASSERT_TRUE(EnableRematEngineOn(options, *std::move(memory)).ok());
+  ASSERT_TRUE(device.Enable("dtr-eq", OffloadMode::kAlways).ok());
   const std::uint64_t pinned_before = device.rt.counters().host_allocs;
   at::manual_seed(7);
   std::vector<at::Tensor> ys = Chain(x, 24);

@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "integration/cpu_allocator.h"
+#include "tests/integration/arena_layout_workload.h"
 #include "tests/integration/chain_workload.h"
 
 namespace remat::integration {
@@ -105,36 +106,18 @@ TEST(EngineBridge, UnknownPolicyListsTheRegisteredOnes) {
 namespace remat::integration {
 namespace {
 
-// Under a budget of ten 64 KiB blocks: five constants (aten::empty results written behind the hook's back, so
-// remat can neither evict nor recompute them) alternate with five activations, which are then dropped. 320 KiB
-// are free in 64 KiB holes; a 128 KiB result needs a constant moved out of the way.
 TEST(EngineBridgeRelocation, ConstantsMoveOutOfTheWayWithTheirBytes) {
   const at::Tensor small = at::randn({128, 128});  // 64 KiB, made before remat: outside the arena
   const at::Tensor big = at::randn({256, 128});    // 128 KiB
   const at::Tensor expected = at::sin(big);
   EngineGuard guard(EngineSessionOptions{640 * kKiB, "dtr-eq"});
-  std::vector<at::Tensor> constants;
-  std::vector<at::Tensor> activations;
-  for (int i = 0; i < 5; ++i) {
-    constants.push_back(at::empty({64 * 1024}, at::kByte));
-    std::memset(constants.back().data_ptr(), 'a' + i, 64 * 1024);
-    activations.push_back(at::sin(small));
-  }
-  std::vector<const void*> before;
-  for (const at::Tensor& c : constants) before.push_back(c.const_data_ptr());
-  activations.clear();  // released: evicted at once
+  const ConstantsBetweenHoles layout = ConstantsBetweenHoles::Make(small);
   const at::Tensor y = at::sin(big);
   EXPECT_TRUE(at::equal(y, expected));
   absl::StatusOr<BridgeStats> stats = GetEngineStats();
   ASSERT_TRUE(stats.ok());
   EXPECT_GE(stats->engine.relocations, 1);
-  int moved = 0;
-  for (int i = 0; i < 5; ++i) {
-    moved += constants[i].const_data_ptr() != before[i];
-    const auto* bytes = static_cast<const unsigned char*>(constants[i].const_data_ptr());
-    EXPECT_EQ(std::count(bytes, bytes + 64 * 1024, static_cast<unsigned char>('a' + i)), 64 * 1024) << i;
-  }
-  EXPECT_EQ(moved, stats->engine.relocations);
+  EXPECT_EQ(layout.ExpectBytesKept(), stats->engine.relocations);
   EXPECT_LE(GetCpuArenaStats()->peak_allocated_bytes, 640 * kKiB);
 }
 
@@ -151,14 +134,9 @@ TEST(EngineBridgeRetry, AKernelWhoseInputSplitsTheFreeBytesRunsAgainAfterCompact
   const at::Tensor small = at::randn({128, 128});  // 64 KiB, made before remat: outside the arena
   const at::Tensor expected = at::cat({at::sin(small), at::sin(small)});
   EngineGuard guard(EngineSessionOptions{192 * kKiB, "dtr-eq"});
-  at::Tensor a = at::tanh(small);
-  const at::Tensor x = at::sin(small);
-  at::Tensor b = at::tanh(small);
-  const auto base = reinterpret_cast<std::uintptr_t>(a.const_data_ptr());
-  ASSERT_EQ(reinterpret_cast<std::uintptr_t>(x.const_data_ptr()), base + 64 * kKiB);
-  a = at::Tensor();
-  b = at::Tensor();
-  at::sum(small);  // the next op sees that a and b died: their blocks are freed
+  const InputBetweenHoles layout = InputBetweenHoles::Make(small);
+  const at::Tensor& x = layout.x;
+  const std::uintptr_t base = layout.base;
   ASSERT_LT(GetCpuArenaStats()->largest_free_block, 128 * kKiB);
   const at::Tensor y = at::cat({x, x});
   EXPECT_TRUE(at::equal(y, expected));
