@@ -46,7 +46,8 @@ class DeviceMemory {
   // there is no arena. `bytes` > 0.
   virtual c10::DataPtr TryAllocate(std::size_t bytes, Placement placement) = 0;
   // Moves the arena block `storage` holds to `to`, inside the range the block would free (Arena::Move), bytes
-  // included, and points the storage there. The caller makes sure no kernel uses it.
+  // included, and points the storage there. The caller makes sure no kernel uses it. DataLoss when the block moved
+  // but its bytes did not all follow (a failed device copy): the storage points at `to` then too.
   virtual absl::Status Slide(c10::StorageImpl& storage, std::uintptr_t to) = 0;
   // The hook the arena calls when a request does not fit (the engine bridge), or nullptr. Not owned.
   virtual void SetPressureHandler(PressureHandler* handler) = 0;

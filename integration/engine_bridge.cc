@@ -589,6 +589,10 @@ std::int64_t EngineBridge::HeldReferences(const c10::StorageImpl* storage) {
 absl::Status EngineBridge::MaterializeLive() {
   std::lock_guard<std::recursive_mutex> lock(mutex_);
   Sweep();  // storages whose last reference died since the last op need no bytes
+  // What comes back is pinned, and a pinned storage could be paged out again to make room for the next one (with
+  // page_constants): nothing may leave the device from here on.
+  const bool page_constants = engine_->page_constants();
+  engine_->SetPageConstants(false);
   absl::Status result = absl::OkStatus();
   for (const c10::StorageImpl* key : live_) {
     Entry& entry = entries_.at(key);
@@ -609,7 +613,22 @@ absl::Status EngineBridge::MaterializeLive() {
     engine_->Pin(entry.root);
     entry.pinned = true;
   }
-  return result;
+  engine_->SetPageConstants(page_constants);
+  if (!result.ok()) return result;
+  // Nothing may stay in the host tier, which dies with the bridge.
+  std::int64_t paged_bytes = 0;
+  int paged = 0;
+  for (const c10::StorageImpl* key : live_) {
+    const Entry& entry = entries_.at(key);
+    if (entry.released || !engine_->Paged(engine_->StorageOf(entry.root))) continue;
+    ++paged;
+    paged_bytes += static_cast<std::int64_t>(key->nbytes());
+  }
+  if (paged > 0) {
+    return absl::ResourceExhaustedError(absl::StrCat("remat: ", paged, " storages still held (", paged_bytes,
+                                                     " bytes) are in the host tier and do not fit back in the budget"));
+  }
+  return absl::OkStatus();
 }
 
 BridgeStats EngineBridge::Stats() {

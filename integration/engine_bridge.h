@@ -165,7 +165,8 @@ class EngineBridge final : public OpObserver, public PressureHandler, public Hel
   // Returns whether it pinned something.
   bool PinState(c10::StorageImpl* impl);
   // Makes every live storage resident again (before remat is switched off: user tensors must keep their data).
-  // Allocations then come from whatever allocator is installed.
+  // Allocations then come from whatever allocator is installed. Nothing is paged out meanwhile; ResourceExhausted
+  // when some of what is held does not fit back (it is still in the host tier).
   absl::Status MaterializeLive();
   BridgeStats Stats();
 

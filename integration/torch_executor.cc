@@ -381,8 +381,10 @@ absl::StatusOr<bool> TorchExecutor::Relocate(Engine& engine, std::uint32_t s, Ad
 absl::StatusOr<bool> TorchExecutor::Slide(Engine& engine, std::uint32_t s, std::uintptr_t to) {
   c10::intrusive_ptr<c10::StorageImpl> holder = Holder(s);
   if (!holder || IsEvicted(*holder) || !EvictableMemory(*memory_, *holder) || InUse(holder.get())) return false;
-  if (absl::Status slid = memory_->Slide(*holder, to); !slid.ok()) return slid;
-  engine.SetAddress(s, to);
+  const absl::Status slid = memory_->Slide(*holder, to);
+  if (!slid.ok() && !absl::IsDataLoss(slid)) return slid;
+  engine.SetAddress(s, to);  // DataLoss: the block moved without (all of) its bytes; the op fails with the error
+  if (!slid.ok()) return slid;
   return true;
 }
 

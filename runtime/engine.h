@@ -256,6 +256,9 @@ class Engine final : public PressureHandler, private StorageView {
 
   // Paging (see the contract above).
   bool Paged(StorageIndex s) const;
+  // Switches PagingOptions::page_constants from now on (off while a caller brings everything back for good).
+  void SetPageConstants(bool allowed) { options_.paging.page_constants = allowed; }
+  bool page_constants() const { return options_.paging.page_constants; }
   // Pages a specific storage out now (tests, integration): it must be evictable (or, with page_constants, a
   // constant held only by its pin) and fit the host budget.
   absl::Status PageOut(StorageIndex s);

@@ -220,6 +220,12 @@ struct DeviceArena::State {
 
   // A budget changes only on an empty device: waits for pending frees, then gives the segment back.
   absl::Status ReleaseForBudgetChangeLocked() {
+    // The runtime attached as pressure handler holds the arena (its engine keeps the address): it stays.
+    if (handler.load(std::memory_order_acquire) != nullptr) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "remat: the CUDA budget of device ", options.device,
+          " cannot change while the remat engine runs on it (its arena is in use); disable the engine first"));
+    }
     (void)ReclaimLocked(/*synchronize=*/true);
     if (!live.empty() || !pending.empty() || inflight != 0) {
       return absl::FailedPreconditionError(absl::StrCat(
@@ -501,7 +507,13 @@ absl::Status DeviceArena::Move(std::uintptr_t from, std::uintptr_t to) {
   }
   if (copied.ok()) copied = s.runtime->StreamSynchronize(block.stream);
   s.live[to] = std::move(block);
-  return copied;
+  if (!copied.ok()) {
+    // The block has moved in the arena either way; its bytes did not (all of them).
+    return absl::DataLossError(absl::StrCat("remat: sliding a block of CUDA device ", s.options.device, " from ",
+                                            absl::Hex(from), " to ", absl::Hex(to),
+                                            " failed, its contents are lost: ", copied.message()));
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<Arena*> DeviceArena::Reserve() {

@@ -94,7 +94,8 @@ class DeviceArena {
   // Slides the live block at `from` to `to` inside the range it would free (Arena::Move) and moves its bytes with
   // device-to-device copies on the block's stream (in chunks no longer than the distance, so that overlapping
   // ranges copy correctly), waiting for them. FailedPrecondition for a block other streams use (record_stream);
-  // the arena's InvalidArgument when `to` is out of range (nothing changes then).
+  // the arena's InvalidArgument when `to` is out of range (nothing changes then). DataLoss when a copy fails: the
+  // block lives at `to` from then on, but its bytes are not all there.
   absl::Status Move(std::uintptr_t from, std::uintptr_t to);
   // Reserves the budget's segment now (Allocate does it at the first request) and returns the arena.
   absl::StatusOr<Arena*> Reserve();
@@ -114,7 +115,8 @@ class DeviceArena {
   // Waits for pending frees, then releases the segment if nothing is allocated and no pressure handler is set (the
   // runtime holds on to the arena while it is attached).
   absl::Status EmptyCache();
-  // Changes the budget; FailedPrecondition while any block is allocated. Releases the current segment.
+  // Changes the budget; FailedPrecondition while any block is allocated or a pressure handler is set (the runtime
+  // holds the arena). Releases the current segment.
   absl::Status SetBudget(std::size_t bytes);
   absl::Status SetBudgetFraction(double fraction);
   // The budget in bytes, resolving a fraction against the device's total memory.

@@ -168,6 +168,10 @@ absl::Status FakeCudaRuntime::MemcpyAsync(void* dst, const void* src, std::size_
                                                    " bytes outside a live ", dst_device ? "device" : "pinned host",
                                                    " / ", src_device ? "device" : "pinned host", " allocation"));
   }
+  if (!fail_next_copy_.empty()) {
+    return absl::InternalError(absl::StrCat("fake cuda: cudaMemcpyAsync(", bytes, "): ",
+                                            std::exchange(fail_next_copy_, "")));
+  }
   ++counters_.copies;
   Work work;
   work.run = [dst, src, bytes] { std::memmove(dst, src, bytes); };
@@ -350,6 +354,11 @@ std::size_t FakeCudaRuntime::PendingWork(cudaStream_t stream) const {
 void FakeCudaRuntime::FailNextDeviceMalloc(std::string message) {
   std::lock_guard<std::recursive_mutex> lock(mu_);
   fail_next_malloc_ = message.empty() ? "injected failure" : std::move(message);
+}
+
+void FakeCudaRuntime::FailNextCopy(std::string message) {
+  std::lock_guard<std::recursive_mutex> lock(mu_);
+  fail_next_copy_ = message.empty() ? "injected failure" : std::move(message);
 }
 
 FakeCudaCounters FakeCudaRuntime::counters() const {

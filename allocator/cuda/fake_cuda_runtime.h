@@ -79,6 +79,8 @@ class FakeCudaRuntime final : public CudaRuntime {
   void Launch(cudaStream_t stream, std::function<void()> kernel);
   std::size_t PendingWork(cudaStream_t stream) const;
   void FailNextDeviceMalloc(std::string message = "injected cudaErrorMemoryAllocation");
+  // The next MemcpyAsync fails without copying anything (a sticky CUDA error in a real run).
+  void FailNextCopy(std::string message = "injected cudaErrorLaunchFailure");
   FakeCudaCounters counters() const;
   std::size_t live_device_allocations() const;
   std::size_t live_host_allocations() const;
@@ -110,6 +112,7 @@ class FakeCudaRuntime final : public CudaRuntime {
   std::vector<std::unique_ptr<Event>> events_;
   FakeCudaCounters counters_;
   std::string fail_next_malloc_;
+  std::string fail_next_copy_;
   static thread_local int current_device_;
 };
 

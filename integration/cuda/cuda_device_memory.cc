@@ -62,6 +62,11 @@ bool CudaDeviceMemory::Owns(const c10::DataPtr& data) const {
 }
 
 c10::intrusive_ptr<c10::StorageImpl> CudaDeviceMemory::NewStorage(std::size_t nbytes) {
+  // The allocator serves the current device: make it ours for this allocation.
+  const cuda::ScopedDevice scoped(allocator_->runtime(), device_);
+  if (!scoped.status().ok()) {
+    TORCH_CHECK(false, "remat: cannot select CUDA device ", static_cast<int>(device_), ": ", scoped.status().message());
+  }
   return c10::make_intrusive<c10::StorageImpl>(c10::StorageImpl::use_byte_size_t(), nbytes,
                                                storage_allocator_->allocate(nbytes), storage_allocator_,
                                                /*resizable=*/true);
@@ -79,12 +84,13 @@ absl::Status CudaDeviceMemory::Slide(c10::StorageImpl& storage, std::uintptr_t t
   c10::DataPtr& data = storage._mutable_data_ptr_no_checks();
   if (!Owns(data)) return absl::FailedPreconditionError("remat: only a block of the CUDA arena can slide");
   const auto from = reinterpret_cast<std::uintptr_t>(data.get());
-  if (absl::Status moved = allocator_->Device(device_).Move(from, to); !moved.ok()) return moved;
-  // The block now lives at `to`: the old DataPtr must not free anything.
+  const absl::Status moved = allocator_->Device(device_).Move(from, to);
+  if (!moved.ok() && !absl::IsDataLoss(moved)) return moved;  // nothing moved
+  // The block now lives at `to` (with its bytes, unless DataLoss): the old DataPtr must not free anything.
   void* pointer = reinterpret_cast<void*>(to);
   c10::DataPtr old = storage.set_data_ptr(c10::DataPtr(pointer, pointer, allocator_->raw_deleter(), data.device()));
   (void)old.release_context();
-  return absl::OkStatus();
+  return moved;
 }
 
 void CudaDeviceMemory::SetPressureHandler(PressureHandler* handler) {
@@ -97,8 +103,20 @@ std::size_t CudaDeviceMemory::alignment() const { return arena_->alignment(); }
 
 absl::Status CudaDeviceMemory::CopyAndWait(void* dst, const void* src, std::size_t nbytes, cuda::CopyKind kind) {
   if (nbytes == 0) return absl::OkStatus();
-  const cudaStream_t stream = allocator_->CurrentStream(device_);
   cuda::CudaRuntime* runtime = allocator_->runtime();
+  const cuda::ScopedDevice scoped(runtime, device_);
+  if (!scoped.status().ok()) return scoped.status();
+  const cudaStream_t stream = allocator_->CurrentStream(device_);
+  // A device block another stream made (or last wrote) is read or overwritten only once that stream's work is done.
+  cuda::DeviceArena& device_arena = allocator_->Device(device_);
+  const bool src_on_device = kind == cuda::CopyKind::kDeviceToHost || kind == cuda::CopyKind::kDeviceToDevice;
+  const bool dst_on_device = kind == cuda::CopyKind::kHostToDevice || kind == cuda::CopyKind::kDeviceToDevice;
+  for (const auto& [on_device, pointer] : {std::pair{src_on_device, src}, std::pair{dst_on_device, (const void*)dst}}) {
+    if (!on_device) continue;
+    absl::StatusOr<cudaStream_t> owner = device_arena.BlockStream(reinterpret_cast<std::uintptr_t>(pointer));
+    if (!owner.ok() || *owner == stream) continue;
+    if (absl::Status waited = runtime->StreamSynchronize(*owner); !waited.ok()) return waited;
+  }
   if (absl::Status copied = runtime->MemcpyAsync(dst, src, nbytes, kind, stream); !copied.ok()) return copied;
   return runtime->StreamSynchronize(stream);
 }

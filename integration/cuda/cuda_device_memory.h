@@ -4,8 +4,9 @@
 // Storages come from `storage_allocator` (in production the RematCudaAllocator itself, installed as c10's CUDA
 // allocator), so that a request that does not fit reaches the engine through the device arena's pressure handler.
 // Blocks remat moves are allocated with DeviceArena::TryAllocate on the device's current stream and slid with
-// DeviceArena::Move; copies are cudaMemcpyAsync on the current stream through the CudaRuntime seam, followed by a
-// stream synchronize. Everything CUDA goes through that seam, so this class runs in CI against the runtime's test
+// DeviceArena::Move; copies are cudaMemcpyAsync on the current stream through the CudaRuntime seam, after the streams
+// the device blocks involved were allocated on have finished, followed by a stream synchronize. Every allocation and
+// copy runs with `device` current, whichever device the calling thread had selected. Everything CUDA goes through that seam, so this class runs in CI against the runtime's test
 // double, whose "device memory" is host memory: the tests make CPU tensors over it (`tensor_device` CPU) so that
 // real kernels run on it.
 //

@@ -59,7 +59,7 @@ class FakeDeviceAllocator final : public c10::Allocator {
 
 // A CUDA allocator over the double with a budget, installed (for CPU tensors) as c10's CPU allocator while it lives.
 struct FakeDevice {
-  explicit FakeDevice(std::size_t budget) {
+  explicit FakeDevice(std::size_t budget, int devices = 1) : rt(cuda::FakeCudaOptions{devices, std::size_t{64} << 20}) {
     CudaAllocatorOptions options;
     options.budget = budget;
     CudaStreams streams;
@@ -92,7 +92,7 @@ struct FakeDevice {
   cuda::DeviceArenaStats Stats() { return cuda->Device(0).Stats(); }
 
   static constexpr std::uint8_t kPriority = 200;  // above whatever the process installed
-  cuda::FakeCudaRuntime rt{cuda::FakeCudaOptions{1, std::size_t{64} << 20}};
+  cuda::FakeCudaRuntime rt;
   cudaStream_t current = nullptr;
   std::unique_ptr<RematCudaAllocator> cuda;
   std::unique_ptr<FakeDeviceAllocator> host;
@@ -162,6 +162,7 @@ TEST(CudaEngineMemory, AKernelWhoseInputSplitsTheFreeBytesRunsAgainAfterASlide) 
   FakeDevice device(192 * kKiB);
   ASSERT_TRUE(device.Enable("dtr-eq").ok());
   const InputBetweenHoles layout = InputBetweenHoles::Make(small);
+  ASSERT_TRUE(layout.laid_out) << "x did not land between its two 64 KiB neighbours";
   const at::Tensor& x = layout.x;
   const std::uintptr_t base = layout.base;
   ASSERT_LT(device.Stats().largest_free_block, 128 * kKiB);
@@ -173,6 +174,79 @@ TEST(CudaEngineMemory, AKernelWhoseInputSplitsTheFreeBytesRunsAgainAfterASlide) 
   EXPECT_GE(stats->engine.compactions, 1);
   EXPECT_EQ(reinterpret_cast<std::uintptr_t>(x.const_data_ptr()), base);  // slid down onto the first hole
   EXPECT_LE(device.Stats().allocated_bytes.peak, static_cast<std::int64_t>(device.budget()));
+}
+
+// torch.cuda.set_per_process_memory_fraction while the engine runs would release the arena the engine works in.
+TEST(CudaEngineMemory, TheBudgetDoesNotChangeUnderTheEngine) {
+  at::manual_seed(11);
+  const std::vector<at::Tensor> reference = Reference(5, 12);
+  FakeDevice device(512 * kKiB);
+  at::manual_seed(11);
+  const at::Tensor x = at::randn({128, 128});
+  ASSERT_TRUE(device.Enable("dtr-eq").ok());
+  cuda::DeviceArena& arena = device.cuda->Device(0);
+  const Arena* before = arena.arena();
+  const absl::Status changed = arena.SetBudgetFraction(0.5);
+  EXPECT_EQ(changed.code(), absl::StatusCode::kFailedPrecondition) << changed;
+  EXPECT_THAT(std::string(changed.message()), HasSubstr("disable the engine first"));
+  EXPECT_EQ(arena.arena(), before);
+  at::manual_seed(5);
+  std::vector<at::Tensor> ys = Chain(x, 12);  // the engine still works in the same arena
+  for (std::size_t i = 0; i < ys.size(); ++i) EXPECT_TRUE(at::equal(ys[i], reference[i])) << i;
+  EXPECT_GT(GetEngineStats()->engine.evictions, 0);
+  ys.resize(2);
+  ASSERT_TRUE(DisableRematEngine().ok());
+  // Without the engine, only the tensors still held (x and two results) stand in the way.
+  EXPECT_THAT(std::string(arena.SetBudget(1 << 20).message()), HasSubstr("only change while nothing is allocated"));
+}
+
+// Copies to and from the host read a device block only once the stream it was made on has finished its work: here
+// a kernel still queued on stream A writes the block while the copy is asked for on stream B.
+TEST(CudaEngineMemory, PageCopiesWaitForTheStreamThatMadeTheBlock) {
+  FakeDevice device(512 * kKiB);
+  absl::StatusOr<std::unique_ptr<CudaDeviceMemory>> memory =
+      CudaDeviceMemory::Create(device.cuda.get(), 0, device.host.get(), c10::DeviceType::CPU);
+  ASSERT_TRUE(memory.ok()) << memory.status();
+  const cudaStream_t a = *device.rt.StreamCreate();
+  const cudaStream_t b = *device.rt.StreamCreate();
+  constexpr std::size_t kBytes = 4096;
+  void* block = device.cuda->Malloc(kBytes, 0, a);
+  device.rt.HoldStream(a);
+  device.rt.Launch(a, [block] { std::memset(block, 0x5A, kBytes); });
+  device.current = b;
+  std::vector<unsigned char> host(kBytes, 0);
+  ASSERT_TRUE((*memory)->CopyToHost(host.data(), block, kBytes).ok());
+  EXPECT_EQ(std::count(host.begin(), host.end(), 0x5A), static_cast<std::ptrdiff_t>(kBytes));
+  // And a copy into a block waits for the kernels of its stream before it overwrites it.
+  device.rt.HoldStream(a);
+  device.rt.Launch(a, [block] { std::memset(block, 0x11, kBytes); });
+  std::fill(host.begin(), host.end(), 0x77);
+  ASSERT_TRUE((*memory)->CopyFromHost(block, host.data(), kBytes).ok());
+  const auto* bytes = static_cast<const unsigned char*>(block);
+  EXPECT_EQ(std::count(bytes, bytes + kBytes, 0x77), static_cast<std::ptrdiff_t>(kBytes));
+  device.rt.ReleaseStream(a);
+  device.cuda->Free(block);
+}
+
+// The engine's storages (page-ins, replay scratch) and copies go to its device whichever device the calling thread
+// selected, and the thread's selection is left as it was.
+TEST(CudaEngineMemory, StoragesAndCopiesUseTheEnginesDeviceWhicheverTheThreadSelected) {
+  FakeDevice device(512 * kKiB, /*devices=*/2);
+  absl::StatusOr<std::unique_ptr<CudaDeviceMemory>> memory =
+      CudaDeviceMemory::Create(device.cuda.get(), 0, device.cuda.get(), c10::DeviceType::CUDA);
+  ASSERT_TRUE(memory.ok()) << memory.status();
+  ASSERT_TRUE(device.rt.SetDevice(1).ok());
+  c10::intrusive_ptr<c10::StorageImpl> storage = (*memory)->NewStorage(4096);
+  EXPECT_TRUE((*memory)->Owns(storage->data_ptr()));
+  EXPECT_EQ(storage->data_ptr().device(), c10::Device(c10::DeviceType::CUDA, 0));
+  EXPECT_EQ(*device.rt.GetDevice(), 1);
+  std::vector<unsigned char> host(4096, 0x3C);
+  ASSERT_TRUE((*memory)->CopyFromHost(storage->mutable_data(), host.data(), host.size()).ok());
+  EXPECT_EQ(*device.rt.GetDevice(), 1);
+  EXPECT_EQ(device.Stats().allocated_bytes.current, 4096);
+  storage.reset();
+  EXPECT_EQ(device.Stats().allocated_bytes.current, 0);
+  ASSERT_TRUE(device.rt.SetDevice(0).ok());
 }
 
 TEST(CudaEngineDisable, HoldingMoreThanTheBudgetWhenDisablingIsAnErrorThatSaysSo) {
@@ -204,6 +278,7 @@ TEST(CudaEngineStreams, EvictionsOnTwoStreamsWaitForPendingUsesAndStayIdentical)
   at::manual_seed(5);
   std::vector<at::Tensor> ys = Chain(x, 9);
   device.current = *second;  // torch switched streams: blocks freed from now on wait for their streams' events
+  device.rt.HoldStream(*first);  // the first stream is still busy: its blocks' events complete only when waited for
   std::vector<at::Tensor> more = Chain(ys.back(), 9);
   ys.insert(ys.end(), more.begin(), more.end());
   more.clear();
@@ -211,7 +286,8 @@ TEST(CudaEngineStreams, EvictionsOnTwoStreamsWaitForPendingUsesAndStayIdentical)
   for (std::size_t i = 0; i < ys.size(); ++i) EXPECT_TRUE(at::equal(ys[i], reference[i])) << i;
   const cuda::DeviceArenaStats stats = device.Stats();
   EXPECT_TRUE(stats.multi_stream);
-  EXPECT_GT(stats.synchronizations, 0);  // the engine's frees were pending until their events completed
+  EXPECT_GT(stats.synchronizations, 0);  // the engine's frees on the busy stream were waited for before reuse
+  device.rt.ReleaseStream(*first);
   EXPECT_GT(GetEngineStats()->engine.evictions, 0);
   EXPECT_LE(stats.allocated_bytes.peak, static_cast<std::int64_t>(device.budget()));
   ys.resize(4);
@@ -265,6 +341,24 @@ TEST(CudaEnginePaging, OffloadAlwaysPagesThroughPinnedStagingAndStaysIdentical) 
   const absl::Status disabled = DisableRematEngine();
   ASSERT_TRUE(disabled.ok()) << disabled;
   EXPECT_EQ(device.rt.live_host_allocations(), 0u);  // the staging block went with the engine
+  // What the user kept came back from the host tier before it went.
+  for (std::size_t i = 0; i < ys.size(); ++i) EXPECT_TRUE(at::equal(ys[i], reference[i])) << i;
+}
+
+// Held storages that do not fit back when the engine is switched off: with paging on, the engine must not page the
+// ones it already brought back out again to make room for the next (the host tier dies with the engine), and says
+// that what is held does not fit.
+TEST(CudaEnginePaging, HoldingMoreThanTheBudgetWhenDisablingIsAnErrorNotALoss) {
+  at::manual_seed(11);
+  FakeDevice device(512 * kKiB);
+  const at::Tensor x = at::randn({128, 128});
+  ASSERT_TRUE(device.Enable("dtr-eq", OffloadMode::kAlways).ok());
+  at::manual_seed(7);
+  std::vector<at::Tensor> ys = Chain(x, 12);  // 768 KiB held
+  ASSERT_GT(GetEngineStats()->engine.page_outs, 0);
+  const absl::Status disabled = DisableRematEngine();
+  EXPECT_EQ(disabled.code(), absl::StatusCode::kResourceExhausted) << disabled;
+  EXPECT_FALSE(RematEngineEnabled());
 }
 
 TEST(CudaEngineErrors, TheInstalledAllocatorIsNeeded) {

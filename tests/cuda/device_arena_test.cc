@@ -260,6 +260,25 @@ TEST(CudaDeviceArena, MoveSlidesABlockWithItsBytesAcrossAnOverlap) {
   ASSERT_TRUE(arena->Free(hole).ok());
 }
 
+// A copy that fails mid-slide: the block has moved in the arena (its old range may be taken already), so Move says
+// where it is now and that its bytes are lost, rather than leaving the caller pointing at freed memory.
+TEST(CudaDeviceArena, AFailedCopyDuringAMoveIsDataLossAndTheBlockIsAtItsNewAddress) {
+  FakeCudaRuntime rt;
+  auto arena = MakeArena(rt, 8192);
+  std::uintptr_t hole = *arena->Allocate(1024, nullptr);
+  std::uintptr_t block = *arena->Allocate(3000, nullptr);
+  ASSERT_TRUE(arena->Free(hole).ok());
+  rt.FailNextCopy();
+  const absl::Status moved = arena->Move(block, hole);
+  EXPECT_EQ(moved.code(), absl::StatusCode::kDataLoss) << moved;
+  EXPECT_THAT(moved.message(), HasSubstr("contents are lost"));
+  EXPECT_THAT(moved.message(), HasSubstr("injected cudaErrorLaunchFailure"));
+  EXPECT_TRUE(arena->Owns(hole));
+  EXPECT_FALSE(arena->Owns(block));
+  ASSERT_TRUE(arena->Free(hole).ok());
+  EXPECT_EQ(arena->Stats().allocated_bytes.current, 0);
+}
+
 TEST(CudaDeviceArena, ABlockAnotherStreamUsesDoesNotMove) {
   FakeCudaRuntime rt;
   auto arena = MakeArena(rt, 8192);
@@ -270,6 +289,26 @@ TEST(CudaDeviceArena, ABlockAnotherStreamUsesDoesNotMove) {
   ASSERT_TRUE(arena->Free(hole).ok());
   EXPECT_EQ(arena->Move(block, hole).code(), absl::StatusCode::kFailedPrecondition);
   ASSERT_TRUE(arena->Free(block).ok());
+}
+
+// The runtime attached as pressure handler keeps the arena's address (the engine's): a budget change, which would
+// release the segment, is refused until it detaches.
+TEST(CudaDeviceArena, BudgetDoesNotChangeWhileAPressureHandlerIsAttached) {
+  FakeCudaRuntime rt;
+  auto arena = MakeArena(rt, 1 << 20);
+  absl::StatusOr<Arena*> reserved = arena->Reserve();
+  ASSERT_TRUE(reserved.ok()) << reserved.status();
+  FreeingHandler handler(arena.get(), {});
+  arena->SetPressureHandler(&handler);
+  for (const absl::Status& status : {arena->SetBudget(2 << 20), arena->SetBudgetFraction(0.5)}) {
+    EXPECT_EQ(status.code(), absl::StatusCode::kFailedPrecondition);
+    EXPECT_THAT(status.message(), HasSubstr("cannot change while the remat engine runs on it"));
+  }
+  EXPECT_EQ(arena->arena(), *reserved);
+  EXPECT_EQ(*arena->Budget(), 1u << 20);
+  arena->SetPressureHandler(nullptr);
+  ASSERT_TRUE(arena->SetBudget(2 << 20).ok());
+  EXPECT_EQ(*arena->Budget(), 2u << 20);
 }
 
 TEST(CudaDeviceArena, EmptyCacheKeepsTheSegmentWhileAPressureHandlerIsAttached) {

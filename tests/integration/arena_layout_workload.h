@@ -49,10 +49,12 @@ struct ConstantsBetweenHoles {
 };
 
 // Under a budget of three 64 KiB blocks: x sits between two holes of 64 KiB (its neighbours died), so 128 KiB are
-// free but no hole holds them. `base` is where the first hole starts.
+// free but no hole holds them. `base` is where the first hole starts; callers ASSERT `laid_out` (x landed between
+// its two neighbours) before they rely on the layout.
 struct InputBetweenHoles {
   at::Tensor x;
   std::uintptr_t base = 0;
+  bool laid_out = false;
 
   static InputBetweenHoles Make(const at::Tensor& small) {
     InputBetweenHoles out;
@@ -60,7 +62,8 @@ struct InputBetweenHoles {
     out.x = at::sin(small);
     at::Tensor b = at::tanh(small);
     out.base = reinterpret_cast<std::uintptr_t>(a.const_data_ptr());
-    EXPECT_EQ(reinterpret_cast<std::uintptr_t>(out.x.const_data_ptr()), out.base + 64 * 1024);
+    out.laid_out = reinterpret_cast<std::uintptr_t>(out.x.const_data_ptr()) == out.base + 64 * 1024 &&
+                   reinterpret_cast<std::uintptr_t>(b.const_data_ptr()) == out.base + 128 * 1024;
     a = at::Tensor();
     b = at::Tensor();
     (void)at::sin(small);  // the next op sees that a and b died: their blocks are freed (its result goes at once)

@@ -135,6 +135,7 @@ TEST(EngineBridgeRetry, AKernelWhoseInputSplitsTheFreeBytesRunsAgainAfterCompact
   const at::Tensor expected = at::cat({at::sin(small), at::sin(small)});
   EngineGuard guard(EngineSessionOptions{192 * kKiB, "dtr-eq"});
   const InputBetweenHoles layout = InputBetweenHoles::Make(small);
+  ASSERT_TRUE(layout.laid_out) << "x did not land between its two 64 KiB neighbours";
   const at::Tensor& x = layout.x;
   const std::uintptr_t base = layout.base;
   ASSERT_LT(GetCpuArenaStats()->largest_free_block, 128 * kKiB);
