@@ -167,7 +167,9 @@ def install_cuda_allocator(budget: Union[int, float, str, None] = None, policy: 
 
     Raises ValueError for a malformed budget, unknown policy or costs, and RuntimeError, with nothing installed, if
     CUDA was already initialized, if remat's CUDA allocator is already installed, if remat is already enabled (on
-    the CPU), if libremat_cuda.so was not built or does not load, or if there is no CUDA device."""
+    the CPU), if libremat_cuda.so was not built or does not load, or if there is no CUDA device. If the allocator
+    was installed but the engine then fails to start, RuntimeError says so: the allocator stays installed (an
+    allocator torch has used cannot be taken back) and works without the engine, as with engine=False."""
     global _installed
     with _lock:
         if _installed is not None:
@@ -208,8 +210,8 @@ def install_cuda_allocator(budget: Union[int, float, str, None] = None, policy: 
                                                   host_text.encode() if host_text is not None else None, error,
                                                   len(error))
             if status != 0:
-                raise RuntimeError(f"remat: the CUDA allocator is installed, but its engine could not start: "
-                                   f"{error.value.decode(errors='replace')}")
+                raise RuntimeError(f"remat: the CUDA allocator is installed (and stays, without eviction), but its "
+                                   f"engine could not start: {error.value.decode(errors='replace')}")
         return _installed
 
 
