@@ -41,7 +41,7 @@ import ctypes
 import os
 import sys
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Optional, Union
 
@@ -210,6 +210,7 @@ def install_cuda_allocator(budget: Union[int, float, str, None] = None, policy: 
                                                   host_text.encode() if host_text is not None else None, error,
                                                   len(error))
             if status != 0:
+                _installed = replace(_installed, engine=False)
                 raise RuntimeError(f"remat: the CUDA allocator is installed (and stays, without eviction), but its "
                                    f"engine could not start: {error.value.decode(errors='replace')}")
         return _installed
