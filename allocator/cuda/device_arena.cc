@@ -564,6 +564,10 @@ void DeviceArena::SetPressureHandler(PressureHandler* handler) {
   state_->handler.store(handler, std::memory_order_release);
 }
 
+bool DeviceArena::HasPressureHandler() const {
+  return state_->handler.load(std::memory_order_acquire) != nullptr;
+}
+
 Arena* DeviceArena::arena() {
   std::lock_guard<std::mutex> lock(state_->mu);
   return state_->arena.get();

@@ -128,6 +128,7 @@ class DeviceArena {
   // The runtime's hook, called after pending frees are exhausted. nullptr: fail instead. Not owned. Its
   // DescribeMemory is added to the out-of-memory error.
   void SetPressureHandler(PressureHandler* handler);
+  bool HasPressureHandler() const;
   // The arena (SetOwner, FindWindow for the runtime); nullptr before the first allocation and after EmptyCache
   // released the segment.
   Arena* arena();

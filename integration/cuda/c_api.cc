@@ -109,6 +109,11 @@ int remat_cuda_set_pressure_handler(int device, void* handler, char* error, std:
                       "remat: no remat CUDA allocator is installed to set a pressure handler on"),
                   error, error_size);
   }
+  if (RematEngineEnabled()) {
+    return Report(absl::FailedPreconditionError("remat: the remat engine is the CUDA pressure handler while it runs; "
+                                                "disable it (remat_cuda_disable_engine) before setting another"),
+                  error, error_size);
+  }
   try {
     installed->SetPressureHandler(static_cast<c10::DeviceIndex>(device), static_cast<remat::PressureHandler*>(handler));
     return 0;
@@ -144,6 +149,13 @@ int remat_cuda_enable_engine(int device, const char* policy, const char* costs, 
     absl::StatusOr<std::unique_ptr<CudaDeviceMemory>> memory =
         CudaDeviceMemory::ForInstalledAllocator(static_cast<c10::DeviceIndex>(device));
     if (!memory.ok()) return Report(memory.status(), error, error_size);
+    if (InstalledCudaAllocator()->Device(static_cast<c10::DeviceIndex>(device)).HasPressureHandler() &&
+        !RematEngineEnabled()) {
+      return Report(absl::FailedPreconditionError(absl::StrCat(
+                        "remat: CUDA device ", device, " has a pressure handler set through "
+                        "remat_cuda_set_pressure_handler; remove it (nullptr) before switching the engine on")),
+                    error, error_size);
+    }
     absl::StatusOr<std::size_t> budget = InstalledCudaAllocator()->Device(static_cast<c10::DeviceIndex>(device)).Budget();
     if (!budget.ok()) return Report(budget.status(), error, error_size);
     options.budget = *budget;

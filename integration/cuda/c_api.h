@@ -17,7 +17,8 @@
 //    nullptr removes it); its MakeRoom(arena, bytes) is called with the device's Arena after pending stream-ordered
 //    frees are exhausted, may free blocks (by freeing the tensors' memory), and returns whether it freed anything.
 //    Returns 0, or the absl::StatusCode number with the message in `error` (no allocator installed: 9; invalid
-//    device: 13). The handler is not owned and must outlive its use.
+//    device: 13). The handler is not owned and must outlive its use. While remat's engine runs (1c) it is the
+//    handler: setting another is FailedPrecondition (9), and so is switching the engine on over a handler set here.
 //
 // 1c. remat_cuda_enable_engine(device, policy, costs, offload, host_budget, error, error_size): switches remat's
 //    engine on over `device`'s

@@ -155,6 +155,9 @@ TEST_F(CudaCApi, EnableEngineRunsTheEngineSessionOnTheInstalledAllocatorsDevice)
   ASSERT_EQ(remat_cuda_enable_engine(0, "lru", "estimated", "auto", "64MiB", error, sizeof(error)), 0) << error;
   EXPECT_TRUE(RematEngineEnabled());
   EXPECT_EQ(remat_cuda_enable_engine(0, nullptr, nullptr, nullptr, nullptr, error, sizeof(error)), 6);  // AlreadyExists
+  FreeLast handler;  // the engine is the pressure handler while it runs
+  EXPECT_EQ(remat_cuda_set_pressure_handler(0, &handler, error, sizeof(error)), 9);
+  EXPECT_THAT(error, HasSubstr("the remat engine is the CUDA pressure handler while it runs"));
   absl::StatusOr<BridgeStats> stats = GetEngineStats();
   ASSERT_TRUE(stats.ok());
   EXPECT_EQ(stats->engine.evictions, 0);
@@ -164,6 +167,12 @@ TEST_F(CudaCApi, EnableEngineRunsTheEngineSessionOnTheInstalledAllocatorsDevice)
   EXPECT_EQ(remat_cuda_disable_engine(error, sizeof(error)), 9);  // not enabled
   // The device's pressure handler was detached: a request beyond the budget fails at once.
   EXPECT_THROW(remat_malloc(8192, 0, nullptr), c10::OutOfMemoryError);
+  // A handler the program set is not silently replaced by the engine.
+  ASSERT_EQ(remat_cuda_set_pressure_handler(0, &handler, error, sizeof(error)), 0) << error;
+  EXPECT_EQ(remat_cuda_enable_engine(0, "lru", nullptr, nullptr, nullptr, error, sizeof(error)), 9);
+  EXPECT_THAT(error, HasSubstr("remove it (nullptr) before switching the engine on"));
+  EXPECT_FALSE(RematEngineEnabled());
+  ASSERT_EQ(remat_cuda_set_pressure_handler(0, nullptr, error, sizeof(error)), 0) << error;
 }
 
 TEST(CudaCApiWithoutAllocator, EnableEngineNeedsAnInstalledAllocator) {
