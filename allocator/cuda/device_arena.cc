@@ -33,6 +33,9 @@ void StatCounter::Decrease(std::int64_t amount) {
 
 namespace {
 
+constexpr std::size_t kMaxMoveChunks = 64;
+constexpr std::size_t kMoveBounceBytes = std::size_t{64} << 20;
+
 struct LiveBlock {
   std::size_t size = 0;
   std::size_t requested = 0;
@@ -216,6 +219,46 @@ struct DeviceArena::State {
     (void)status;  // cannot fail: the address is a live block of this arena by construction
     stats.active.Decrease(1);
     stats.active_bytes.Decrease(static_cast<std::int64_t>(size));
+  }
+
+  // Copies `size` bytes from `from` to `to` (the ranges may overlap) on `stream` and waits for them. Copying in the
+  // direction of the move, chunk by chunk, reads every chunk before a later one overwrites it, and a chunk no longer
+  // than the distance never overlaps its own source. A short slide of a large block would take size / distance
+  // device-to-device copies, so past kMaxMoveChunks the bytes bounce through pinned host memory instead, in chunks
+  // of up to kMoveBounceBytes (a chunk is read whole before it is written back).
+  absl::Status CopyForMoveLocked(std::uintptr_t from, std::uintptr_t to, std::size_t size, cudaStream_t stream) {
+    const std::size_t distance = from > to ? from - to : to - from;
+    const bool bounce = size / distance >= kMaxMoveChunks;
+    const std::size_t chunk_limit = bounce ? std::min(size, kMoveBounceBytes) : distance;
+    void* host = nullptr;
+    if (bounce) {
+      absl::StatusOr<void*> pinned = runtime->HostAllocPinned(chunk_limit);
+      if (!pinned.ok()) return pinned.status();
+      host = *pinned;
+      ++stats.move_bounces;
+    }
+    absl::Status copied = absl::OkStatus();
+    for (std::size_t done = 0; copied.ok() && done < size;) {
+      const std::size_t chunk = std::min(chunk_limit, size - done);
+      const std::size_t offset = from > to ? done : size - done - chunk;
+      auto* dst = reinterpret_cast<void*>(to + offset);
+      const auto* src = reinterpret_cast<const void*>(from + offset);
+      if (!bounce) {
+        copied = runtime->MemcpyAsync(dst, src, chunk, CopyKind::kDeviceToDevice, stream);
+      } else {
+        copied = runtime->MemcpyAsync(host, src, chunk, CopyKind::kDeviceToHost, stream);
+        if (copied.ok()) copied = runtime->MemcpyAsync(dst, host, chunk, CopyKind::kHostToDevice, stream);
+      }
+      done += chunk;
+    }
+    if (copied.ok()) copied = runtime->StreamSynchronize(stream);
+    if (host != nullptr) {
+      // The stream is synchronized unless a copy failed; then wait before the buffer goes.
+      if (!copied.ok()) (void)runtime->StreamSynchronize(stream);
+      const absl::Status freed = runtime->HostFreePinned(host);
+      if (copied.ok()) copied = freed;
+    }
+    return copied;
   }
 
   // A budget changes only on an empty device: waits for pending frees, then gives the segment back.
@@ -494,18 +537,7 @@ absl::Status DeviceArena::Move(std::uintptr_t from, std::uintptr_t to) {
   s.live.erase(it);
   ScopedDevice device(s.runtime, s.options.device);
   absl::Status copied = device.status();
-  // Chunks no longer than the distance never overlap their own source; copying in the direction of the move
-  // reads every chunk before a later one overwrites it.
-  const std::size_t distance = from > to ? from - to : to - from;
-  const std::size_t size = block.requested;
-  for (std::size_t done = 0; copied.ok() && done < size;) {
-    const std::size_t chunk = std::min(distance, size - done);
-    const std::size_t offset = from > to ? done : size - done - chunk;
-    copied = s.runtime->MemcpyAsync(reinterpret_cast<void*>(to + offset), reinterpret_cast<const void*>(from + offset),
-                                    chunk, CopyKind::kDeviceToDevice, block.stream);
-    done += chunk;
-  }
-  if (copied.ok()) copied = s.runtime->StreamSynchronize(block.stream);
+  if (copied.ok()) copied = s.CopyForMoveLocked(from, to, block.requested, block.stream);
   s.live[to] = std::move(block);
   if (!copied.ok()) {
     // The block has moved in the arena either way; its bytes did not (all of them).

@@ -73,6 +73,7 @@ struct DeviceArenaStats {
   std::int64_t synchronizations = 0;      // waits for pending events (under pressure or EmptyCache)
   std::int64_t device_mallocs = 0;
   std::int64_t device_frees = 0;
+  std::int64_t move_bounces = 0;          // slides whose bytes went through pinned host memory (Move)
   bool multi_stream = false;
 };
 
@@ -93,7 +94,8 @@ class DeviceArena {
                                              Placement placement = Placement::kLow);
   // Slides the live block at `from` to `to` inside the range it would free (Arena::Move) and moves its bytes with
   // device-to-device copies on the block's stream (in chunks no longer than the distance, so that overlapping
-  // ranges copy correctly), waiting for them. FailedPrecondition for a block other streams use (record_stream);
+  // ranges copy correctly), waiting for them; a slide that would take 64 or more such copies bounces its bytes
+  // through pinned host memory instead (chunks of up to 64 MiB). FailedPrecondition for a block other streams use (record_stream);
   // the arena's InvalidArgument when `to` is out of range (nothing changes then). DataLoss when a copy fails: the
   // block lives at `to` from then on, but its bytes are not all there.
   absl::Status Move(std::uintptr_t from, std::uintptr_t to);

@@ -260,6 +260,29 @@ TEST(CudaDeviceArena, MoveSlidesABlockWithItsBytesAcrossAnOverlap) {
   ASSERT_TRUE(arena->Free(hole).ok());
 }
 
+// A short slide of a large block: 64 KiB by 512 bytes would be 128 device-to-device copies; the bytes bounce
+// through pinned host memory instead (one chunk: two copies), and the pinned buffer is freed.
+TEST(CudaDeviceArena, AShortSlideOfALargeBlockBouncesThroughPinnedHostMemory) {
+  FakeCudaRuntime rt;
+  auto arena = MakeArena(rt, 1 << 20);
+  std::uintptr_t hole = *arena->Allocate(512, nullptr);
+  std::uintptr_t block = *arena->Allocate(64 * 1024, nullptr);
+  ASSERT_EQ(block, hole + 512);
+  auto* bytes = reinterpret_cast<unsigned char*>(block);
+  for (int i = 0; i < 64 * 1024; ++i) bytes[i] = static_cast<unsigned char>(i * 13 + 1);
+  ASSERT_TRUE(arena->Free(hole).ok());
+  const FakeCudaCounters before = rt.counters();
+  ASSERT_TRUE(arena->Move(block, hole).ok());
+  EXPECT_EQ(rt.counters().copies, before.copies + 2);
+  EXPECT_EQ(arena->Stats().move_bounces, 1);
+  EXPECT_EQ(rt.live_host_allocations(), 0u);
+  auto* moved = reinterpret_cast<unsigned char*>(hole);
+  int same = 0;
+  for (int i = 0; i < 64 * 1024; ++i) same += moved[i] == static_cast<unsigned char>(i * 13 + 1);
+  EXPECT_EQ(same, 64 * 1024);
+  ASSERT_TRUE(arena->Free(hole).ok());
+}
+
 // A copy that fails mid-slide: the block has moved in the arena (its old range may be taken already), so Move says
 // where it is now and that its bytes are lost, rather than leaving the caller pointing at freed memory.
 TEST(CudaDeviceArena, AFailedCopyDuringAMoveIsDataLossAndTheBlockIsAtItsNewAddress) {
