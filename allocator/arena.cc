@@ -734,6 +734,12 @@ ArenaStats Arena::Stats() const {
   return st;
 }
 
+std::size_t Arena::PeakAllocatedBytes() const {
+  const State& s = *state_;
+  const auto lock = LockUnlessInCallback(s.mu, &s);
+  return s.peak;
+}
+
 void Arena::ResetPeak() {
   const auto lock = LockUnlessInCallback(state_->mu, state_.get());
   state_->peak = state_->allocated;

@@ -62,14 +62,13 @@ void ForEachTensor(const c10::IValue& value, Visit&& visit) {
   }
 }
 
-at::mt19937_data_pod DefaultCpuRngState() {
+RngFingerprint DefaultCpuRngFingerprint() {
   at::Generator generator = at::detail::getDefaultCPUGenerator();
   std::lock_guard<std::mutex> lock(generator.mutex());
-  return generator.get<at::CPUGeneratorImpl>()->engine().data();
-}
-
-bool SameRngState(const at::mt19937_data_pod& a, const at::mt19937_data_pod& b) {
-  return a.seed_ == b.seed_ && a.left_ == b.left_ && a.next_ == b.next_ && a.state_ == b.state_;
+  auto* cpu = generator.get<at::CPUGeneratorImpl>();
+  const at::mt19937_data_pod& data = cpu->engine().data();
+  return RngFingerprint{data.seed_, data.left_, data.next_, data.state_.front(), data.state_.back(),
+                        cpu->next_float_normal_sample(), cpu->next_double_normal_sample()};
 }
 
 std::uintptr_t AddressOf(c10::StorageImpl& impl) {
@@ -385,7 +384,7 @@ void EngineBridge::BeforeOp(OpRecord& record) {
       }
     }
     current_.check_rng = !traits.random && record.replayable;
-    if (current_.check_rng) current_.rng_before = DefaultCpuRngState();
+    if (current_.check_rng) current_.rng_before = DefaultCpuRngFingerprint();
     absl::StatusOr<OpId> op = engine_->BeginOp(engine_inputs, traits.name);
     if (!op.ok()) Throw(op.status());
     // From here the kernel may read its inputs: their memory must not move (until now, while BeginOp replayed
@@ -464,7 +463,7 @@ void EngineBridge::AfterOp(OpRecord&& record) {
   if (!outs.ok()) Throw(outs.status());
   const std::vector<TensorId> out_tensors(outs->begin(), outs->end());
   const bool replayable = record.replayable && !Uninitialized(traits.name) &&
-                          !(current_.check_rng && !SameRngState(current_.rng_before, DefaultCpuRngState()));
+                          !(current_.check_rng && current_.rng_before != DefaultCpuRngFingerprint());
   auto replay = std::make_unique<ReplayOp>(OpRecord(record.op, traits));
   replay->output_storage.assign(record.outputs.size(), kNoIndex);
   bool keep = false;
@@ -560,7 +559,7 @@ void EngineBridge::OpFailed(OpRecord& record) noexcept {
 bool EngineBridge::RetryAfterOutOfMemory(OpRecord& record) {
   if (!current_.active) return false;
   // An op not known to be random that drew from the default generator before failing would draw other numbers.
-  if (current_.check_rng && !SameRngState(current_.rng_before, DefaultCpuRngState())) return false;
+  if (current_.check_rng && current_.rng_before != DefaultCpuRngFingerprint()) return false;
   executor_.SetRunningOp(nullptr);  // its kernel has unwound: nothing reads its inputs until it runs again
   const bool retry = engine_->MakeHoleForRetry();
   executor_.SetRunningOp(&record);

@@ -74,13 +74,13 @@
 // torch.OutOfMemoryError) instead of risking a deadlock with an intra-op worker the holder waits for.
 #pragma once
 
-#include <ATen/core/MT19937RNGEngine.h>
 #include <c10/core/StorageImpl.h>
 #include <c10/util/intrusive_ptr.h>
 
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -98,6 +98,21 @@
 #include "runtime/engine.h"
 
 namespace remat::integration {
+
+// What changes whenever the default CPU generator draws: its counters, the first and last words of its state (all
+// of which a twist every 624 draws rewrites) and its cached normal samples. Comparing it before and after an op
+// that is not known to be random tells whether the op drew (then it cannot be replayed), for a few words instead
+// of the generator's 2.5 KiB state.
+struct RngFingerprint {
+  std::uint64_t seed = 0;
+  int left = 0;
+  std::uint32_t next = 0;
+  std::uint32_t first_word = 0;
+  std::uint32_t last_word = 0;
+  std::optional<float> float_normal;
+  std::optional<double> double_normal;
+  bool operator==(const RngFingerprint&) const = default;
+};
 
 struct BridgeOptions {
   std::size_t budget = 0;
@@ -193,7 +208,7 @@ class EngineBridge final : public OpObserver, public PressureHandler, public Hel
     // Ops not known to be random: the default CPU generator's state before the op. If the op moved it (a
     // composite such as aten::lstm with dropout), a replay would not reproduce it: its outputs become constants.
     bool check_rng = false;
-    at::mt19937_data_pod rng_before{};
+    RngFingerprint rng_before{};
   };
 
   EngineBridge(const BridgeOptions& options, std::unique_ptr<Policy> policy, std::unique_ptr<HostTier> tier);

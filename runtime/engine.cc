@@ -577,7 +577,7 @@ absl::StatusOr<std::span<const TensorId>> Engine::EndOp(OpId op_id, std::span<co
     m.remat_storages.push_back(t.storage);
   }
   if (options_.mode == AccountingMode::kArena && options_.arena != nullptr) {
-    stats_.peak_bytes = std::max<std::int64_t>(stats_.peak_bytes, options_.arena->Stats().peak_allocated_bytes);
+    stats_.peak_bytes = std::max<std::int64_t>(stats_.peak_bytes, options_.arena->PeakAllocatedBytes());
   } else {
     stats_.peak_bytes = std::max(stats_.peak_bytes, stats_.used_bytes);
   }
@@ -926,7 +926,7 @@ absl::Status Engine::RunFramesFrom(std::size_t base) {
       for (StorageIndex s : m.remat_storages) stats_.used_bytes += m.storages[s].size;
       if (options_.arena != nullptr) {
         stats_.peak_bytes =
-            std::max<std::int64_t>(stats_.peak_bytes, options_.arena->Stats().peak_allocated_bytes);
+            std::max<std::int64_t>(stats_.peak_bytes, options_.arena->PeakAllocatedBytes());
       } else {
         stats_.peak_bytes = std::max(stats_.peak_bytes, stats_.used_bytes);
       }
@@ -1341,7 +1341,7 @@ absl::StatusOr<bool> Engine::PageInStorage(StorageIndex s, bool prefetch, bool m
   stats_.used_bytes += st.size;
   stats_.host_used_bytes -= st.size;
   if (options_.mode == AccountingMode::kArena && options_.arena != nullptr) {
-    stats_.peak_bytes = std::max<std::int64_t>(stats_.peak_bytes, options_.arena->Stats().peak_allocated_bytes);
+    stats_.peak_bytes = std::max<std::int64_t>(stats_.peak_bytes, options_.arena->PeakAllocatedBytes());
   } else {
     stats_.peak_bytes = std::max(stats_.peak_bytes, stats_.used_bytes);
   }

@@ -235,11 +235,13 @@ TEST(ArenaTest, StatsTrackPeakAndReset) {
   ArenaStats st = arena->Stats();
   EXPECT_EQ(st.allocated_bytes, 4 * kA);
   EXPECT_EQ(st.peak_allocated_bytes, 8 * kA);
+  EXPECT_EQ(arena->PeakAllocatedBytes(), 8 * kA);
   EXPECT_EQ(st.free_bytes, 12 * kA);
   EXPECT_EQ(st.free_blocks, 2u);
   EXPECT_EQ(st.largest_free_block, 8 * kA);
   arena->ResetPeak();
   EXPECT_EQ(arena->Stats().peak_allocated_bytes, 4 * kA);
+  EXPECT_EQ(arena->PeakAllocatedBytes(), 4 * kA);
   ASSERT_TRUE(arena->Free(b).ok());
   EXPECT_EQ(arena->Stats().peak_allocated_bytes, 4 * kA);
 }
