@@ -9,7 +9,6 @@
 #include <cstring>
 #include <utility>
 
-#include "absl/container/flat_hash_set.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "integration/op_cost.h"
@@ -254,6 +253,10 @@ void EngineBridge::CountRecordRefs(const OpRecord& record, int delta) {
 void EngineBridge::Prune() {
   engine_->CollectDead();
   std::size_t kept = 0;
+  // Dropped records leave their inputs' reader lists in one pass per list afterwards: a constant every op reads
+  // has a list as long as the records kept since the last prune.
+  std::vector<OpId> dropped_ops;
+  std::vector<StorageIndex> read_storages;
   for (const OpId op : kept_ops_) {
     const ReplayOp* replay = executor_.Op(op);
     if (replay == nullptr) continue;
@@ -267,15 +270,22 @@ void EngineBridge::Prune() {
     std::unique_ptr<ReplayOp> dropped = executor_.TakeOp(op);
     CountRecordRefs(dropped->record, -1);
     for (const TensorId t : dropped->inputs) {
-      if (t == kNoIndex) continue;
-      auto readers = readers_.find(engine_->StorageOf(t));
-      if (readers == readers_.end()) continue;
-      std::erase(readers->second, op);
-      if (readers->second.empty()) readers_.erase(readers);
+      if (t != kNoIndex) read_storages.push_back(engine_->StorageOf(t));
     }
+    dropped_ops.push_back(op);
     ++stats_.pruned_records;
   }
   kept_ops_.resize(kept);
+  std::sort(dropped_ops.begin(), dropped_ops.end());  // already ascending (op ids grow); cheap to make sure
+  std::sort(read_storages.begin(), read_storages.end());
+  read_storages.erase(std::unique(read_storages.begin(), read_storages.end()), read_storages.end());
+  for (const StorageIndex s : read_storages) {
+    auto readers = readers_.find(s);
+    if (readers == readers_.end()) continue;
+    std::erase_if(readers->second,
+                  [&](OpId op) { return std::binary_search(dropped_ops.begin(), dropped_ops.end(), op); });
+    if (readers->second.empty()) readers_.erase(readers);
+  }
   for (auto it = entries_.begin(); it != entries_.end();) {
     Entry& entry = it->second;
     if (!entry.released || entry.record_refs > 0) {
