@@ -646,6 +646,8 @@ BridgeStats EngineBridge::Stats() {
   stats.engine = engine_->stats();
   stats.executor = executor_.stats();
   if (tier_ != nullptr) stats.host_tier = tier_->stats();
+  stats.kept_records = static_cast<std::int64_t>(kept_ops_.size());
+  stats.tracked_storages = static_cast<std::int64_t>(entries_.size());
   return stats;
 }
 

@@ -150,6 +150,8 @@ struct BridgeStats {
   std::int64_t kept_constant_bytes = 0;  // small dead constants kept because records read them
   std::int64_t pruned_records = 0;       // records dropped because nothing can need their outputs any more
   std::int64_t pruned_entries = 0;       // storages forgotten for the same reason
+  std::int64_t kept_records = 0;         // records kept now (as of the last prune, plus the ops since)
+  std::int64_t tracked_storages = 0;     // storages the bridge knows now
   std::int64_t retried_ops = 0;          // kernels run again after running out of memory (RetryAfterOutOfMemory)
   std::int64_t deferred_outputs = 0;     // outputs of backward-pass ops, deferred (Engine::Defer)
   std::int64_t pinned_state = 0;         // storages pinned by PinState (optimizer state)

@@ -97,6 +97,8 @@ c10::Dict<std::string, double> EngineStatsDict() {
   put("kept_constant_bytes", s->kept_constant_bytes);
   put("pruned_records", s->pruned_records);
   put("pruned_entries", s->pruned_entries);
+  put("kept_records", s->kept_records);
+  put("tracked_storages", s->tracked_storages);
   put("relocations", s->engine.relocations);
   put("relocated_bytes", s->engine.relocated_bytes);
   put("compactions", s->engine.compactions);

@@ -52,7 +52,6 @@ struct Engine::Impl {
     bool defined = false;
     bool alias = false;
     bool paged_defined = false;  // defined when its storage was paged out (restored on page-in)
-    std::vector<TensorId> children;
   };
   struct Storage {
     std::int64_t size = 0;
@@ -435,10 +434,6 @@ absl::Status Engine::AddOutputs(OpId op_id, std::span<const OutputSpec> outputs)
     m.tensors.push_back(std::move(tensor));
     m.op_outputs.push_back(t);
   }
-  for (TensorId p : inputs) {
-    std::vector<TensorId>& children = m.tensors[p].children;
-    for (std::size_t i = 0; i < outputs.size(); ++i) children.push_back(m.op_outputs[op.out_begin + i]);
-  }
   {
     for (std::size_t i = 0; i < outputs.size(); ++i) {
       StorageIndex su = m.tensors[m.op_outputs[op.out_begin + i]].storage;
@@ -633,8 +628,9 @@ void Engine::Release(TensorId t) {
 }
 
 // A storage is dead when it has no external reference and every storage computed from it is dead or pinned (a
-// pinned storage is never recomputed): no future op can read it and no replay can need it. Dead storages leave the graph (they no longer count in neighbourhood
-// costs); a resident one would be freed, but eager eviction on release has already dropped its memory.
+// pinned storage is never recomputed): no future op can read it and no replay can need it. That holds for pinned
+// storages too. Dead storages leave the graph (they no longer count in neighbourhood costs); a resident one would be
+// freed, but eager eviction on release has already dropped its memory.
 void Engine::FreeDead(StorageIndex start) {
   Impl& m = *impl_;
   std::vector<StorageIndex> work = {start};
@@ -642,14 +638,25 @@ void Engine::FreeDead(StorageIndex start) {
     StorageIndex x = work.back();
     work.pop_back();
     Impl::Storage& st = m.storages[x];
-    if (st.dead || st.ext_refs > 0 || st.pinned || st.locks > 0 || !st.computed) continue;
+    // A pinned storage holds one lock for its pin; with no reference left (a gradient set to None, a parameter
+    // that went away) it dies like any other once nothing can need it, or its record would be kept forever. Only
+    // where released pinned storages give their memory back (the PyTorch bridge); the simulator keeps them.
+    if (st.pinned && !options_.free_released_constants) continue;
+    if (st.dead || st.ext_refs > 0 || st.locks > (st.pinned ? 1 : 0) || !st.computed) continue;
     bool children_dead = true;
     // A pinned child is never recomputed (it stays resident, or comes back from its host copy): it needs nothing.
     for (StorageIndex c : m.storage_children[x]) {
       children_dead = children_dead && (c == x || m.storages[c].dead || m.storages[c].pinned);
     }
     if (!children_dead) continue;
-    if (st.material) {
+    if (st.pinned && st.material) {  // not evictable: its memory leaves the books as a released constant's does
+      m.SetMaterial(x, false);
+      stats_.used_bytes -= st.size;
+      for (TensorId u : st.tensors) m.tensors[u].defined = false;
+    } else if (st.pinned && st.paged) {
+      DropPagedCopy(x);
+      m.SetMaterial(x, false);
+    } else if (st.material) {
       (void)Evict(x);
       stats_.evictions -= 1;
       stats_.release_evictions += 1;

@@ -220,6 +220,8 @@ INFEASIBLE = {
     ("inception_v3", "adam"): (0.3,),      # 0.50
 }
 GAP = {
+    ("gpt", "sgd"): (0.3,),           # 0.19: step 3 runs out in a replay chain 31 ops deep. It trained drop-only
+                                      # while dead gradients stayed in the graph, on the edge (3570 evictions)
     ("lstm", "sgd"): (0.3,),          # RequiredBytes 0.21
     ("lstm", "adam"): (0.3,),         # 0.25
     ("densenet121", "adam"): (0.3,),  # 0.22
@@ -447,6 +449,31 @@ def test_records_nothing_can_need_are_pruned_and_results_stay_identical():
     got = train("gpt", "sgd", budget=int(peak * 0.5), steps=8)
     assert_identical(reference, got, "gpt/sgd at 0.5 over 8 steps")
     assert got[3]["pruned_records"] > 0 and got[3]["pruned_entries"] > 0, got[3]
+
+
+def test_a_long_run_keeps_a_bounded_number_of_records():
+    """Records and storages the bridge keeps do not grow with the number of steps: gradients the optimizer pinned
+    die once set to None (zero_grad), and with them the records that produced them (one per gradient and step
+    stayed for good before)."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(*[torch.nn.Sequential(torch.nn.Linear(32, 32), torch.nn.ReLU()) for _ in range(4)],
+                                torch.nn.Linear(32, 10))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    x, y = torch.randn(8, 32), torch.randint(0, 10, (8,))
+    first, last = 30, 330
+    seen = {}
+    with remat.enable(HUGE):
+        for step in range(1, last + 1):
+            opt.zero_grad()
+            torch.nn.functional.cross_entropy(model(x), y).backward()
+            opt.step()
+            if step in (first, last):
+                seen[step] = remat.stats()
+    # Pruning runs every 1024 ops: what is kept swings by up to that much, but not by a record per gradient and step.
+    gradients = len(list(model.parameters()))
+    assert (last - first) * gradients > 2 * 1100
+    for key in ("kept_records", "tracked_storages"):
+        assert seen[last][key] <= seen[first][key] + 1100, (key, seen[first][key], seen[last][key])
 
 
 def sweep(names, modes=("off",), fractions=BUDGETS):

@@ -417,6 +417,31 @@ TEST(EngineDeadTest, StoragesNothingCanNeedAreFreedForGood) {
   EXPECT_EQ(e.stats().used_bytes, 10);
 }
 
+// A pinned result (a gradient the optimizer pinned) whose last reference goes dies like any other once nothing can
+// need it; while an unpinned child may still be recomputed from it, it stays.
+TEST(EngineDeadTest, APinnedStorageWithNoReferenceLeftDiesToo) {
+  std::unique_ptr<Policy> policy = *MakePolicy("dtr-eq");
+  RecordingExecutor ex;
+  EngineOptions o;
+  o.policy = policy.get();
+  o.free_dead = true;
+  o.free_released_constants = true;  // as the PyTorch bridge runs it
+  Engine e(o, &ex);
+  TensorId a = *e.Constant(10);
+  OutputSpec out{100, -1};
+  TensorId g = (*e.Call(std::vector<TensorId>{a}, {&out, 1}, 1, "g"))[0];
+  TensorId h = (*e.Call(std::vector<TensorId>{g}, {&out, 1}, 1, "h"))[0];
+  e.Pin(g);
+  e.Release(g);  // h is not pinned and may need g recomputed: g stays
+  EXPECT_FALSE(e.Dead(e.StorageOf(g)));
+  e.Release(h);  // nothing can need h nor g any more
+  EXPECT_TRUE(e.Dead(e.StorageOf(h)));
+  EXPECT_TRUE(e.Dead(e.StorageOf(g)));
+  EXPECT_EQ(e.stats().freed_storages, 2);
+  EXPECT_EQ(e.stats().used_bytes, 10);
+  EXPECT_FALSE(e.Dead(e.StorageOf(a)));  // still referenced
+}
+
 }  // namespace
 }  // namespace remat
 
