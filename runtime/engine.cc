@@ -571,11 +571,7 @@ absl::StatusOr<std::span<const TensorId>> Engine::EndOp(OpId op_id, std::span<co
     stats_.used_bytes += st.size;
     m.remat_storages.push_back(t.storage);
   }
-  if (options_.mode == AccountingMode::kArena && options_.arena != nullptr) {
-    stats_.peak_bytes = std::max<std::int64_t>(stats_.peak_bytes, options_.arena->PeakAllocatedBytes());
-  } else {
-    stats_.peak_bytes = std::max(stats_.peak_bytes, stats_.used_bytes);
-  }
+  NotePeak();
   AfterCompute();
   for (StorageIndex c : new_constants) {
     m.Lock(c);
@@ -616,13 +612,8 @@ void Engine::Release(TensorId t) {
     DropPagedCopy(s);
     MarkEvicted(s, /*held_memory=*/false);
     stats_.release_evictions += 1;
-  } else if (st.ext_refs == 0 && st.material && st.pinned && options_.free_released_constants) {
-    m.SetMaterial(s, false);
-    stats_.used_bytes -= st.size;
-    for (TensorId u : st.tensors) m.tensors[u].defined = false;
-  } else if (st.ext_refs == 0 && st.paged && st.pinned && options_.free_released_constants) {
-    DropPagedCopy(s);
-    m.SetMaterial(s, false);
+  } else if (st.ext_refs == 0 && st.pinned && options_.free_released_constants) {
+    DropPinnedBytes(s);
   }
   if (options_.free_dead && st.ext_refs == 0) FreeDead(s);
 }
@@ -649,13 +640,8 @@ void Engine::FreeDead(StorageIndex start) {
       children_dead = children_dead && (c == x || m.storages[c].dead || m.storages[c].pinned);
     }
     if (!children_dead) continue;
-    if (st.pinned && st.material) {  // not evictable: its memory leaves the books as a released constant's does
-      m.SetMaterial(x, false);
-      stats_.used_bytes -= st.size;
-      for (TensorId u : st.tensors) m.tensors[u].defined = false;
-    } else if (st.pinned && st.paged) {
-      DropPagedCopy(x);
-      m.SetMaterial(x, false);
+    if (st.pinned) {  // not evictable: its memory leaves the books as a released constant's does
+      DropPinnedBytes(x);
     } else if (st.material) {
       (void)Evict(x);
       stats_.evictions -= 1;
@@ -669,6 +655,27 @@ void Engine::FreeDead(StorageIndex start) {
     m.state[x] |= kRegionDead;
     ++stats_.freed_storages;
     for (StorageIndex p : m.storage_parents[x]) work.push_back(p);
+  }
+}
+
+void Engine::DropPinnedBytes(StorageIndex s) {
+  Impl& m = *impl_;
+  Impl::Storage& st = m.storages[s];
+  if (st.material) {
+    m.SetMaterial(s, false);
+    stats_.used_bytes -= st.size;
+    for (TensorId u : st.tensors) m.tensors[u].defined = false;
+  } else if (st.paged) {
+    DropPagedCopy(s);
+    m.SetMaterial(s, false);
+  }
+}
+
+void Engine::NotePeak() {
+  if (options_.mode == AccountingMode::kArena && options_.arena != nullptr) {
+    stats_.peak_bytes = std::max<std::int64_t>(stats_.peak_bytes, options_.arena->PeakAllocatedBytes());
+  } else {
+    stats_.peak_bytes = std::max(stats_.peak_bytes, stats_.used_bytes);
   }
 }
 
@@ -931,12 +938,7 @@ absl::Status Engine::RunFramesFrom(std::size_t base) {
     }
     if (options_.mode == AccountingMode::kArena) {
       for (StorageIndex s : m.remat_storages) stats_.used_bytes += m.storages[s].size;
-      if (options_.arena != nullptr) {
-        stats_.peak_bytes =
-            std::max<std::int64_t>(stats_.peak_bytes, options_.arena->PeakAllocatedBytes());
-      } else {
-        stats_.peak_bytes = std::max(stats_.peak_bytes, stats_.used_bytes);
-      }
+      NotePeak();
     }
     for (StorageIndex s : m.remat_storages) {
       if (m.storages[s].paged) DropPagedCopy(s);  // recomputed: the host copy is stale weight
@@ -1347,11 +1349,7 @@ absl::StatusOr<bool> Engine::PageInStorage(StorageIndex s, bool prefetch, bool m
   for (TensorId t : st.tensors) m.tensors[t].defined = m.tensors[t].paged_defined;
   stats_.used_bytes += st.size;
   stats_.host_used_bytes -= st.size;
-  if (options_.mode == AccountingMode::kArena && options_.arena != nullptr) {
-    stats_.peak_bytes = std::max<std::int64_t>(stats_.peak_bytes, options_.arena->PeakAllocatedBytes());
-  } else {
-    stats_.peak_bytes = std::max(stats_.peak_bytes, stats_.used_bytes);
-  }
+  NotePeak();
   ++stats_.page_ins;
   stats_.paged_in_bytes += st.size;
   if (prefetch) {

@@ -309,6 +309,10 @@ class Engine final : public PressureHandler, private StorageView {
   absl::Status AddOutputs(OpId op, std::span<const OutputSpec> outputs);
   void AfterCompute();
   void FreeDead(StorageIndex s);
+  // A pinned storage with no reference left gives up its bytes, resident or paged (it is never recomputed).
+  void DropPinnedBytes(StorageIndex s);
+  // Raises stats_.peak_bytes to what is allocated now: the arena's peak in arena mode, else the engine's count.
+  void NotePeak();
   std::string MemoryReport() const;
   static constexpr char kMemoryReportMarker[] = "locked by the running ops";
   absl::Status WithMemoryReport(absl::string_view message, absl::string_view context) const;

@@ -64,9 +64,8 @@ bool CudaDeviceMemory::Owns(const c10::DataPtr& data) const {
 c10::intrusive_ptr<c10::StorageImpl> CudaDeviceMemory::NewStorage(std::size_t nbytes) {
   // The allocator serves the current device: make it ours for this allocation.
   const cuda::ScopedDevice scoped(allocator_->runtime(), device_);
-  if (!scoped.status().ok()) {
-    TORCH_CHECK(false, "remat: cannot select CUDA device ", static_cast<int>(device_), ": ", scoped.status().message());
-  }
+  TORCH_CHECK(scoped.status().ok(), "remat: cannot select CUDA device ", static_cast<int>(device_), ": ",
+              scoped.status().message());
   return c10::make_intrusive<c10::StorageImpl>(c10::StorageImpl::use_byte_size_t(), nbytes,
                                                storage_allocator_->allocate(nbytes), storage_allocator_,
                                                /*resizable=*/true);
