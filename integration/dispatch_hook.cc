@@ -26,6 +26,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "integration/op_effects.h"
 #include "integration/storage_eviction.h"
 
 // From ATen/autocast_mode.h, which includes ATen/ATen.h (too slow to compile here); same declarations.
@@ -41,17 +42,6 @@ std::atomic<bool> g_installed{false};
 c10::DispatchKey g_key = kHookKeyCandidates[0];  // written once, before g_installed is set
 std::atomic<OpObserver*> g_observer{nullptr};
 thread_local int t_depth = 0;
-
-// Random ops that have no Generator argument in any overload: they draw from the device's default generator.
-constexpr const char* kGeneratorlessRandomOps[] = {
-    "aten::native_dropout",        "aten::dropout",         "aten::dropout_",
-    "aten::feature_dropout",       "aten::feature_dropout_", "aten::alpha_dropout",
-    "aten::alpha_dropout_",        "aten::feature_alpha_dropout", "aten::feature_alpha_dropout_",
-};
-
-// Ops whose effect is more than their outputs (collectives, profiler ranges): running one again is not a
-// recomputation.
-constexpr const char* kSideEffectNamespaces[] = {"c10d::", "_c10d_functional::", "c10d_functional::", "profiler::"};
 
 // ---- Traits ----
 
@@ -96,7 +86,6 @@ const absl::flat_hash_set<std::string>& OpsWithAGeneratorOverload() {
         }
       }
     }
-    for (const char* name : kGeneratorlessRandomOps) set->insert(name);
     return set;
   }();
   return *names;
@@ -106,9 +95,7 @@ std::unique_ptr<OpTraits> ComputeTraits(const c10::FunctionSchema& schema) {
   auto traits = std::make_unique<OpTraits>();
   traits->name = schema.overload_name().empty() ? schema.name() : absl::StrCat(schema.name(), ".", schema.overload_name());
   traits->tracked = !absl::StartsWith(schema.name(), "remat::");
-  for (const char* prefix : kSideEffectNamespaces) {
-    if (absl::StartsWith(schema.name(), prefix)) traits->replayable = false;
-  }
+  traits->replayable = !HasExternalEffects(schema.name());
   const auto& arguments = schema.arguments();
   std::vector<std::vector<c10::Symbol>> argument_sets(arguments.size());
   for (std::size_t i = 0; i < arguments.size(); ++i) {
@@ -122,7 +109,8 @@ std::unique_ptr<OpTraits> ComputeTraits(const c10::FunctionSchema& schema) {
       traits->generator_argument = static_cast<int>(i);
     }
   }
-  traits->random = traits->generator_argument >= 0 || OpsWithAGeneratorOverload().contains(schema.name());
+  traits->random = traits->generator_argument >= 0 || OpsWithAGeneratorOverload().contains(schema.name()) ||
+                   IsGeneratorlessRandomOp(schema.name());
   for (const c10::Argument& ret : schema.returns()) {
     bool writes = false;
     const std::vector<c10::Symbol> sets = AliasSets(ret, &writes);
@@ -147,12 +135,7 @@ const OpTraits* SharedTraits(const c10::OperatorHandle& op) {
   OpsWithAGeneratorOverload();  // the first call scans every registered operator: do it outside our lock
   std::lock_guard<std::mutex> lock(mutex);
   std::unique_ptr<OpTraits>& slot = (*traits)[&op.schema()];
-  if (slot == nullptr) {
-    slot = ComputeTraits(op.schema());
-    // Some composites also register an Autograd kernel (aten::linear, aten::matmul, aten::max_pool2d) that still
-    // runs the decomposition; recording their parts is right either way, since each part replays itself.
-    slot->decomposes = slot->tracked && op.hasKernelForDispatchKey(c10::DispatchKey::CompositeImplicitAutograd);
-  }
+  if (slot == nullptr) slot = ComputeTraits(op.schema());
   return slot.get();
 }
 
@@ -335,16 +318,33 @@ struct DepthGuard {
   DepthGuard& operator=(const DepthGuard&) = delete;
 };
 
+// Runs the op below the hook without recording it. A kernel that reads an evicted storage throws remat's
+// evicted-access error; the innermost op the hook passed through is the one that read it: name it.
+void PassThrough(const c10::OperatorHandle& op, c10::DispatchKeySet below, torch::jit::Stack* stack) {
+  try {
+    op.redispatchBoxed(below, stack);
+  } catch (c10::Error& e) {
+    const bool named = std::any_of(e.context().begin(), e.context().end(), [](const std::string& c) {
+      return c.find(kUnrecordedReadContext) != std::string::npos;
+    });
+    if (!named && e.msg().find(kEvictedAccessMessage) != std::string::npos) {
+      e.add_context(absl::StrCat(kUnrecordedReadContext, " ", TraitsOf(op).name, " (dispatch key ",
+                                 c10::toString(below.highestPriorityTypeId()), ")"));
+    }
+    throw;
+  }
+}
+
 void Fallback(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch::jit::Stack* stack) {
   const c10::DispatchKeySet below = keys & c10::DispatchKeySet(c10::DispatchKeySet::FULL_AFTER, g_key);
   OpObserver* observer = t_depth == 0 ? g_observer.load(std::memory_order_acquire) : nullptr;
   if (observer == nullptr) {
-    op.redispatchBoxed(below, stack);
+    PassThrough(op, below, stack);
     return;
   }
   const OpTraits& traits = TraitsOf(op);
-  if (!traits.tracked || traits.decomposes) {
-    op.redispatchBoxed(below, stack);
+  if (!traits.tracked || DecomposesAt(op, traits, below)) {
+    PassThrough(op, below, stack);
     return;
   }
   DepthGuard depth;
@@ -356,13 +356,15 @@ void Fallback(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch::ji
     record.arguments.push_back(AliasValue((*stack)[i], &record.input_storages, &record.replayable));
   }
   if (traits.random) CaptureRng(record, record.arguments);
+  record.unannotated_writes = UnannotatedWritesOfCall(op.schema().name(), record.arguments);
   CaptureAutocast(record);
   record.in_backward = torch::autograd::get_current_graph_task_id() != -1;
   observer->BeforeOp(record);
   // An op that writes none of its arguments, draws no random numbers and has no other side effect can run again
   // after running out of memory, with the same result: keep its arguments.
   const std::size_t base = stack->size() - num_arguments;
-  const bool retryable = traits.written_arguments.empty() && !traits.random && traits.replayable;
+  const bool retryable = traits.written_arguments.empty() && record.unannotated_writes.empty() && !traits.random &&
+                         traits.replayable;
   absl::InlinedVector<c10::IValue, 8> retry_arguments;  // no allocation for the usual few arguments
   if (retryable) retry_arguments.assign(stack->begin() + base, stack->end());
   auto start = std::chrono::steady_clock::now();
@@ -441,6 +443,47 @@ absl::Status SetHookEnabledOnThisThread(bool enabled) {
 bool HookEnabledOnThisThread() {
   return g_installed.load(std::memory_order_acquire) && c10::impl::tls_is_dispatch_key_included(g_key) &&
          !c10::impl::tls_is_dispatch_key_excluded(g_key);
+}
+
+bool TakesCompositeKernel(const c10::OperatorHandle& op, c10::DispatchKey key) {
+  using c10::DispatchKey;
+  // An autocast wrapper casts its arguments and calls the op again through the dispatcher (autocast excluded).
+  if (c10::autocast_dispatch_keyset.has(key)) return true;
+  // c10's OperatorEntry::computeDispatchTableEntryWithDebug, in its order: a direct registration wins (1), then the
+  // CompositeExplicitAutograd kernels (2.1, 2.2), then the CompositeImplicitAutograd ones (2.3) unless the key's
+  // backend has a kernel of its own.
+  if (op.hasKernelForDispatchKey(key)) return false;
+  for (DispatchKey alias : {DispatchKey::CompositeExplicitAutogradNonFunctional, DispatchKey::CompositeExplicitAutograd}) {
+    if ((key == DispatchKey::Undefined || c10::isIncludedInAlias(key, alias)) && op.hasKernelForDispatchKey(alias)) {
+      return false;
+    }
+  }
+  const bool has_backend_kernel = op.hasKernelForAnyDispatchKey(c10::getBackendKeySetFromAutograd(key)) ||
+                                  op.hasKernelForDispatchKey(DispatchKey::CompositeExplicitAutograd);
+  if (has_backend_kernel) return false;
+  if (key != DispatchKey::Undefined && c10::isIncludedInAlias(key, DispatchKey::CompositeImplicitAutogradNestedTensor) &&
+      op.hasKernelForDispatchKey(DispatchKey::CompositeImplicitAutogradNestedTensor)) {
+    return true;
+  }
+  if ((key == DispatchKey::Undefined || c10::isIncludedInAlias(key, DispatchKey::CompositeImplicitAutograd)) &&
+      op.hasKernelForDispatchKey(DispatchKey::CompositeImplicitAutograd)) {
+    // AutogradOther with a kernel on one of its backends is an ambiguity torch reports when called: record it.
+    return !(key == DispatchKey::AutogradOther && op.hasKernelForAnyDispatchKey(c10::autogradother_backends));
+  }
+  return false;
+}
+
+bool DecomposesAt(const c10::OperatorHandle& op, const OpTraits& traits, c10::DispatchKeySet below) {
+  const c10::DispatchKey key = below.highestPriorityTypeId();
+  const int index = c10::getDispatchTableIndexForDispatchKey(key);
+  if (index < 0 || index >= static_cast<int>(traits.decomposes_at.size())) return false;  // record: always sound
+  std::atomic<std::int8_t>& cached = traits.decomposes_at[static_cast<std::size_t>(index)];
+  std::int8_t known = cached.load(std::memory_order_relaxed);
+  if (known == 0) {
+    known = TakesCompositeKernel(op, key) ? 2 : 1;
+    cached.store(known, std::memory_order_relaxed);
+  }
+  return known == 2;
 }
 
 const OpTraits& TraitsOf(const c10::OperatorHandle& op) {

@@ -15,6 +15,11 @@
 // What the fallback does:
 //   - no observer installed, or an op nested inside another seen op (a kernel's own at:: calls), or one of our
 //     own remat:: ops: redispatch below the key at once (the pass-through path: one TLS read, one atomic load);
+//   - an op whose kernel for the key set below the hook is its CompositeImplicitAutograd kernel (or an autocast
+//     wrapper): it reads and writes tensors only through the ops it calls, which the hook sees, so it passes through
+//     and those ops are recorded. Decided per op and per dispatch key from the dispatcher's own rules
+//     (DecomposesAt), not from the mere existence of a composite kernel: aten::silu_backward has a composite kernel
+//     and a CPU kernel, and on CPU the CPU kernel runs, so it is recorded;
 //   - otherwise it captures an OpRecord (operator, arguments as detached aliases over the same storages, input
 //     storages, a copy of the generator for random ops, the thread's dispatch key state), calls the observer's
 //     BeforeOp, runs the op, fills in outputs and duration and calls AfterOp. Only outermost ops are recorded:
@@ -41,6 +46,7 @@
 #include <c10/util/intrusive_ptr.h>
 
 #include <array>
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <optional>
@@ -95,11 +101,12 @@ struct OpTraits {
   std::string name;  // "aten::add_.Tensor"
   // Recorded at all (false for remat:: ops, which pass through).
   bool tracked = true;
-  // A CompositeImplicitAutograd op (aten::conv2d, aten::dropout, aten::matmul, aten::lstm): it has no autograd
-  // formula of its own, autograd sees the ops it decomposes into and saves their intermediates. The hook passes
-  // it through and records those ops instead, so every tensor autograd saves is an output of a recorded op
-  // (evictable) rather than memory produced inside an op (a constant).
-  bool decomposes = false;
+  // Per runtime dispatch key (c10::getDispatchTableIndexForDispatchKey): 0 not known yet, 1 the kernel taken at
+  // that key does the work itself (the op is recorded), 2 it is the op's CompositeImplicitAutograd kernel or an
+  // autocast wrapper (aten::conv2d, aten::dropout, aten::matmul, aten::lstm on CPU): the op passes through and the
+  // ops it calls are recorded instead, so every tensor autograd saves is an output of a recorded op (evictable)
+  // rather than memory produced inside an op (a constant). Filled lazily by DecomposesAt.
+  mutable std::array<std::atomic<std::int8_t>, c10::num_runtime_entries> decomposes_at{};
   // Running it again recomputes its outputs and nothing else (false for collectives and profiler ops).
   bool replayable = true;
   // Draws random numbers: has a Generator argument, or is one of the known generator-less random ops (dropout).
@@ -115,6 +122,13 @@ struct OpTraits {
 };
 
 const OpTraits& TraitsOf(const c10::OperatorHandle& op);
+
+// Whether the kernel the dispatcher takes for `op` at runtime key `key` (the highest key of the set below the hook)
+// is `op`'s CompositeImplicitAutograd kernel (mirrors c10's computeDispatchTableEntry, steps 1 to 2.3) or an
+// autocast wrapper (which casts and calls the op again through the dispatcher). Uncached; see DecomposesAt.
+bool TakesCompositeKernel(const c10::OperatorHandle& op, c10::DispatchKey key);
+// TakesCompositeKernel for the highest key of `below`, cached in `traits`.
+bool DecomposesAt(const c10::OperatorHandle& op, const OpTraits& traits, c10::DispatchKeySet below);
 
 // Shape of one tensor at capture time: enough to check a replay reproduced the same layout.
 struct TensorMeta {
@@ -156,6 +170,9 @@ struct OpRecord {
   std::vector<CapturedOutput> outputs;
   // Random ops: a copy of the generator the op drew from, as it was before the op ran.
   std::optional<at::Generator> rng;
+  // Arguments this call writes although the schema does not say so (op_effects.h: batch norm's running statistics
+  // in training mode). Written on the side: constants, replayed on a private copy.
+  std::vector<int> unannotated_writes;
   // False when a replay could not reproduce the op: the op has side effects (OpTraits::replayable), a tensor
   // argument is not a plain strided tensor with a
   // storage (sparse, a Python subclass, a functorch wrapper: kept as is in `arguments`, not detached), or a random

@@ -12,6 +12,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "integration/op_cost.h"
+#include "integration/op_effects.h"
 #include "integration/storage_eviction.h"
 #include "policies/registry.h"
 
@@ -25,23 +26,6 @@ namespace {
   if (absl::IsResourceExhausted(status)) TORCH_CHECK_WITH(OutOfMemoryError, false, prefix, message);
   TORCH_CHECK(false, prefix, message);
   __builtin_unreachable();
-}
-
-// Ops whose output holds whatever the memory held: replaying them cannot reproduce bytes written later by code
-// the hook does not see (torch.tensor(data), numpy copies).
-bool Uninitialized(const std::string& name) {
-  return absl::StartsWith(name, "aten::empty") || absl::StartsWith(name, "aten::new_empty") ||
-         absl::StartsWith(name, "aten::_empty") || absl::StartsWith(name, "aten::set_") ||
-         absl::StartsWith(name, "aten::resize");
-}
-
-// In-place ops that write every element of `self` without reading it.
-bool OverwritesSelf(const c10::OperatorHandle& op) {
-  static const absl::flat_hash_set<std::string> kNames = {
-      "aten::fill_",   "aten::zero_",     "aten::copy_",     "aten::bernoulli_", "aten::uniform_",
-      "aten::normal_", "aten::random_",   "aten::exponential_", "aten::geometric_", "aten::cauchy_",
-      "aten::log_normal_"};
-  return kNames.contains(op.schema().name());
 }
 
 // `t` reaches every byte of its storage, once.
@@ -325,11 +309,16 @@ void EngineBridge::BeforeOp(OpRecord& record) {
     current_.written_returned.assign(n, false);
     current_.overwrite.assign(n, false);
     std::vector<bool> covered(n, false);
-    for (std::size_t w = 0; w < traits.written_arguments.size(); ++w) {
-      const int a = traits.written_arguments[w];
-      const bool returned =
-          std::find(traits.return_aliases.begin(), traits.return_aliases.end(), a) != traits.return_aliases.end();
-      const bool overwrites = traits.out_argument[w] || (a == 0 && OverwritesSelf(record.op));
+    // What the op writes (op_effects.h): the schema's written arguments, then the writes it does not declare (never
+    // returned: written on the side).
+    const std::size_t annotated = traits.written_arguments.size();
+    for (std::size_t w = 0; w < annotated + record.unannotated_writes.size(); ++w) {
+      const bool declared = w < annotated;
+      const int a = declared ? traits.written_arguments[w] : record.unannotated_writes[w - annotated];
+      const bool returned = declared && std::find(traits.return_aliases.begin(), traits.return_aliases.end(), a) !=
+                                            traits.return_aliases.end();
+      const bool overwrites =
+          declared && (traits.out_argument[w] || (a == 0 && OverwritesSelf(record.op.schema().name())));
       ForEachTensor(record.arguments[a], [&](const at::Tensor& t) {
         if (!t.defined() || !t.has_storage()) return;
         for (std::size_t k = 0; k < n; ++k) {
@@ -371,12 +360,11 @@ void EngineBridge::BeforeOp(OpRecord& record) {
     engine_inputs.reserve(n);
     for (std::size_t k = 0; k < n; ++k) {
       Entry& entry = EntryFor(record.input_storages[k].get());
-      if (current_.overwrite[k]) continue;
-      if (current_.written[k] && !current_.written_returned[k]) {
-        PinEntry(entry);  // written on the side (running stats): a constant, replayed on a copy
-        continue;
-      }
-      if (current_.written[k] && entry.pinned) overwritten.push_back(engine_->StorageOf(entry.root));
+      if (current_.overwrite[k] || !current_.written[k]) continue;
+      // Written on the side (running stats): a constant, replayed on a copy. Like any constant written, whatever
+      // a replay could compute from its old value is pinned first (an eval-mode batch norm read the running stats).
+      if (!current_.written_returned[k]) PinEntry(entry);
+      if (entry.pinned) overwritten.push_back(engine_->StorageOf(entry.root));
     }
     for (const StorageIndex s : overwritten) PinDependents(s);
     for (std::size_t k = 0; k < n; ++k) {
@@ -472,7 +460,7 @@ void EngineBridge::AfterOp(OpRecord&& record) {
   absl::StatusOr<std::span<const TensorId>> outs = engine_->EndOp(current_.op, specs, cost);
   if (!outs.ok()) Throw(outs.status());
   const std::vector<TensorId> out_tensors(outs->begin(), outs->end());
-  const bool replayable = record.replayable && !Uninitialized(traits.name) &&
+  const bool replayable = record.replayable && !ProducesUninitializedMemory(traits.name) &&
                           !(current_.check_rng && current_.rng_before != DefaultCpuRngFingerprint());
   auto replay = std::make_unique<ReplayOp>(OpRecord(record.op, traits));
   replay->output_storage.assign(record.outputs.size(), kNoIndex);
@@ -500,7 +488,7 @@ void EngineBridge::AfterOp(OpRecord&& record) {
       } else {
         engine_->Pin(t);
         entry.pinned = true;
-        entry.blank = Uninitialized(traits.name);
+        entry.blank = ProducesUninitializedMemory(traits.name);
         ++stats_.pinned_outputs;
       }
       entries_.emplace(impl.get(), std::move(entry));

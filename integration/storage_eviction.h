@@ -36,9 +36,13 @@ bool IsEvicted(c10::StorageImpl& storage);
 // `nbytes` bytes.
 absl::Status RestoreStorage(c10::StorageImpl& target, std::size_t nbytes, c10::StorageImpl& source);
 
-// The message of the c10::Error thrown when an evicted storage's data is accessed.
+// The message of the c10::Error thrown when an evicted storage's data is accessed. The dispatch hook adds the
+// context kUnrecordedReadContext and the op's name when the read happened inside an op it let through.
 inline constexpr const char kEvictedAccessMessage[] =
-    "remat: this tensor's storage is evicted and was accessed without being rematerialized (an op the remat "
-    "dispatch hook did not see read it; please report)";
+    "remat: this tensor's storage is evicted (remat dropped its memory to stay within the budget) and its data was "
+    "accessed outside an op remat records. From Python, numpy(), data_ptr(), DLPack and torch.save bring it back "
+    "(import remat first); from C++, call remat::integration::MakeResident(tensor) before reading a raw pointer. "
+    "Inside an op, this is a remat bug: please report the op named below";
+inline constexpr const char kUnrecordedReadContext[] = "remat: the evicted storage was read by the unrecorded op";
 
 }  // namespace remat::integration

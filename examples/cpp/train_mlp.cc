@@ -35,6 +35,7 @@
 #include "absl/status/statusor.h"
 #include "integration/cpu_allocator.h"
 #include "integration/engine_session.h"
+#include "integration/same_bytes.h"
 #include "policies/registry.h"
 #include "runtime/config.h"
 
@@ -139,13 +140,6 @@ Result Train(const Config& c, Model m, const at::Tensor& x, const at::Tensor& y)
   return result;
 }
 
-bool BitwiseEqual(const at::Tensor& a, const at::Tensor& b) {
-  const at::Tensor ca = a.contiguous();
-  const at::Tensor cb = b.contiguous();
-  return ca.scalar_type() == cb.scalar_type() && ca.sizes() == cb.sizes() &&
-         std::memcmp(ca.const_data_ptr(), cb.const_data_ptr(), ca.nbytes()) == 0;
-}
-
 struct RunStats {
   std::uint64_t arena_peak = 0;
   std::int64_t evictions = 0;
@@ -180,7 +174,7 @@ bool SameLosses(const Result& a, const Result& b) {
 bool SameWeights(const Result& a, const Result& b) {
   if (a.weights.size() != b.weights.size()) return false;
   for (std::size_t i = 0; i < a.weights.size(); ++i) {
-    if (!BitwiseEqual(a.weights[i], b.weights[i])) return false;
+    if (!remat::integration::SameBytes(a.weights[i], b.weights[i])) return false;
   }
   return true;
 }

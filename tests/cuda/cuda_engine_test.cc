@@ -4,6 +4,7 @@
 // real CPU kernels run on the device arena's blocks. What runs is the CUDA path's own code: the device arena
 // (budget, streams, pending stream-ordered frees), its pressure handler calling the engine, CudaDeviceMemory's
 // allocations, slides and copies through the CudaRuntime seam, and the engine session without a CPU arena.
+#include "integration/same_bytes.h"
 #include "integration/cuda/cuda_device_memory.h"
 
 #include <ATen/core/Tensor.h>
@@ -116,7 +117,7 @@ TEST_P(CudaEngine, ChainUnderATightDeviceBudgetIsBitwiseIdentical) {
   ASSERT_TRUE(device.Enable(GetParam()).ok());
   at::manual_seed(7);
   std::vector<at::Tensor> ys = Chain(x, 24);
-  for (std::size_t i = 0; i < ys.size(); ++i) EXPECT_TRUE(at::equal(ys[i], reference[i])) << i;
+  for (std::size_t i = 0; i < ys.size(); ++i) EXPECT_TRUE(SameBytes(ys[i], reference[i])) << i;
   absl::StatusOr<BridgeStats> stats = GetEngineStats();
   ASSERT_TRUE(stats.ok());
   EXPECT_GT(stats->engine.evictions, 0);
@@ -129,7 +130,7 @@ TEST_P(CudaEngine, ChainUnderATightDeviceBudgetIsBitwiseIdentical) {
   ys.clear();
   const absl::Status disabled = DisableRematEngine();
   ASSERT_TRUE(disabled.ok()) << disabled;
-  for (std::size_t i = 0; i < kept.size(); ++i) EXPECT_TRUE(at::equal(kept[i], reference[6 * i])) << i;
+  for (std::size_t i = 0; i < kept.size(); ++i) EXPECT_TRUE(SameBytes(kept[i], reference[6 * i])) << i;
 }
 
 // Relocation on the device (DeviceArena::TryAllocate and a copy through the runtime): under ten 64 KiB blocks,
@@ -143,7 +144,7 @@ TEST(CudaEngineMemory, ConstantsMoveOutOfTheWayWithTheirBytes) {
   ASSERT_TRUE(device.Enable("dtr-eq").ok());
   const ConstantsBetweenHoles layout = ConstantsBetweenHoles::Make(small);
   const at::Tensor y = at::sin(big);
-  EXPECT_TRUE(at::equal(y, expected));
+  EXPECT_TRUE(SameBytes(y, expected));
   absl::StatusOr<BridgeStats> stats = GetEngineStats();
   ASSERT_TRUE(stats.ok());
   EXPECT_GE(stats->engine.relocations, 1);
@@ -167,7 +168,7 @@ TEST(CudaEngineMemory, AKernelWhoseInputSplitsTheFreeBytesRunsAgainAfterASlide) 
   const std::uintptr_t base = layout.base;
   ASSERT_LT(device.Stats().largest_free_block, 128 * kKiB);
   const at::Tensor y = at::cat({x, x});
-  EXPECT_TRUE(at::equal(y, expected));
+  EXPECT_TRUE(SameBytes(y, expected));
   absl::StatusOr<BridgeStats> stats = GetEngineStats();
   ASSERT_TRUE(stats.ok());
   EXPECT_EQ(stats->retried_ops, 1);
@@ -192,7 +193,7 @@ TEST(CudaEngineMemory, TheBudgetDoesNotChangeUnderTheEngine) {
   EXPECT_EQ(arena.arena(), before);
   at::manual_seed(5);
   std::vector<at::Tensor> ys = Chain(x, 12);  // the engine still works in the same arena
-  for (std::size_t i = 0; i < ys.size(); ++i) EXPECT_TRUE(at::equal(ys[i], reference[i])) << i;
+  for (std::size_t i = 0; i < ys.size(); ++i) EXPECT_TRUE(SameBytes(ys[i], reference[i])) << i;
   EXPECT_GT(GetEngineStats()->engine.evictions, 0);
   ys.resize(2);
   ASSERT_TRUE(DisableRematEngine().ok());
@@ -283,7 +284,7 @@ TEST(CudaEngineStreams, EvictionsOnTwoStreamsWaitForPendingUsesAndStayIdentical)
   ys.insert(ys.end(), more.begin(), more.end());
   more.clear();
   // Chain(ys.back(), 9) continues the random stream where Chain(x, 9) left it: the same 18 values.
-  for (std::size_t i = 0; i < ys.size(); ++i) EXPECT_TRUE(at::equal(ys[i], reference[i])) << i;
+  for (std::size_t i = 0; i < ys.size(); ++i) EXPECT_TRUE(SameBytes(ys[i], reference[i])) << i;
   const cuda::DeviceArenaStats stats = device.Stats();
   EXPECT_TRUE(stats.multi_stream);
   EXPECT_GT(stats.synchronizations, 0);  // the engine's frees on the busy stream were waited for before reuse
@@ -311,7 +312,7 @@ TEST(CudaEngineErrors, TooSmallABudgetRaisesOutOfMemoryErrorSayingWhatHoldsTheMe
     EXPECT_THAT(message, HasSubstr("running 'aten::empty.memory_format'"));
   }
   // Still usable.
-  EXPECT_TRUE(at::equal(at::div(doubled, 2), x));
+  EXPECT_TRUE(SameBytes(at::div(doubled, 2), x));
   const absl::Status disabled = DisableRematEngine();
   ASSERT_TRUE(disabled.ok()) << disabled;
 }
@@ -329,7 +330,7 @@ TEST(CudaEnginePaging, OffloadAlwaysPagesThroughPinnedStagingAndStaysIdentical) 
   const std::uint64_t pinned_before = device.rt.counters().host_allocs;
   at::manual_seed(7);
   std::vector<at::Tensor> ys = Chain(x, 24);
-  for (std::size_t i = 0; i < ys.size(); ++i) EXPECT_TRUE(at::equal(ys[i], reference[i])) << i;
+  for (std::size_t i = 0; i < ys.size(); ++i) EXPECT_TRUE(SameBytes(ys[i], reference[i])) << i;
   absl::StatusOr<BridgeStats> stats = GetEngineStats();
   ASSERT_TRUE(stats.ok());
   EXPECT_GT(stats->engine.page_outs, 0);
@@ -342,7 +343,7 @@ TEST(CudaEnginePaging, OffloadAlwaysPagesThroughPinnedStagingAndStaysIdentical) 
   ASSERT_TRUE(disabled.ok()) << disabled;
   EXPECT_EQ(device.rt.live_host_allocations(), 0u);  // the staging block went with the engine
   // What the user kept came back from the host tier before it went.
-  for (std::size_t i = 0; i < ys.size(); ++i) EXPECT_TRUE(at::equal(ys[i], reference[i])) << i;
+  for (std::size_t i = 0; i < ys.size(); ++i) EXPECT_TRUE(SameBytes(ys[i], reference[i])) << i;
 }
 
 // Held storages that do not fit back when the engine is switched off: with paging on, the engine must not page the

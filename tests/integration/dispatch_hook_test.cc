@@ -2,7 +2,9 @@
 // outermost ops are recorded, that backward ops are seen, and that replays reproduce random ops bit for bit
 // without moving the user's random stream.
 #include "integration/dispatch_hook.h"
+#include "integration/op_effects.h"
 #include "integration/storage_eviction.h"
+#include "integration/same_bytes.h"
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/core/Tensor.h>
@@ -15,16 +17,22 @@
 #include <ATen/ops/mm.h>
 #include <ATen/ops/tensor.h>
 #include <ATen/ops/mul.h>
+#include <ATen/ops/native_batch_norm.h>
+#include <ATen/ops/native_channel_shuffle.h>
+#include <ATen/ops/mish_backward.h>
+#include <ATen/ops/silu_backward.h>
 #include <ATen/ops/ones.h>
 #include <ATen/ops/rand.h>
 #include <ATen/ops/randn.h>
 #include <ATen/ops/sum.h>
 #include <ATen/ops/tanh.h>
 #include <ATen/ops/zeros.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -41,13 +49,6 @@ namespace remat::integration {
 namespace {
 
 using ::testing::ElementsAre;
-
-bool BitwiseEqual(const at::Tensor& a, const at::Tensor& b) {
-  const at::Tensor ca = a.contiguous();
-  const at::Tensor cb = b.contiguous();
-  return ca.sizes() == cb.sizes() && ca.dtype() == cb.dtype() &&
-         std::memcmp(ca.const_data_ptr(), cb.const_data_ptr(), ca.nbytes()) == 0;
-}
 
 class KeepingObserver : public OpObserver {
  public:
@@ -285,9 +286,9 @@ TEST_F(DispatchHookTest, ReplayedDropoutReproducesItsMaskWithoutMovingTheRandomS
   c10::Stack scale = ReplayArguments(*observer_.Only("aten::div_.Scalar"));
   scale[0] = blank;
   ASSERT_TRUE(ReplayWith(*observer_.Only("aten::div_.Scalar"), std::move(scale)).ok());
-  EXPECT_TRUE(BitwiseEqual(blank, mask)) << "the replay drew a different mask";
+  EXPECT_TRUE(SameBytes(blank, mask)) << "the replay drew a different mask";
   // The user's stream continues as if no replay happened.
-  EXPECT_TRUE(BitwiseEqual(at::rand({16}), next_draw_reference));
+  EXPECT_TRUE(SameBytes(at::rand({16}), next_draw_reference));
 }
 
 TEST_F(DispatchHookTest, CompositeOpsAreRecordedAsTheOpsTheyDecomposeInto) {
@@ -313,12 +314,12 @@ TEST_F(DispatchHookTest, ReplayWithAnExplicitGeneratorAndGeneratorlessOverload) 
   std::shared_ptr<OpRecord> bernoulli = observer_.Only("aten::bernoulli");
   EXPECT_GE(bernoulli->traits->generator_argument, 0);
   (void)at::rand({8}, generator);  // move the user's generator on
-  EXPECT_TRUE(BitwiseEqual((*Replay(*bernoulli))[0].toTensor(), mask));
+  EXPECT_TRUE(SameBytes((*Replay(*bernoulli))[0].toTensor(), mask));
 
   std::shared_ptr<OpRecord> rand = observer_.Only("aten::rand");
   EXPECT_TRUE(rand->traits->random);
   EXPECT_EQ(rand->traits->generator_argument, -1);
-  EXPECT_TRUE(BitwiseEqual((*Replay(*rand))[0].toTensor(), uniform));
+  EXPECT_TRUE(SameBytes((*Replay(*rand))[0].toTensor(), uniform));
 }
 
 TEST_F(DispatchHookTest, BackwardOpsAreRecordedAndReplayRunsWithoutAutograd) {
@@ -334,7 +335,7 @@ TEST_F(DispatchHookTest, BackwardOpsAreRecordedAndReplayRunsWithoutAutograd) {
   ASSERT_TRUE(replayed.ok()) << replayed.status();
   const at::Tensor again = (*replayed)[0].toTensor();
   EXPECT_FALSE(again.requires_grad());
-  EXPECT_TRUE(BitwiseEqual(again, at::tanh(x.detach())));
+  EXPECT_TRUE(SameBytes(again, at::tanh(x.detach())));
 }
 
 TEST_F(DispatchHookTest, AFailingOpIsReportedAndItsErrorPropagates) {
@@ -370,8 +371,8 @@ TEST_F(DispatchHookTest, MultiOutputOpRestoresEveryEvictedOutput) {
   absl::StatusOr<int> restored = RestoreOutputs(*max, *replayed);
   ASSERT_TRUE(restored.ok()) << restored.status();
   EXPECT_EQ(*restored, 2);
-  EXPECT_TRUE(BitwiseEqual(values, values_copy));
-  EXPECT_TRUE(BitwiseEqual(indices, indices_copy));
+  EXPECT_TRUE(SameBytes(values, values_copy));
+  EXPECT_TRUE(SameBytes(indices, indices_copy));
   EXPECT_EQ(*RestoreOutputs(*max, *Replay(*max)), 0) << "nothing is evicted any more";
 }
 
@@ -389,7 +390,7 @@ TEST_F(DispatchHookTest, InPlaceReplayOnSubstitutedArguments) {
   arguments[0] = old_value;
   absl::StatusOr<c10::Stack> replayed = ReplayWith(*mul_, std::move(arguments));
   ASSERT_TRUE(replayed.ok()) << replayed.status();
-  EXPECT_TRUE(BitwiseEqual(old_value, x));
+  EXPECT_TRUE(SameBytes(old_value, x));
   EXPECT_TRUE((*replayed)[0].toTensor().is_alias_of(old_value));
   EXPECT_FLOAT_EQ(x.const_data_ptr<float>()[2], 6.0f) << "replaying on a substitute leaves x alone";
   EXPECT_EQ(ReplayWith(*mul_, {}).status().code(), absl::StatusCode::kInvalidArgument);
@@ -409,13 +410,17 @@ TEST_F(DispatchHookTest, ReplayUsesTheAutocastStateOfTheCapture) {
   at::autocast::set_autocast_dtype(at::kCPU, default_dtype);
   at::autocast::set_autocast_enabled(at::kCPU, false);
   ASSERT_EQ(product.scalar_type(), at::kBFloat16) << "autocast ran below the hook";
+  // The autocast wrapper of aten::mm casts through the dispatcher and calls aten::mm again with autocast excluded:
+  // the hook records the casts and that inner mm (on bfloat16 inputs), so the casts are evictable too.
+  EXPECT_THAT(observer_.Names(), ElementsAre("aten::_to_copy", "aten::_to_copy", "aten::mm"));
   std::shared_ptr<OpRecord> mm = observer_.Only("aten::mm");
-  ASSERT_EQ(mm->autocast_cpu_dtype, at::kBFloat16);
+  EXPECT_EQ(mm->arguments[0].toTensor().scalar_type(), at::kBFloat16);
+  EXPECT_TRUE(mm->tls_keys.excluded_.has(c10::DispatchKey::AutocastCPU));
 
   // Replayed with autocast off: the capture's state comes back for the replay.
   absl::StatusOr<c10::Stack> replayed = Replay(*mm);
   ASSERT_TRUE(replayed.ok()) << replayed.status();
-  EXPECT_TRUE(BitwiseEqual((*replayed)[0].toTensor(), product));
+  EXPECT_TRUE(SameBytes((*replayed)[0].toTensor(), product));
   // Replayed under another autocast dtype: still the capture's.
   at::autocast::set_autocast_enabled(at::kCPU, true);
   at::autocast::set_autocast_dtype(at::kCPU, at::kHalf);
@@ -423,7 +428,7 @@ TEST_F(DispatchHookTest, ReplayUsesTheAutocastStateOfTheCapture) {
   at::autocast::set_autocast_dtype(at::kCPU, default_dtype);
   at::autocast::set_autocast_enabled(at::kCPU, false);
   ASSERT_TRUE(replayed.ok()) << replayed.status();
-  EXPECT_TRUE(BitwiseEqual((*replayed)[0].toTensor(), product));
+  EXPECT_TRUE(SameBytes((*replayed)[0].toTensor(), product));
   EXPECT_EQ(at::autocast::get_autocast_dtype(at::kCPU), default_dtype) << "the replay restored the thread's dtype";
   EXPECT_EQ(at::mm(a, b).scalar_type(), at::kFloat) << "the replay restored the thread's key state";
 }
@@ -438,6 +443,157 @@ TEST_F(DispatchHookTest, NonStridedArgumentsMakeARecordNotReplayable) {
   EXPECT_FALSE(add->replayable);
   EXPECT_TRUE(add->outputs.empty()) << "a sparse result has no storage remat could evict";
   EXPECT_EQ(Replay(*add).status().code(), absl::StatusCode::kFailedPrecondition);
+}
+
+
+// ---- Coverage: an op is recorded unless the kernel the dispatcher takes for it is its composite one ----
+
+// The line of c10's computed dispatch table for `key` ("AutogradCPU: registered at ... [autograd kernel]").
+std::string ComputedTableLine(const c10::OperatorHandle& op, c10::DispatchKey key) {
+  const std::string table = op.dumpComputedTable();
+  const std::string prefix = c10::toString(key) + std::string(": ");
+  for (std::size_t start = 0; start < table.size();) {
+    std::size_t end = table.find('\n', start);
+    if (end == std::string::npos) end = table.size();
+    std::string line = table.substr(start, end - start);
+    if (line.rfind(prefix, 0) == 0) return line;
+    start = end + 1;
+  }
+  return {};
+}
+
+TEST(DispatchHookCoverage, TheCompositeKernelChoiceAgreesWithTheDispatchersOwnTableForEveryOp) {
+  auto& dispatcher = c10::Dispatcher::singleton();
+  int ops = 0, composite = 0;
+  for (const c10::OperatorName& name : dispatcher.getAllOpNames()) {
+    std::optional<c10::OperatorHandle> op = dispatcher.findOp(name);
+    if (!op || !op->hasSchema()) continue;
+    ++ops;
+    for (c10::DispatchKey key : {c10::DispatchKey::CPU, c10::DispatchKey::AutogradCPU, c10::DispatchKey::Meta}) {
+      const std::string line = ComputedTableLine(*op, key);
+      const bool table_says = line.find("[math kernel]") != std::string::npos ||
+                              line.find("[nested kernel]") != std::string::npos;
+      EXPECT_EQ(TakesCompositeKernel(*op, key), table_says) << name.name << "." << name.overload_name << " at "
+                                                             << c10::toString(key) << ": " << line;
+      composite += table_says;
+    }
+  }
+  EXPECT_GT(ops, 2000);
+  EXPECT_GT(composite, 300);  // linear, conv2d, dropout, matmul, ...: the composites the hook lets decompose
+}
+
+// Arguments for every aten op that has both a CompositeImplicitAutograd kernel and a CPU kernel (on CPU the CPU one
+// runs: the op must be recorded, or it would read evicted inputs unseen). A torch that adds one to the class fails
+// the test below until it is added here.
+struct CompositeWithCpuKernel {
+  const char* name;
+  std::function<void(const at::Tensor& a, const at::Tensor& b)> call;
+};
+
+std::vector<CompositeWithCpuKernel> CompositeOpsWithACpuKernel() {
+  return {
+      {"aten::silu_backward", [](const at::Tensor& g, const at::Tensor& x) { (void)at::silu_backward(g, x); }},
+      {"aten::mish_backward", [](const at::Tensor& g, const at::Tensor& x) { (void)at::mish_backward(g, x); }},
+      {"aten::native_channel_shuffle",
+       [](const at::Tensor&, const at::Tensor& x) { (void)at::native_channel_shuffle(x.view({1, 4, 4, 4}), 2); }},
+  };
+}
+
+TEST_F(DispatchHookTest, EveryOpWithACompositeAndACpuKernelIsRecordedOnCpu) {
+  auto& dispatcher = c10::Dispatcher::singleton();
+  std::vector<std::string> in_class;
+  for (const c10::OperatorName& name : dispatcher.getAllOpNames()) {
+    std::optional<c10::OperatorHandle> op = dispatcher.findOp(name);
+    if (!op || name.name.rfind("aten::", 0) != 0) continue;
+    if (op->hasKernelForDispatchKey(c10::DispatchKey::CompositeImplicitAutograd) &&
+        op->hasKernelForDispatchKey(c10::DispatchKey::CPU)) {
+      in_class.push_back(name.name + (name.overload_name.empty() ? "" : "." + name.overload_name));
+    }
+  }
+  const std::vector<CompositeWithCpuKernel> known = CompositeOpsWithACpuKernel();
+  std::vector<std::string> known_names;
+  for (const auto& k : known) known_names.push_back(k.name);
+  EXPECT_THAT(in_class, ::testing::UnorderedElementsAreArray(known_names))
+      << "an op gained or lost both a composite and a CPU kernel: give it arguments in CompositeOpsWithACpuKernel";
+  const at::Tensor g = at::randn({64});
+  for (const bool requires_grad : {false, true}) {  // the top key below the hook: CPU, then AutogradCPU
+    const at::Tensor x = at::randn({64}).set_requires_grad(requires_grad);
+    for (const auto& op : known) {
+      KeepingObserver fresh;
+      SetObserver(&fresh);
+      {
+        ScopedHook hook;
+        op.call(g, x);
+      }
+      SetObserver(&observer_);
+      EXPECT_THAT(fresh.Names(), ::testing::Contains(op.name)) << "with requires_grad " << requires_grad;
+    }
+  }
+}
+
+TEST_F(DispatchHookTest, AnUnrecordedReadOfAnEvictedStorageNamesTheOp) {
+  // aten::linear decomposes (its parts are recorded); make it read an evicted weight through its parts' kernels
+  // with the observer off for them: the error names the innermost op the hook let through.
+  const at::Tensor x = at::randn({4, 8});
+  at::Tensor w = at::randn({8, 8});
+  ASSERT_TRUE(EvictStorage(*w.storage().unsafeGetStorageImpl()).ok());
+  SetObserver(nullptr);
+  ScopedHook hook;
+  try {
+    (void)at::mm(x, w);
+    FAIL() << "reading an evicted storage must throw";
+  } catch (const c10::Error& e) {
+    const std::string what = e.what_without_backtrace();
+    EXPECT_THAT(what, ::testing::HasSubstr(kEvictedAccessMessage));
+    EXPECT_THAT(what, ::testing::HasSubstr(std::string(kUnrecordedReadContext) + " aten::mm"));
+  }
+}
+
+// ---- Side effects: writes the schema does not declare ----
+
+TEST(DispatchHookEffects, TheUnannotatedWritesTableMatchesTheRegisteredSchemas) {
+  auto& dispatcher = c10::Dispatcher::singleton();
+  int checked = 0;
+  for (const UnannotatedWrite& entry : UnannotatedWrites()) {
+    for (const c10::OperatorName& name : dispatcher.getAllOpNames()) {
+      if (name.name != entry.op) continue;
+      const c10::FunctionSchema& schema = dispatcher.findOp(name)->schema();
+      for (const int a : entry.arguments) {
+        ASSERT_LT(a, static_cast<int>(schema.arguments().size())) << schema;
+        EXPECT_THAT(schema.arguments()[a].name(), ::testing::StartsWith("running_")) << schema;
+        EXPECT_EQ(schema.arguments()[a].alias_info(), nullptr) << "declared now: drop it from the table: " << schema;
+      }
+      ASSERT_LT(entry.when_true, static_cast<int>(schema.arguments().size())) << schema;
+      EXPECT_EQ(schema.arguments()[entry.when_true].name(), "training") << schema;
+      ++checked;
+    }
+  }
+  EXPECT_GE(checked, 6);  // three ops, each with its .out overload
+}
+
+TEST_F(DispatchHookTest, BatchNormInTrainingModeWritesItsRunningStatisticsAndReplaysNeverDo) {
+  const at::Tensor x = at::randn({4, 3, 5, 5});
+  at::Tensor mean = at::zeros({3});
+  at::Tensor var = at::ones({3});
+  std::tuple<at::Tensor, at::Tensor, at::Tensor> out;
+  {
+    ScopedHook hook;
+    out = at::native_batch_norm(x, {}, {}, mean, var, /*training=*/true, 0.1, 1e-5);
+  }
+  std::shared_ptr<OpRecord> record = observer_.Only("aten::native_batch_norm");
+  EXPECT_THAT(record->unannotated_writes, ElementsAre(3, 4));
+  const at::Tensor mean_after = mean.clone();
+  // A replay on the recorded arguments would apply the momentum update again: the runtime replays on copies of the
+  // written arguments (torch_executor.h); this checks the table is what tells it which those are.
+  EXPECT_TRUE(SameBytes(mean, mean_after));
+  KeepingObserver eval;  // in eval mode it reads them, writes nothing on the side
+  SetObserver(&eval);
+  {
+    ScopedHook hook;
+    (void)at::native_batch_norm(x, {}, {}, mean, var, /*training=*/false, 0.1, 1e-5);
+  }
+  SetObserver(&observer_);
+  EXPECT_TRUE(eval.Only("aten::native_batch_norm")->unannotated_writes.empty());
 }
 
 }  // namespace

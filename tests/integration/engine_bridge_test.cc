@@ -1,5 +1,6 @@
 // Engine bridge: with the engine behind the hook, ops run under a budget smaller than what they keep alive;
 // storages are evicted and rematerialized, and every value read back is bitwise the one computed without remat.
+#include "integration/same_bytes.h"
 #include "integration/engine_session.h"
 
 #include <ATen/core/Tensor.h>
@@ -31,7 +32,6 @@ namespace {
 
 constexpr std::size_t kKiB = 1024;
 
-bool BitwiseEqual(const at::Tensor& a, const at::Tensor& b) { return at::equal(a, b); }
 
 TEST(EngineBridge, ChainUnderATightBudgetIsBitwiseIdentical) {
   const at::Tensor x = at::randn({128, 128});  // 64 KiB, a constant for remat
@@ -41,7 +41,7 @@ TEST(EngineBridge, ChainUnderATightBudgetIsBitwiseIdentical) {
     EngineGuard guard(EngineSessionOptions{640 * kKiB, "dtr-eq"});
     at::manual_seed(7);
     std::vector<at::Tensor> ys = Chain(x, 24);
-    for (std::size_t i = 0; i < ys.size(); ++i) EXPECT_TRUE(BitwiseEqual(ys[i], reference[i])) << i;
+    for (std::size_t i = 0; i < ys.size(); ++i) EXPECT_TRUE(SameBytes(ys[i], reference[i])) << i;
     absl::StatusOr<BridgeStats> stats = GetEngineStats();
     ASSERT_TRUE(stats.ok());
     EXPECT_GT(stats->engine.evictions, 0);
@@ -61,7 +61,7 @@ TEST(EngineBridge, EveryPolicyReproducesTheChain) {
     EngineGuard guard(EngineSessionOptions{200 * kKiB, policy});
     at::manual_seed(3);
     std::vector<at::Tensor> ys = Chain(x, 18);
-    for (std::size_t i = 0; i < ys.size(); ++i) EXPECT_TRUE(BitwiseEqual(ys[i], reference[i])) << policy << " " << i;
+    for (std::size_t i = 0; i < ys.size(); ++i) EXPECT_TRUE(SameBytes(ys[i], reference[i])) << policy << " " << i;
     EXPECT_GT(GetEngineStats()->engine.evictions, 0) << policy;
   }
 }
@@ -76,7 +76,7 @@ TEST(EngineBridge, TensorsStayReadableAfterDisable) {
     at::manual_seed(5);
     ys = Chain(x, 12);
   }
-  for (std::size_t i = 0; i < ys.size(); ++i) EXPECT_TRUE(BitwiseEqual(ys[i], reference[i])) << i;
+  for (std::size_t i = 0; i < ys.size(); ++i) EXPECT_TRUE(SameBytes(ys[i], reference[i])) << i;
 }
 
 TEST(EngineBridge, TooSmallABudgetIsOutOfMemoryNamingTheRequest) {
@@ -89,7 +89,7 @@ TEST(EngineBridge, TooSmallABudgetIsOutOfMemoryNamingTheRequest) {
   }
   // The engine is still usable.
   at::Tensor a = at::randn({16, 16});
-  EXPECT_TRUE(BitwiseEqual(at::mm(a, a), at::mm(a, a)));
+  EXPECT_TRUE(SameBytes(at::mm(a, a), at::mm(a, a)));
 }
 
 TEST(EngineBridge, UnknownPolicyListsTheRegisteredOnes) {
@@ -113,7 +113,7 @@ TEST(EngineBridgeRelocation, ConstantsMoveOutOfTheWayWithTheirBytes) {
   EngineGuard guard(EngineSessionOptions{640 * kKiB, "dtr-eq"});
   const ConstantsBetweenHoles layout = ConstantsBetweenHoles::Make(small);
   const at::Tensor y = at::sin(big);
-  EXPECT_TRUE(at::equal(y, expected));
+  EXPECT_TRUE(SameBytes(y, expected));
   absl::StatusOr<BridgeStats> stats = GetEngineStats();
   ASSERT_TRUE(stats.ok());
   EXPECT_GE(stats->engine.relocations, 1);
@@ -140,7 +140,7 @@ TEST(EngineBridgeRetry, AKernelWhoseInputSplitsTheFreeBytesRunsAgainAfterCompact
   const std::uintptr_t base = layout.base;
   ASSERT_LT(GetCpuArenaStats()->largest_free_block, 128 * kKiB);
   const at::Tensor y = at::cat({x, x});
-  EXPECT_TRUE(at::equal(y, expected));
+  EXPECT_TRUE(SameBytes(y, expected));
   absl::StatusOr<BridgeStats> stats = GetEngineStats();
   ASSERT_TRUE(stats.ok());
   EXPECT_EQ(stats->retried_ops, 1);

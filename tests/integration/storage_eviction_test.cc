@@ -20,18 +20,12 @@
 #include <vector>
 
 #include "integration/dispatch_hook.h"
+#include "integration/same_bytes.h"
 
 namespace remat::integration {
 namespace {
 
 c10::StorageImpl& StorageOf(const at::Tensor& t) { return *t.storage().unsafeGetStorageImpl(); }
-
-bool BitwiseEqual(const at::Tensor& a, const at::Tensor& b) {
-  const at::Tensor ca = a.contiguous();
-  const at::Tensor cb = b.contiguous();
-  return ca.sizes() == cb.sizes() && ca.dtype() == cb.dtype() &&
-         std::memcmp(ca.const_data_ptr(), cb.const_data_ptr(), ca.nbytes()) == 0;
-}
 
 TEST(StorageEviction, EvictFreesAndMarksRestoreMovesMemoryIn) {
   at::Tensor x = at::arange(16, at::kFloat);
@@ -58,8 +52,8 @@ TEST(StorageEviction, EvictFreesAndMarksRestoreMovesMemoryIn) {
   EXPECT_EQ(storage.nbytes(), *nbytes);
   EXPECT_EQ(x.const_data_ptr(), memory) << "the memory is moved, not copied";
   EXPECT_EQ(StorageOf(recomputed).nbytes(), 0u);
-  EXPECT_TRUE(BitwiseEqual(x, expected));
-  EXPECT_TRUE(BitwiseEqual(view, expected.view({4, 4}).t()));
+  EXPECT_TRUE(SameBytes(x, expected));
+  EXPECT_TRUE(SameBytes(view, expected.view({4, 4}).t()));
 }
 
 TEST(StorageEviction, RejectsWhatItCannotDo) {
@@ -161,8 +155,8 @@ TEST(StorageEviction, EvictedSavedTensorIsRestoredBeforeBackwardWithBitwiseIdent
 
   EXPECT_THAT(evicting.restores(), testing::ElementsAre("aten::relu for aten::threshold_backward"));
   ASSERT_TRUE(evicted.x.defined() && evicted.w.defined());
-  EXPECT_TRUE(BitwiseEqual(evicted.x, reference.x));
-  EXPECT_TRUE(BitwiseEqual(evicted.w, reference.w));
+  EXPECT_TRUE(SameBytes(evicted.x, reference.x));
+  EXPECT_TRUE(SameBytes(evicted.w, reference.w));
 }
 
 }  // namespace

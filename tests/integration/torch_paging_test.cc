@@ -22,6 +22,7 @@
 #include <numeric>
 #include <vector>
 
+#include "integration/same_bytes.h"
 #include "integration/cpu_allocator.h"
 #include "integration/engine_session.h"
 #include "integration/host_tier.h"
@@ -138,7 +139,7 @@ void ChainIsIdenticalWithPaging(HostTierKind kind) {
     EngineGuard guard(Paging(640 * kKiB, OffloadMode::kAlways, kind));
     at::manual_seed(7);
     std::vector<at::Tensor> ys = Chain(x, 24);
-    for (std::size_t i = 0; i < ys.size(); ++i) EXPECT_TRUE(at::equal(ys[i], reference[i])) << i;
+    for (std::size_t i = 0; i < ys.size(); ++i) EXPECT_TRUE(SameBytes(ys[i], reference[i])) << i;
     absl::StatusOr<BridgeStats> stats = GetEngineStats();
     ASSERT_TRUE(stats.ok());
     EXPECT_GT(stats->engine.page_outs, 0);
@@ -174,7 +175,7 @@ TEST(TorchPaging, PagedTensorsStayReadableAfterDisable) {
     host_used = GetEngineStats()->engine.host_used_bytes;
   }
   EXPECT_GT(host_used, 0);  // some were on the tier when remat was switched off
-  for (std::size_t i = 0; i < ys.size(); ++i) EXPECT_TRUE(at::equal(ys[i], reference[i])) << i;
+  for (std::size_t i = 0; i < ys.size(); ++i) EXPECT_TRUE(SameBytes(ys[i], reference[i])) << i;
 }
 
 TEST(TorchPaging, HostBudgetIsRespectedAndVictimsThatDoNotFitAreDropped) {
@@ -186,7 +187,7 @@ TEST(TorchPaging, HostBudgetIsRespectedAndVictimsThatDoNotFitAreDropped) {
   EngineGuard guard(options);
   at::manual_seed(11);
   std::vector<at::Tensor> ys = Chain(x, 24);
-  for (std::size_t i = 0; i < ys.size(); ++i) EXPECT_TRUE(at::equal(ys[i], reference[i])) << i;
+  for (std::size_t i = 0; i < ys.size(); ++i) EXPECT_TRUE(SameBytes(ys[i], reference[i])) << i;
   absl::StatusOr<BridgeStats> stats = GetEngineStats();
   ASSERT_TRUE(stats.ok());
   EXPECT_GT(stats->engine.page_outs, 0);
@@ -225,10 +226,10 @@ TEST(TorchPaging, ConstantsArePagedOnlyWithPageConstants) {
   EXPECT_EQ(paged_out->engine.evictions, 0);  // nothing could be dropped
   // Reading each one pages it in (and others out), bitwise the value written.
   for (std::size_t i = 0; i < got.size(); ++i) {
-    EXPECT_TRUE(at::equal(got[i], reference[i])) << i;
+    EXPECT_TRUE(SameBytes(got[i], reference[i])) << i;
     got[i].mul_(2.0);  // a write to a constant that may be paged
   }
-  for (std::size_t i = 0; i < got.size(); ++i) EXPECT_TRUE(at::equal(got[i], at::mul(reference[i], 2.0))) << i;
+  for (std::size_t i = 0; i < got.size(); ++i) EXPECT_TRUE(SameBytes(got[i], at::mul(reference[i], 2.0))) << i;
   EXPECT_GT(GetEngineStats()->engine.page_ins, 0);
   absl::StatusOr<CpuArenaStats> arena = GetCpuArenaStats();
   ASSERT_TRUE(arena.ok());
@@ -263,7 +264,7 @@ TEST(TorchExecutorPaging, ARefusedCopyLosesNothingAndAPageInComesBackByteIdentic
   EXPECT_TRUE(engine.Resident(s));
   EXPECT_FALSE(engine.Paged(s));
   EXPECT_FALSE(IsEvicted(*x.storage().unsafeGetStorageImpl()));
-  EXPECT_TRUE(at::equal(x, original));
+  EXPECT_TRUE(SameBytes(x, original));
   EXPECT_EQ((*small)->stats().used_bytes, 0);
 
   absl::StatusOr<std::unique_ptr<HostTier>> tier = HostTier::Create(HostTierOptions{HostTierKind::kFile, 1 << 20});
@@ -277,7 +278,7 @@ TEST(TorchExecutorPaging, ARefusedCopyLosesNothingAndAPageInComesBackByteIdentic
   ASSERT_TRUE(engine.Rematerialize(t).ok());  // pages it in
   EXPECT_FALSE(engine.Paged(s));
   EXPECT_TRUE(engine.Resident(s));
-  EXPECT_TRUE(at::equal(x, original));  // the same StorageImpl, byte-identical
+  EXPECT_TRUE(SameBytes(x, original));  // the same StorageImpl, byte-identical
   EXPECT_EQ((*tier)->stats().used_bytes, 0);
   EXPECT_EQ(executor.stats().page_outs, 1);
   EXPECT_EQ(executor.stats().page_ins, 1);

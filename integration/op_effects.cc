@@ -1,0 +1,81 @@
+// Op effects: see op_effects.h for the contract.
+#include "integration/op_effects.h"
+
+#include <algorithm>
+#include <array>
+
+
+namespace remat::integration {
+namespace {
+
+constexpr std::array<std::string_view, 9> kGeneratorlessRandomOps = {
+    "aten::native_dropout",        "aten::dropout",          "aten::dropout_",
+    "aten::feature_dropout",       "aten::feature_dropout_", "aten::alpha_dropout",
+    "aten::alpha_dropout_",        "aten::feature_alpha_dropout", "aten::feature_alpha_dropout_",
+};
+
+constexpr std::array<std::string_view, 4> kSideEffectNamespaces = {"c10d::", "_c10d_functional::",
+                                                                   "c10d_functional::", "profiler::"};
+
+constexpr std::array<std::string_view, 5> kUninitializedPrefixes = {"aten::empty", "aten::new_empty",
+                                                                    "aten::_empty", "aten::set_", "aten::resize"};
+
+constexpr std::array<std::string_view, 11> kOverwritesSelf = {
+    "aten::fill_",   "aten::zero_",   "aten::copy_",        "aten::bernoulli_", "aten::uniform_",
+    "aten::normal_", "aten::random_", "aten::exponential_", "aten::geometric_", "aten::cauchy_",
+    "aten::log_normal_"};
+
+template <std::size_t N>
+bool Contains(const std::array<std::string_view, N>& names, std::string_view name) {
+  return std::find(names.begin(), names.end(), name) != names.end();
+}
+
+}  // namespace
+
+const std::vector<UnannotatedWrite>& UnannotatedWrites() {
+  // (input, weight, bias, running_mean, running_var, training, momentum, eps): in training mode the kernel updates
+  // running_mean (3) and running_var (4) in place; its outputs use the batch statistics only.
+  static const auto* table = new std::vector<UnannotatedWrite>{
+      {"aten::native_batch_norm", {3, 4}, 5},
+      {"aten::cudnn_batch_norm", {3, 4}, 5},
+      {"aten::miopen_batch_norm", {3, 4}, 5},
+  };
+  return *table;
+}
+
+std::vector<int> UnannotatedWritesOfCall(std::string_view op_base_name, const std::vector<c10::IValue>& arguments) {
+  for (const UnannotatedWrite& entry : UnannotatedWrites()) {
+    if (entry.op != op_base_name) continue;
+    if (entry.when_true >= 0) {
+      const auto index = static_cast<std::size_t>(entry.when_true);
+      if (index >= arguments.size() || !arguments[index].isBool() || !arguments[index].toBool()) return {};
+    }
+    std::vector<int> written;
+    for (const int a : entry.arguments) {
+      const auto index = static_cast<std::size_t>(a);
+      if (index < arguments.size() && arguments[index].isTensor() && arguments[index].toTensor().defined()) {
+        written.push_back(a);
+      }
+    }
+    return written;
+  }
+  return {};
+}
+
+bool IsGeneratorlessRandomOp(std::string_view op_base_name) {
+  return Contains(kGeneratorlessRandomOps, op_base_name);
+}
+
+bool HasExternalEffects(std::string_view op_base_name) {
+  return std::any_of(kSideEffectNamespaces.begin(), kSideEffectNamespaces.end(),
+                     [&](std::string_view prefix) { return op_base_name.starts_with(prefix); });
+}
+
+bool ProducesUninitializedMemory(std::string_view op_base_name) {
+  return std::any_of(kUninitializedPrefixes.begin(), kUninitializedPrefixes.end(),
+                     [&](std::string_view prefix) { return op_base_name.starts_with(prefix); });
+}
+
+bool OverwritesSelf(std::string_view op_base_name) { return Contains(kOverwritesSelf, op_base_name); }
+
+}  // namespace remat::integration
