@@ -460,7 +460,14 @@ void EngineBridge::AfterOp(OpRecord&& record) {
   absl::StatusOr<std::span<const TensorId>> outs = engine_->EndOp(current_.op, specs, cost);
   if (!outs.ok()) Throw(outs.status());
   const std::vector<TensorId> out_tensors(outs->begin(), outs->end());
-  const bool replayable = record.replayable && !ProducesUninitializedMemory(traits.name) &&
+  // An op that read an exported storage (MakeResident, writable) may have read bytes written behind remat's back,
+  // which a replay would not see again.
+  bool reads_export = false;
+  for (std::size_t k = 0; k < n; ++k) {
+    auto it = entries_.find(record.input_storages[k].get());
+    reads_export = reads_export || (it != entries_.end() && it->second.exported);
+  }
+  const bool replayable = record.replayable && !reads_export && !ProducesUninitializedMemory(traits.name) &&
                           !(current_.check_rng && current_.rng_before != DefaultCpuRngFingerprint());
   auto replay = std::make_unique<ReplayOp>(OpRecord(record.op, traits));
   replay->output_storage.assign(record.outputs.size(), kNoIndex);
@@ -581,6 +588,31 @@ std::int64_t EngineBridge::HeldReferences(const c10::StorageImpl* storage) {
   std::lock_guard<std::recursive_mutex> lock(mutex_);
   auto it = entries_.find(storage);
   return it == entries_.end() ? 0 : it->second.record_refs;
+}
+
+absl::Status EngineBridge::MakeResident(c10::StorageImpl* impl, bool writable) {
+  std::lock_guard<std::recursive_mutex> lock(mutex_);
+  auto it = entries_.find(impl);
+  if (it == entries_.end() || it->second.released) {
+    if (IsEvicted(*impl)) {
+      return absl::FailedPreconditionError("remat: an evicted storage remat no longer tracks cannot be brought back");
+    }
+    return absl::OkStatus();  // not remat's: a constant made outside its view keeps its memory anyway
+  }
+  Entry& entry = it->second;
+  const StorageIndex s = engine_->StorageOf(entry.root);
+  if (!engine_->Defined(entry.root) || engine_->Paged(s)) {
+    if (absl::Status status = engine_->Rematerialize(entry.root); !status.ok()) return status;
+  }
+  PinEntry(entry);
+  engine_->Fix(entry.root);
+  // share_memory_() moves the bytes out of the arena: the engine must not take the old address for this storage.
+  engine_->SetAddress(s, memory_->Owns(impl->_mutable_data_ptr_no_checks()) ? AddressOf(*impl) : 0);
+  if (writable && !entry.exported) {
+    entry.exported = true;
+    PinDependents(s);  // what was computed from the bytes as they are now stays as it is
+  }
+  return absl::OkStatus();
 }
 
 absl::Status EngineBridge::MaterializeLive() {

@@ -181,6 +181,12 @@ class EngineBridge final : public OpObserver, public PressureHandler, public Hel
   // such a storage would replay every step since it was made. Storages remat did not make are constants already.
   // Returns whether it pinned something.
   bool PinState(c10::StorageImpl* impl);
+  // An export: code outside the dispatcher is about to hold `impl`'s bytes or address (numpy(), DLPack, data_ptr(),
+  // untyped_storage(), torch.save). Brings them back if evicted or paged and fixes the storage (Engine::Fix: never
+  // evicted, moved or paged out again while it lives). `writable`: the export may write the bytes without remat
+  // seeing it (a numpy array, a DLPack capsule), so what was computed from them is pinned now and ops that read
+  // them from now on are not replayed (their outputs are pinned). Storages remat does not know need nothing.
+  absl::Status MakeResident(c10::StorageImpl* impl, bool writable);
   // Makes every live storage resident again (before remat is switched off: user tensors must keep their data).
   // Allocations then come from whatever allocator is installed. Nothing is paged out meanwhile; ResourceExhausted
   // when some of what is held does not fit back (it is still in the host tier).
@@ -199,6 +205,8 @@ class EngineBridge final : public OpObserver, public PressureHandler, public Hel
     bool blank = false;
     // Released, but its memory kept because records read it (a small constant, see Sweep).
     bool kept = false;
+    // Exported writable (MakeResident): its bytes may change behind remat's back; ops reading it are not replayed.
+    bool exported = false;
   };
   struct InFlight {
     bool active = false;

@@ -66,6 +66,12 @@ int64_t PinState(const std::vector<at::Tensor>& tensors) {
 
 bool EngineEnabled() { return RematEngineEnabled(); }
 
+void MakeResidentOp(const at::Tensor& tensor, bool writable) {
+  const absl::Status status = MakeResident(tensor, writable);
+  if (absl::IsResourceExhausted(status)) TORCH_CHECK_WITH(OutOfMemoryError, false, std::string(status.message()));
+  ThrowIfError(status);
+}
+
 c10::List<std::string> Policies() {
   c10::List<std::string> out;
   for (const std::string& name : PolicyNames()) out.push_back(name);
@@ -139,6 +145,7 @@ TORCH_LIBRARY_FRAGMENT(remat, m) {
   m.def("disable_engine() -> ()", &DisableEngine);
   m.def("pin_state(Tensor[] tensors) -> int", &PinState);
   m.def("engine_enabled() -> bool", &EngineEnabled);
+  m.def("make_resident(Tensor tensor, bool writable) -> ()", &MakeResidentOp);
   m.def("policies() -> str[]", &Policies);
   m.def("engine_stats() -> Dict(str, float)", &EngineStatsDict);
 }

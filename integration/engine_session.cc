@@ -138,6 +138,13 @@ absl::StatusOr<int> PinRematState(const std::vector<at::Tensor>& tensors) {
   return pinned;
 }
 
+absl::Status MakeResident(const at::Tensor& tensor, bool writable) {
+  if (!tensor.defined() || !tensor.has_storage()) return absl::OkStatus();
+  std::lock_guard<std::mutex> lock(g_mutex);
+  if (g_bridge == nullptr) return absl::OkStatus();
+  return g_bridge->MakeResident(tensor.storage().unsafeGetStorageImpl(), writable);
+}
+
 absl::StatusOr<PagingSetting> ResolvePaging(const std::optional<std::string>& offload,
                                             const std::optional<std::string>& host_budget) {
   // The environment, reduced to the two variables this resolves (a malformed REMAT_BUDGET is not our business).

@@ -70,6 +70,10 @@ bool RematEngineEnabled();
 // Pins the storages of `tensors` for good (EngineBridge::PinState): state kept across steps, such as an optimizer's.
 // Returns how many were pinned; FailedPrecondition when remat is not enabled.
 absl::StatusOr<int> PinRematState(const std::vector<at::Tensor>& tensors);
+// For code that reads or keeps a tensor's bytes outside torch ops (a raw data pointer, an export): brings its storage
+// back if remat evicted or paged it, and keeps it resident and in place for as long as it lives
+// (EngineBridge::MakeResident; `writable`: the caller may write the bytes too). Nothing to do when remat is off.
+absl::Status MakeResident(const at::Tensor& tensor, bool writable = true);
 // Of the current engine, else of the last one; NotFound before the first EnableRematEngine.
 absl::StatusOr<BridgeStats> GetEngineStats();
 

@@ -70,6 +70,7 @@ struct Engine::Impl {
     bool paged = false;     // on the second tier (not material; counts as material for regions and classes)
     bool constant = false;  // no producer (Constant, AdoptConstant, in-place write of a constant)
     bool deferred = false;  // Defer: kept out of the pool (in deferred_list) until the pool runs dry
+    bool fixed = false;     // Fix: its address is known outside the engine; never moved, paged out or evicted
     std::int64_t ready_at = 0;  // paged in: when the copy ends
     std::uintptr_t address = 0;
     std::int32_t ecn = -1;  // union-find node, -1 = none (resident)
@@ -731,9 +732,14 @@ void Engine::Pin(TensorId t) {
   if (options_.free_dead) newly_pinned_.push_back(s);
 }
 
+void Engine::Fix(TensorId t) {
+  Pin(t);
+  impl_->storages[impl_->tensors[t].storage].fixed = true;
+}
+
 void Engine::SetAddress(StorageIndex s, std::uintptr_t address) {
   impl_->storages[s].address = address;
-  impl_->storages[s].has_address = true;
+  impl_->storages[s].has_address = address != 0;
 }
 
 absl::Status Engine::Evict(StorageIndex s) {
@@ -1149,7 +1155,7 @@ bool Engine::RelocateIdle(Arena& arena, std::size_t bytes) {
   absl::flat_hash_map<std::uintptr_t, StorageIndex> movable;
   for (StorageIndex s = 0; s < m.storages.size(); ++s) {
     const Impl::Storage& st = m.storages[s];
-    if (!st.material || !st.has_address || st.paged || st.in_pool) continue;
+    if (!st.material || !st.has_address || st.paged || st.in_pool || st.fixed) continue;
     if (!st.pinned && st.locks == 0) continue;
     if (UsedByRunningKernel(s)) continue;
     movable.emplace(st.address, s);
@@ -1199,7 +1205,9 @@ bool Engine::Compact(Arena& arena, std::size_t bytes) {
   absl::flat_hash_map<std::uintptr_t, StorageIndex> movable;
   for (StorageIndex s = 0; s < m.storages.size(); ++s) {
     const Impl::Storage& st = m.storages[s];
-    if (st.material && st.has_address && !st.paged && !UsedByRunningKernel(s)) movable.emplace(st.address, s);
+    if (st.material && st.has_address && !st.paged && !st.fixed && !UsedByRunningKernel(s)) {
+      movable.emplace(st.address, s);
+    }
   }
   std::vector<Block> blocks;
   arena.ForEachBlock([&](const BlockInfo& b) {
@@ -1298,7 +1306,7 @@ absl::Status Engine::PageOut(StorageIndex s) {
 absl::Status Engine::PageOutStorage(StorageIndex s) {
   Impl& m = *impl_;
   Impl::Storage& st = m.storages[s];
-  const bool pageable = st.material && !st.paged && !st.dead &&
+  const bool pageable = st.material && !st.paged && !st.dead && !st.fixed &&
                         (st.pinned ? options_.paging.page_constants && st.locks == 1 : st.locks == 0);
   if (!pageable) return absl::FailedPreconditionError(absl::StrCat("storage ", s, " cannot be paged out"));
   if (absl::Status x = executor_->PageOut(*this, s); !x.ok()) return x;
@@ -1449,7 +1457,7 @@ bool Engine::PageLruConstant() {
   StorageIndex best = kNone;
   for (StorageIndex s = 0; s < m.storages.size(); ++s) {
     const Impl::Storage& st = m.storages[s];
-    if (!st.pinned || !st.material || st.paged || st.dead || st.locks != 1) continue;
+    if (!st.pinned || !st.material || st.paged || st.dead || st.fixed || st.locks != 1) continue;
     // Arena mode: a constant outside the arena (adopted without an address) frees nothing there.
     if (options_.mode == AccountingMode::kArena && !st.has_address) continue;
     if (stats_.host_used_bytes > p.host_budget - st.size) continue;

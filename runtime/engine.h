@@ -191,6 +191,9 @@ class Engine final : public PressureHandler, private StorageView {
   absl::Status Rematerialize(TensorId t);
   // Locks t's storage for good (outputs at the end of a replay).
   void Pin(TensorId t);
+  // Pins t's storage and keeps it where it is for good: never moved (relocation, compaction), paged out or evicted.
+  // For storages whose address code outside the engine holds (an exported raw pointer). It must be resident.
+  void Fix(TensorId t);
   // t's storage stays evictable, but only once nothing else is: it leaves the eviction pool for a reserve. When the
   // pool is empty (or no window holds the request) and, in arena mode, neither paging a constant, relocation nor
   // compaction made room, MakeRoom lets the policy choose among the reserve for that one request; the storages it
@@ -198,7 +201,8 @@ class Engine final : public PressureHandler, private StorageView {
   // gradients of a backward pass. Evicted and recomputed, a deferred storage is deferred again; Pin ends it.
   void Defer(TensorId t);
 
-  // Reported by the executor in arena mode: where storage s lives.
+  // Reported by the executor in arena mode: where storage s lives (0: outside the arena, e.g. moved to shared
+  // memory).
   void SetAddress(StorageIndex s, std::uintptr_t address);
   // The executor calls this before each arena allocation so pressure is sampled once per allocation.
   void NoteAllocation() { pressure_sampled_ = false; }

@@ -37,7 +37,7 @@ from typing import Dict, Optional, Union
 import torch
 
 __all__ = ["enable", "disable", "is_enabled", "stats", "reset_peak", "record", "stop_recording", "parse_size",
-           "library_path", "policies", "install_cuda_allocator"]
+           "library_path", "policies", "install_cuda_allocator", "make_resident"]
 
 _LIBRARY_NAME = "libremat_torch.so"
 
@@ -91,6 +91,8 @@ def _load() -> Path:
 _library_path = _load()
 
 from . import _engine  # noqa: E402  (needs the library loaded)
+from . import _exports  # noqa: E402  (numpy(), data_ptr(), DLPack, torch.save: exports bring evicted bytes back)
+from ._exports import make_resident  # noqa: E402
 from .cuda import install_cuda_allocator  # noqa: E402  (REMAT_DEVICE=cuda installs it here, before CUDA starts)
 
 
@@ -162,6 +164,7 @@ def enable(budget: Union[int, str], policy: Optional[str] = None, costs: str = "
     paged too when nothing else can leave the arena. ValueError names the option or variable of a bad value."""
     nbytes = parse_size(budget)
     name = _engine.enable(nbytes, policy, costs, offload, host_budget, host_tier, page_constants)
+    _exports.set_active(True)
     mode, host_bytes = _engine.resolve_paging(offload, host_budget)
     return _Enabled(nbytes, name, mode, None if host_bytes < 0 else host_bytes, host_tier)
 
@@ -169,6 +172,7 @@ def enable(budget: Union[int, str], policy: Optional[str] = None, costs: str = "
 def disable() -> None:
     """Switches remat off and gives torch back its CPU allocator. Tensors allocated while enabled keep working.
     Raises RuntimeError if remat is not enabled."""
+    _exports.set_active(False)
     if _engine.is_enabled():
         _engine.disable()
     else:

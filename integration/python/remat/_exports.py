@@ -1,0 +1,106 @@
+"""Exports: the ways Python code reaches a tensor's bytes outside torch's ops, made safe under remat.
+
+Under remat a storage's memory may be evicted (and recomputed later), paged out, or moved within the arena, so a
+raw pointer or a zero-copy view taken from a tensor would go stale, and reading an evicted storage's bytes directly
+would fail. Every such access below first asks remat to bring the storage back and fix it in place
+(``torch.ops.remat.make_resident``: never evicted, moved or paged out again for as long as the storage lives;
+EngineBridge::MakeResident):
+
+  writable exports, whose holder may write the bytes behind remat's back, so ops that read the storage afterwards
+  are not replayed from it: ``Tensor.numpy()`` (and ``__array__``, ``np.asarray``), ``Tensor.__dlpack__``,
+  ``torch.utils.dlpack.to_dlpack`` / ``torch.to_dlpack`` (unless read-only);
+  read-only accesses: ``Tensor.data_ptr()``, ``Tensor.untyped_storage()`` (and through it ``storage()``, pickling,
+  ``torch.save``, ``copy.deepcopy``, ``share_memory_()``), ``Tensor.tolist()``.
+
+``share_memory_()`` moves the bytes into shared memory outside the arena; remat is told afterwards. ``pin_memory()``
+is an op and needs nothing here. C++ code calls remat::integration::MakeResident (engine_session.h) itself.
+
+Installed once at import; each wrapper costs one Python call and a flag test while remat is off.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+_active = False  # remat is enabled (set by remat.enable / disable): a fast path for the wrappers
+
+
+def set_active(active: bool) -> None:
+    global _active
+    _active = active
+
+
+def make_resident(tensor: torch.Tensor, writable: bool = True) -> None:
+    """Brings `tensor`'s storage back if remat evicted or paged it and keeps it resident and in place for as long as
+    it lives. For code that reads (or, with `writable`, writes) a tensor's bytes outside torch's ops. Nothing to do
+    when remat is off or the tensor has no storage remat tracks."""
+    if _active and isinstance(tensor, torch.Tensor) and tensor.layout == torch.strided and tensor.device.type != "meta":
+        torch.ops.remat.make_resident(tensor, writable)
+
+
+def _wrap_method(owner, name: str, writable: bool):
+    original = getattr(owner, name)
+
+    @functools.wraps(original)
+    def wrapper(self, *args, **kwargs):
+        if _active:
+            make_resident(self, writable)
+        return original(self, *args, **kwargs)
+
+    wrapper.__remat_original__ = original
+    setattr(owner, name, wrapper)
+
+
+def _wrap_function(module, name: str, writable_of):
+    original = getattr(module, name, None)
+    if original is None:
+        return None
+
+    @functools.wraps(original)
+    def wrapper(tensor, *args, **kwargs):
+        if _active:
+            make_resident(tensor, writable_of(kwargs))
+        return original(tensor, *args, **kwargs)
+
+    wrapper.__remat_original__ = original
+    setattr(module, name, wrapper)
+    return wrapper
+
+
+def _share_memory_then_tell_remat(owner):
+    """Tensor.share_memory_ moves the storage's bytes to shared memory: remat must forget their arena address."""
+    original = owner.share_memory_
+
+    @functools.wraps(original)
+    def wrapper(self, *args, **kwargs):
+        result = original(self, *args, **kwargs)  # untyped_storage() inside made it resident and fixed
+        if _active:
+            make_resident(self, False)  # records where the bytes live now
+        return result
+
+    wrapper.__remat_original__ = original
+    owner.share_memory_ = wrapper
+
+
+def _install() -> None:
+    if getattr(torch.Tensor.numpy, "__remat_original__", None) is not None:
+        return  # installed already (the package was reloaded)
+    tensor = torch.Tensor
+    _wrap_method(tensor, "numpy", writable=True)          # __array__ calls self.numpy()
+    _wrap_method(tensor, "data_ptr", writable=False)
+    _wrap_method(tensor, "untyped_storage", writable=False)  # storage(), pickling, torch.save, deepcopy
+    _wrap_method(tensor, "tolist", writable=False)
+    _share_memory_then_tell_remat(tensor)
+    # DLPack: Tensor.__dlpack__ calls torch._C._to_dlpack or _to_dlpack_versioned (read_only=...).
+    read_only = lambda kwargs: not kwargs.get("read_only", False)  # noqa: E731
+    for name in ("_to_dlpack", "_to_dlpack_versioned"):
+        wrapped = _wrap_function(torch._C, name, read_only)
+        # torch.to_dlpack and torch.utils.dlpack.to_dlpack are the same function object, bound at import.
+        for module in (torch, torch.utils.dlpack):
+            if wrapped is not None and getattr(module, "to_dlpack", None) is wrapped.__remat_original__:
+                module.to_dlpack = wrapped
+
+
+_install()

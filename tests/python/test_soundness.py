@@ -1,0 +1,246 @@
+"""Soundness (issue 16): a program cannot tell remat is there, except by memory and time.
+
+- Replays never repeat a side effect: batch norm's running statistics, which native_batch_norm updates without its
+  schema saying so, stay those of a run without remat (buffers and eval-mode outputs compared as bytes).
+- No unseen reads: ops with a composite kernel and a CPU kernel (silu_backward, mish_backward, channel_shuffle) are
+  recorded, so models built on them (a Llama-style decoder) train with their inputs evicted.
+- Exports: numpy(), DLPack, data_ptr(), tolist(), torch.save and share_memory_() see the tensor's own bytes, even
+  after remat would have evicted the storage and reused its memory.
+
+Every comparison is the byte oracle (tests/python/oracle.py).
+"""
+
+import io
+import os
+import pickle
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import oracle
+import remat
+
+MiB = 1 << 20
+HUGE = 4 << 30
+
+
+@pytest.fixture(autouse=True)
+def _remat_off_after_each_test():
+    yield
+    if remat.is_enabled():
+        remat.disable()
+
+
+def run(build, inputs, loss_fn, steps=3, budget=None, offload="off", eval_first=False):
+    """Trains `steps` SGD steps of build() (fixed seeds); with a budget, under remat. Returns (snapshot, stats)."""
+    torch.manual_seed(0)
+    model = build()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    torch.manual_seed(1)
+    losses, stats = [], None
+    if budget is not None:
+        remat.enable(budget, costs="estimated", offload=offload)
+    try:
+        for step in range(steps):
+            if eval_first and step == 1:  # an eval pass between steps reads the running statistics
+                model.eval()
+                with torch.no_grad():
+                    model(*inputs)
+                model.train()
+            opt.zero_grad()
+            loss = loss_fn(model(*inputs))
+            loss.backward()
+            opt.step()
+            losses.append(loss.detach().clone())
+            del loss
+    finally:
+        if remat.is_enabled():
+            remat.disable()
+            stats = remat.stats()
+    return oracle.capture(model, opt, losses, eval_inputs=inputs), stats
+
+
+def peak_of(build, inputs, loss_fn, **kw):
+    return run(build, inputs, loss_fn, budget=HUGE, **kw)[1]["peak_allocated_bytes"]
+
+
+def resnet18():
+    import torchvision
+    return torchvision.models.resnet18(num_classes=10)
+
+
+def conv_bn_stack():
+    layers = []
+    for _ in range(6):
+        layers += [torch.nn.Conv2d(16, 16, 3, padding=1), torch.nn.BatchNorm2d(16), torch.nn.ReLU()]
+    return torch.nn.Sequential(torch.nn.Conv2d(3, 16, 3, padding=1), *layers, torch.nn.AdaptiveAvgPool2d(1),
+                               torch.nn.Flatten(), torch.nn.Linear(16, 10))
+
+
+def image_case(batch=8, side=64):
+    torch.manual_seed(2)
+    x, y = torch.randn(batch, 3, side, side), torch.randint(0, 10, (batch,))
+    return (x,), (lambda out: torch.nn.functional.cross_entropy(out, y))
+
+
+@pytest.mark.parametrize("fraction,offload", [(0.8, "auto"), (0.6, "auto"), (0.4, "auto"), (1.0, "off")])
+def test_resnet18_batch_norm_buffers_and_eval_outputs_are_identical(fraction, offload):
+    inputs, loss_fn = image_case()
+    reference, _ = run(resnet18, inputs, loss_fn)
+    budget = int(fraction * peak_of(resnet18, inputs, loss_fn))
+    got, stats = run(resnet18, inputs, loss_fn, budget=budget, offload=offload)
+    oracle.assert_identical(reference, got, f"resnet18 at {fraction}, offload {offload}")
+    assert stats["evictions"] + stats["page_outs"] > 0, stats
+    assert len(got.buffers) == 60 and got.eval_outputs
+
+
+def test_a_drop_only_conv_bn_stack_with_an_eval_pass_between_steps_is_identical():
+    inputs, loss_fn = image_case(batch=8, side=32)
+    reference, _ = run(conv_bn_stack, inputs, loss_fn, eval_first=True)
+    peak = peak_of(conv_bn_stack, inputs, loss_fn, eval_first=True)
+    for fraction in (1.0, 0.6):
+        got, stats = run(conv_bn_stack, inputs, loss_fn, budget=int(fraction * peak), eval_first=True)
+        oracle.assert_identical(reference, got, f"conv-bn stack at {fraction}")
+        assert stats["evictions"] > 0 and stats["rematerializations"] > 0, stats
+
+
+class Activations(torch.nn.Module):
+    """A deep MLP whose nonlinearities are the ops with both a composite and a CPU kernel (silu, mish backward)
+    and a channel shuffle."""
+
+    def __init__(self, width=64, depth=8):
+        super().__init__()
+        self.layers = torch.nn.ModuleList(torch.nn.Linear(width, width) for _ in range(depth))
+        self.shuffle = torch.nn.ChannelShuffle(4)
+
+    def forward(self, x):
+        for i, layer in enumerate(self.layers):
+            x = layer(x)
+            x = torch.nn.functional.silu(x) if i % 2 == 0 else torch.nn.functional.mish(x)
+            if i == 3:
+                x = self.shuffle(x.view(x.shape[0], 64, 1, 1)).view(x.shape[0], 64)
+        return x
+
+
+def test_silu_mish_and_channel_shuffle_train_with_their_inputs_evicted():
+    torch.manual_seed(3)
+    x, y = torch.randn(512, 64), torch.randn(512, 64)
+    inputs, loss_fn = (x,), (lambda out: torch.nn.functional.mse_loss(out, y))
+    reference, _ = run(Activations, inputs, loss_fn)
+    peak = peak_of(Activations, inputs, loss_fn)
+    got, stats = run(Activations, inputs, loss_fn, budget=int(0.5 * peak))
+    oracle.assert_identical(reference, got, "silu/mish/shuffle MLP at 0.5")
+    assert stats["evictions"] > 0 and stats["rematerializations"] > 0, stats
+
+
+def llama():
+    transformers = pytest.importorskip("transformers")
+    config = transformers.LlamaConfig(vocab_size=256, hidden_size=256, intermediate_size=512, num_hidden_layers=4,
+                                      num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=128,
+                                      attn_implementation="eager")
+    return transformers.LlamaForCausalLM(config)
+
+
+def test_a_llama_style_decoder_trains_drop_only_at_half_its_peak():
+    torch.manual_seed(4)
+    ids = torch.randint(0, 256, (8, 128))
+    inputs = (ids,)
+
+    def loss_fn(out):
+        return torch.nn.functional.cross_entropy(out.logits[:, :-1].reshape(-1, 256), ids[:, 1:].reshape(-1))
+    reference, _ = run(llama, inputs, loss_fn, steps=2)
+    peak = peak_of(llama, inputs, loss_fn, steps=2)
+    got, stats = run(llama, inputs, loss_fn, steps=2, budget=int(0.5 * peak))
+    oracle.assert_identical(reference, got, "llama at 0.5 drop-only")
+    assert stats["evictions"] > 0 and stats["rematerializations"] > 0, stats
+    assert stats["peak_allocated_bytes"] <= int(0.5 * peak)
+
+
+# ---- Exports ----
+
+def pressure(count=15):
+    """About count MiB of further work that keeps its results: the engine evicts and reuses memory."""
+    return [torch.randn(512, 512).sin() for _ in range(count)]
+
+
+def test_a_numpy_export_keeps_its_values_through_further_work():
+    with remat.enable(6 * MiB, costs="estimated"):
+        x = torch.randn(512, 512).relu()  # 1 MiB, evictable: the output of a recorded op
+        arr = x.numpy()
+        expected = arr.copy()
+        kept = pressure()
+        assert remat.stats()["evictions"] > 0
+        assert np.array_equal(arr, expected), "the export went stale"
+        assert oracle.same_bytes(x, torch.from_numpy(expected))
+        arr[0, 0] = 7.0  # written through the export: the tensor sees it, remat replays nothing from the old bytes
+        y = x * 2
+        kept += pressure()
+        assert float(y[0, 0]) == 14.0
+        del kept
+
+
+def test_dlpack_data_ptr_tolist_and_storage_bring_an_evicted_tensor_back():
+    with remat.enable(12 * MiB, costs="estimated"):
+        tensors = [torch.randn(512, 512).cos() for _ in range(4)]
+        expected = [t.clone() for t in tensors]  # compared through ops (oracle.same_bytes): never exported
+        kept = pressure()
+        assert remat.stats()["evictions"] > 0
+        a, b, c, d = tensors
+        assert a.data_ptr() != 0
+        assert oracle.same_bytes(torch.utils.dlpack.from_dlpack(torch.utils.dlpack.to_dlpack(b)), expected[1])
+        assert oracle.same_bytes(torch.from_numpy(np.from_dlpack(c)), expected[2])
+        assert d.tolist() == expected[3].tolist()
+        assert a.untyped_storage().nbytes() == 512 * 512 * 4
+        kept += pressure()
+        for t, e in zip(tensors, expected):
+            assert oracle.same_bytes(t, e)
+
+
+def test_torch_save_pickle_and_share_memory_under_pressure(tmp_path):
+    with remat.enable(6 * MiB, costs="estimated"):
+        w = torch.randn(256, 256).tanh()
+        expected = w.clone()
+        kept = pressure()
+        buffer = io.BytesIO()
+        torch.save({"w": w}, buffer)
+        buffer.seek(0)
+        assert oracle.same_bytes(torch.load(buffer)["w"], expected)
+        assert oracle.same_bytes(pickle.loads(pickle.dumps(w)), expected)
+        s = torch.randn(256, 256).sigmoid()
+        s_expected = s.clone()
+        kept += pressure()
+        s.share_memory_()
+        assert s.is_shared()
+        kept += pressure()
+        assert oracle.same_bytes(s, s_expected)
+        del kept
+
+
+def test_checkpoint_saving_and_loading_works_under_REMAT_BUDGET(tmp_path):
+    """The no-code-change mode: remat on for the whole process; a model trained under it saves a checkpoint that
+    loads byte-identically."""
+    script = tmp_path / "save.py"
+    script.write_text(
+        "import remat, torch, sys\n"
+        "torch.manual_seed(0)\n"
+        "m = torch.nn.Sequential(*[torch.nn.Linear(256, 256) for _ in range(8)])\n"
+        "opt = torch.optim.SGD(m.parameters(), lr=0.1)\n"
+        "x = torch.randn(512, 256)\n"
+        "for _ in range(3):\n"
+        "    opt.zero_grad(); m(x).square().mean().backward(); opt.step()\n"
+        "assert remat.is_enabled() and remat.stats()['evictions'] > 0, remat.stats()\n"
+        "torch.save({'model': m.state_dict(), 'opt': opt.state_dict(), 'out': m(x)}, sys.argv[1])\n"
+        "back = torch.load(sys.argv[1])\n"
+        "for k, v in m.state_dict().items():\n"
+        "    assert torch.equal(back['model'][k].view(-1).view(torch.uint8), v.view(-1).view(torch.uint8)), k\n"
+        "print('ok')\n")
+    env = {**os.environ, "REMAT_BUDGET": "8MiB"}
+    cwd = str(Path(remat.__file__).resolve().parents[1])
+    done = subprocess.run([sys.executable, str(script), str(tmp_path / "ckpt.pt")], capture_output=True, text=True,
+                          timeout=300, env=env, cwd=cwd)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.strip().endswith("ok")
