@@ -41,6 +41,7 @@
 #endif
 #include <cmath>
 #include <limits>
+#include <condition_variable>
 #include <mutex>
 #include <string>
 #include <utility>
@@ -226,6 +227,8 @@ struct Arena::State {
   // which costs a graph lookup on every lock.
   mutable std::mutex mu;
   PressureHandler* handler = nullptr;
+  int handler_calls = 0;  // calls into `handler` in flight (made without `mu` held)
+  std::condition_variable handler_idle;
   std::vector<std::unique_ptr<SegmentRec>> segments;  // sorted by base
   absl::btree_set<FreeKey, FreeKeyLess> free_index;
   absl::flat_hash_set<Node*, AddressHash, AddressEq> live;
@@ -241,6 +244,11 @@ struct Arena::State {
   mutable std::uint64_t search_ticks = 0;
   std::uint64_t lookups = 0;  // best-fit lookups, of which one in kLookupSample is timed
   absl::Status grow_error;  // why the last attempt to grow failed, for the exhaustion message
+
+  // With `mu` held.
+  void EndHandlerCall() {
+    if (--handler_calls == 0) handler_idle.notify_all();
+  }
 
   ~State() {
     for (auto& s : segments) provider->Release(s->segment);
@@ -456,18 +464,23 @@ absl::StatusOr<std::uintptr_t> Arena::Allocate(std::size_t bytes, OwnerId owner,
       }
       frees_before = s.frees;
       moves_before = s.moves;
+      ++s.handler_calls;
     }
     // Without the lock: the handler evicts through Free.
     const bool progress = handler->MakeRoom(*this, *aligned);
     ++rounds;
     {
       std::lock_guard<std::mutex> lock(s.mu);
+      s.EndHandlerCall();
       if (progress && (s.frees != frees_before || s.moves != moves_before)) continue;
       if (Node* b = s.PlaceOrGrow(*aligned, owner, placement)) return b->address;  // freed by another thread
+      handler = s.handler;
+      if (handler != nullptr) ++s.handler_calls;
     }
     // Giving up. The handler says what holds the memory without our lock held: it may read the blocks.
-    const std::string held = handler->DescribeMemory();
+    const std::string held = handler != nullptr ? handler->DescribeMemory() : std::string();
     std::lock_guard<std::mutex> lock(s.mu);
+    if (handler != nullptr) s.EndHandlerCall();
     if (Node* b = s.PlaceOrGrow(*aligned, owner, placement)) return b->address;
     return s.Exhausted(bytes, *aligned,
                        absl::StrCat("the pressure handler freed nothing after ", rounds, " round(s)",
@@ -712,8 +725,14 @@ std::size_t Arena::AdjacentFreeBytes(std::uintptr_t address) const {
 }
 
 void Arena::SetPressureHandler(PressureHandler* handler) {
-  const auto lock = LockUnlessInCallback(state_->mu, state_.get());
-  state_->handler = handler;
+  State& s = *state_;
+  if (t_in_callback == &s) {
+    s.handler = handler;
+    return;
+  }
+  std::unique_lock<std::mutex> lock(s.mu);
+  s.handler = handler;
+  s.handler_idle.wait(lock, [&] { return s.handler_calls == 0; });
 }
 
 ArenaStats Arena::Stats() const {

@@ -139,6 +139,9 @@ class Arena {
   // 0 when `address` is not the start of an allocated block.
   std::size_t AdjacentFreeBytes(std::uintptr_t address) const;
 
+  // Replaces the pressure handler and returns once no call into the old one is in flight (Allocate calls it
+  // without the arena's lock), so the old handler may then be destroyed. Must not be called from inside a handler
+  // call on the same arena.
   void SetPressureHandler(PressureHandler* handler);
   ArenaStats Stats() const;
   // Stats().peak_allocated_bytes alone, without walking the free index (the engine reads it after every op).

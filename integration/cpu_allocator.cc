@@ -47,6 +47,9 @@ std::atomic<c10::DeleterFnPtr> g_previous_raw_deleter{nullptr};
 std::uint8_t g_priority = 0;
 std::optional<CpuArenaStats> g_last_stats;  // guarded by g_registry_mutex
 std::atomic<PressureHandler*> g_pressure_handler{nullptr};
+// In a forked child: the arenas' locks may have been held by parent threads that do not exist here, so the child
+// never touches an arena again (see CpuArenaChildAfterFork).
+std::atomic<bool> g_forked_child{false};
 thread_local Placement t_placement = Placement::kLow;
 
 void Unref(LiveArena* live) {
@@ -89,6 +92,7 @@ void Delete(void* pointer) {
       }
     }
   }
+  if (owner != nullptr && g_forked_child.load(std::memory_order_relaxed)) return;  // the child's copy: left as is
   if (owner == nullptr) {
     const c10::DeleterFnPtr previous = g_previous_raw_deleter.load(std::memory_order_acquire);
     TORCH_INTERNAL_ASSERT(previous != nullptr, "remat: freeing a pointer no CPU arena owns");
@@ -127,6 +131,15 @@ class ArenaCpuAllocator final : public c10::Allocator {
     }
     absl::StatusOr<std::uintptr_t> address = live->arena->Allocate(bytes, kNoOwner, t_placement);
     if (!address.ok()) {
+      bool retired = false;
+      {
+        std::shared_lock<std::shared_mutex> lock(g_registry_mutex);
+        retired = g_active != live;
+      }
+      if (retired) {  // remat was switched off while this allocation waited for room: torch's allocator serves it
+        Unref(live);
+        return Forward(bytes);
+      }
       const std::string message = OutOfMemoryMessage(*live, bytes, address.status());
       Unref(live);
       TORCH_CHECK_WITH(OutOfMemoryError, false, message);
@@ -269,8 +282,23 @@ absl::Status ResetCpuArenaPeak() {
 
 void SetCpuPressureHandler(PressureHandler* handler) {
   g_pressure_handler.store(handler, std::memory_order_release);
-  std::shared_lock<std::shared_mutex> lock(g_registry_mutex);
-  if (g_active != nullptr) g_active->arena->SetPressureHandler(handler);
+  // Every live arena, the retired ones too (an allocation may still be in flight in one): each returns once no
+  // call into the old handler is in flight. Without the registry lock meanwhile, which those calls free through.
+  if (g_forked_child.load(std::memory_order_relaxed)) return;
+  std::vector<LiveArena*> arenas;
+  LiveArena* active = nullptr;
+  {
+    std::shared_lock<std::shared_mutex> lock(g_registry_mutex);
+    active = g_active;
+    for (LiveArena* live : g_live) {
+      live->refs.fetch_add(1, std::memory_order_relaxed);
+      arenas.push_back(live);
+    }
+  }
+  for (LiveArena* live : arenas) {
+    live->arena->SetPressureHandler(live == active || handler == nullptr ? handler : nullptr);
+    Unref(live);
+  }
 }
 
 void SetCpuPlacementForThisThread(Placement placement) { t_placement = placement; }
@@ -330,5 +358,16 @@ std::size_t LiveCpuArenaCount() {
 }
 
 c10::Allocator* RematCpuAllocator() { return TheAllocator(); }
+
+void CpuArenaPrepareFork() { g_registry_mutex.lock(); }
+
+void CpuArenaParentAfterFork() { g_registry_mutex.unlock(); }
+
+void CpuArenaChildAfterFork() {
+  g_forked_child.store(true, std::memory_order_relaxed);
+  g_active = nullptr;  // torch's own allocator serves the child (our allocator forwards to it)
+  // A fresh lock rather than an unlock: glibc's rwlock knows its writer by thread id, which differs in the child.
+  new (&g_registry_mutex) std::shared_mutex();
+}
 
 }  // namespace remat::integration

@@ -65,8 +65,16 @@ absl::StatusOr<CpuArenaStats> GetCpuArenaStats();
 absl::Status ResetCpuArenaPeak();
 
 // The hook through which the runtime makes room: given to the installed arena (and to every arena installed
-// later) until replaced. nullptr: allocations that do not fit fail at once. Not owned.
+// later) until replaced; retired arenas lose theirs. nullptr: allocations that do not fit fail at once. Returns
+// once no call into the previous handler is in flight in any arena. Not owned.
 void SetCpuPressureHandler(PressureHandler* handler);
+
+// fork(): the allocator's part of the process's fork handlers (engine_session.cc installs them). The child gets
+// torch's own allocator for new tensors; tensors it inherited from an arena stay readable, and freeing one leaves
+// the child's copy of the arena untouched (its locks may have been held by parent threads that are gone).
+void CpuArenaPrepareFork();
+void CpuArenaParentAfterFork();
+void CpuArenaChildAfterFork();
 
 // Which end of a free block this thread's next CPU allocations take (Coop's cheap-tensor partitioning: the
 // runtime sets kLow around costly ops). Default kLow.

@@ -18,6 +18,7 @@
 #include <chrono>
 #include <memory>
 #include <mutex>
+#include <thread>
 #include <utility>
 
 #include "absl/container/flat_hash_map.h"
@@ -41,6 +42,7 @@ namespace {
 std::atomic<bool> g_installed{false};
 c10::DispatchKey g_key = kHookKeyCandidates[0];  // written once, before g_installed is set
 std::atomic<OpObserver*> g_observer{nullptr};
+std::atomic<int> g_observer_calls{0};
 thread_local int t_depth = 0;
 
 // ---- Traits ----
@@ -129,8 +131,10 @@ std::unique_ptr<OpTraits> ComputeTraits(const c10::FunctionSchema& schema) {
   return traits;
 }
 
+std::mutex g_traits_mutex;  // guards SharedTraits' table
+
 const OpTraits* SharedTraits(const c10::OperatorHandle& op) {
-  static std::mutex mutex;
+  std::mutex& mutex = g_traits_mutex;
   static auto* traits = new absl::flat_hash_map<const c10::FunctionSchema*, std::unique_ptr<OpTraits>>();
   OpsWithAGeneratorOverload();  // the first call scans every registered operator: do it outside our lock
   std::lock_guard<std::mutex> lock(mutex);
@@ -335,18 +339,42 @@ void PassThrough(const c10::OperatorHandle& op, c10::DispatchKeySet below, torch
   }
 }
 
+// Counts the calls into the observer in flight, so that SetObserver(nullptr) + WaitForObserverCalls() can tell
+// when the old observer may be destroyed. Incremented before the observer is read (sequentially consistent): a
+// thread that reads a non-null observer was counted before SetObserver(nullptr) returned.
+class ObserverCall {
+ public:
+  ObserverCall() { g_observer_calls.fetch_add(1, std::memory_order_seq_cst); }
+  ~ObserverCall() { g_observer_calls.fetch_sub(1, std::memory_order_release); }
+  ObserverCall(const ObserverCall&) = delete;
+  ObserverCall& operator=(const ObserverCall&) = delete;
+};
+
+void RecordOp(const c10::OperatorHandle& op, const OpTraits& traits, c10::DispatchKeySet below,
+              torch::jit::Stack* stack, OpObserver* observer);
+
 void Fallback(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch::jit::Stack* stack) {
   const c10::DispatchKeySet below = keys & c10::DispatchKeySet(c10::DispatchKeySet::FULL_AFTER, g_key);
-  OpObserver* observer = t_depth == 0 ? g_observer.load(std::memory_order_acquire) : nullptr;
-  if (observer == nullptr) {
+  if (t_depth != 0 || g_observer.load(std::memory_order_relaxed) == nullptr) {  // the cheap pass-through test
     PassThrough(op, below, stack);
     return;
   }
   const OpTraits& traits = TraitsOf(op);
-  if (!traits.tracked || DecomposesAt(op, traits, below)) {
+  if (!traits.tracked || DecomposesAt(op, traits, below)) {  // remat's own ops (disable) among them: not counted
     PassThrough(op, below, stack);
     return;
   }
+  ObserverCall call;
+  OpObserver* observer = g_observer.load(std::memory_order_seq_cst);
+  if (observer == nullptr) {
+    PassThrough(op, below, stack);
+    return;
+  }
+  RecordOp(op, traits, below, stack, observer);
+}
+
+void RecordOp(const c10::OperatorHandle& op, const OpTraits& traits, c10::DispatchKeySet below,
+              torch::jit::Stack* stack, OpObserver* observer) {
   DepthGuard depth;
   OpRecord record(op, traits);
   record.replayable = traits.replayable;
@@ -496,7 +524,21 @@ const OpTraits& TraitsOf(const c10::OperatorHandle& op) {
   return *traits;
 }
 
-void SetObserver(OpObserver* observer) { g_observer.store(observer, std::memory_order_release); }
+void SetObserver(OpObserver* observer) { g_observer.store(observer, std::memory_order_seq_cst); }
+
+void HookPrepareFork() { g_traits_mutex.lock(); }
+
+void HookParentAfterFork() { g_traits_mutex.unlock(); }
+
+void HookChildAfterFork() {
+  g_traits_mutex.unlock();
+  // Parent threads that were inside an observer call do not exist here.
+  g_observer_calls.store(0, std::memory_order_relaxed);
+}
+
+void WaitForObserverCalls() {
+  while (g_observer_calls.load(std::memory_order_acquire) != 0) std::this_thread::yield();
+}
 
 OpObserver* GetObserver() { return g_observer.load(std::memory_order_acquire); }
 

@@ -31,8 +31,8 @@
 // stream is not advanced by a replay.
 //
 // Thread safety: the fallback runs on whatever thread runs the op (the user's, autograd's). The observer is
-// called on that thread and must be thread safe; SetObserver may be called at any time, but the observer must
-// stay alive until every op that loaded it has returned (keep it alive for the process, or switch it off first).
+// called on that thread and must be thread safe; SetObserver may be called at any time, and after
+// SetObserver(nullptr) WaitForObserverCalls() returns once every op that loaded the old observer has returned.
 #pragma once
 
 #include <ATen/core/Generator.h>
@@ -214,6 +214,14 @@ inline constexpr int kMaxOutOfMemoryRetries = 4;
 
 // nullptr makes every op pass through. The observer is not owned.
 void SetObserver(OpObserver* observer);
+// Returns once no thread is inside an observer call that started before: after SetObserver(nullptr), the old
+// observer may then be destroyed. Must not be called from inside an observer call (it would wait for itself).
+void WaitForObserverCalls();
+
+// fork(): the hook's part of the process's fork handlers (engine_session.cc installs them).
+void HookPrepareFork();
+void HookParentAfterFork();
+void HookChildAfterFork();
 OpObserver* GetObserver();
 
 // Fresh detached aliases of the record's arguments (a replay may resize an out= argument; the record's own

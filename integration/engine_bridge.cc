@@ -99,6 +99,7 @@ EngineBridge::EngineBridge(const BridgeOptions& options, std::unique_ptr<Policy>
   engine_options.paging = options.paging;
   executor_.SetMemory(memory_);
   executor_.SetHostTier(tier_.get());
+  executor_.SetLock(&lock_);
   engine_ = std::make_unique<Engine>(engine_options, &executor_);
 }
 
@@ -110,7 +111,7 @@ EngineBridge::~EngineBridge() {
 
 void EngineBridge::Unlock() {
   executor_.SetRunningOp(nullptr);
-  mutex_.unlock();
+  lock_.unlock();
 }
 
 EngineBridge::Entry& EngineBridge::EntryFor(c10::StorageImpl* impl) {
@@ -213,7 +214,7 @@ void EngineBridge::Sweep() {
 }
 
 bool EngineBridge::PinState(c10::StorageImpl* impl) {
-  std::lock_guard<std::recursive_mutex> lock(mutex_);
+  std::lock_guard<EngineLock> lock(lock_);
   auto it = entries_.find(impl);
   if (it == entries_.end() || it->second.pinned || it->second.released) return false;
   PinEntry(it->second);
@@ -293,8 +294,13 @@ void EngineBridge::Prune() {
 }
 
 void EngineBridge::BeforeOp(OpRecord& record) {
-  mutex_.lock();
+  lock_.lock();
   try {
+    if (retired_.load(std::memory_order_acquire)) {  // being destroyed: the op runs unrecorded
+      current_.active = false;
+      lock_.BeginLend();
+      return;
+    }
     if (options_.next != nullptr) options_.next->BeforeOp(record);
     engine_->NoteAllocation();
     Sweep();
@@ -393,6 +399,7 @@ void EngineBridge::BeforeOp(OpRecord& record) {
     if (policy_->UsesWindows()) {
       memory_->SetPlacementForThisThread(engine_->OpCostly(*op) ? Placement::kLow : Placement::kHigh);
     }
+    lock_.BeginLend();  // the kernel runs now: allocations on any thread may borrow the lock to make room
   } catch (...) {
     current_.active = false;
     Unlock();
@@ -401,6 +408,7 @@ void EngineBridge::BeforeOp(OpRecord& record) {
 }
 
 void EngineBridge::AfterOp(OpRecord&& record) {
+  lock_.EndLend();
   struct Release {
     EngineBridge* self;
     ~Release() { self->Unlock(); }
@@ -542,6 +550,7 @@ void EngineBridge::AfterOp(OpRecord&& record) {
 }
 
 void EngineBridge::OpFailed(OpRecord& record) noexcept {
+  lock_.EndLend();
   if (current_.active) {
     engine_->AbortOp(current_.op);
     current_.active = false;
@@ -565,33 +574,43 @@ bool EngineBridge::RetryAfterOutOfMemory(OpRecord& record) {
   if (!current_.active) return false;
   // An op not known to be random that drew from the default generator before failing would draw other numbers.
   if (current_.check_rng && current_.rng_before != DefaultCpuRngFingerprint()) return false;
+  lock_.EndLend();
   executor_.SetRunningOp(nullptr);  // its kernel has unwound: nothing reads its inputs until it runs again
   const bool retry = engine_->MakeHoleForRetry();
   executor_.SetRunningOp(&record);
+  lock_.BeginLend();
   if (retry) ++stats_.retried_ops;
   return retry;
 }
 
 bool EngineBridge::MakeRoom(Arena& arena, std::size_t bytes) {
-  std::unique_lock<std::recursive_mutex> lock(mutex_, std::try_to_lock);
-  if (!lock.owns_lock()) return false;  // another thread is inside an op; see the header
+  if (retired_.load(std::memory_order_acquire)) return false;
+  EngineLock::RoomAccess access(lock_);  // waits unless this thread holds the lock or may borrow it (header)
+  if (retired_.load(std::memory_order_acquire)) return false;
+  stats_.borrowed_room += access.borrowed_from_another_thread();
   return engine_->MakeRoom(arena, bytes);
 }
 
 std::string EngineBridge::DescribeMemory() {
-  std::unique_lock<std::recursive_mutex> lock(mutex_, std::try_to_lock);
-  if (!lock.owns_lock()) return {};
+  EngineLock::RoomAccess access(lock_);
   return engine_->DescribeMemory();
 }
 
+absl::Status EngineBridge::Retire() {
+  std::lock_guard<EngineLock> lock(lock_);
+  absl::Status status = MaterializeLive();
+  retired_.store(true, std::memory_order_release);
+  return status;
+}
+
 std::int64_t EngineBridge::HeldReferences(const c10::StorageImpl* storage) {
-  std::lock_guard<std::recursive_mutex> lock(mutex_);
+  std::lock_guard<EngineLock> lock(lock_);
   auto it = entries_.find(storage);
   return it == entries_.end() ? 0 : it->second.record_refs;
 }
 
 absl::Status EngineBridge::MakeResident(c10::StorageImpl* impl, bool writable) {
-  std::lock_guard<std::recursive_mutex> lock(mutex_);
+  std::lock_guard<EngineLock> lock(lock_);
   auto it = entries_.find(impl);
   if (it == entries_.end() || it->second.released) {
     if (IsEvicted(*impl)) {
@@ -616,7 +635,7 @@ absl::Status EngineBridge::MakeResident(c10::StorageImpl* impl, bool writable) {
 }
 
 absl::Status EngineBridge::MaterializeLive() {
-  std::lock_guard<std::recursive_mutex> lock(mutex_);
+  std::lock_guard<EngineLock> lock(lock_);
   Sweep();  // storages whose last reference died since the last op need no bytes
   // What comes back is pinned, and a pinned storage could be paged out again to make room for the next one (with
   // page_constants): nothing may leave the device from here on.
@@ -661,7 +680,7 @@ absl::Status EngineBridge::MaterializeLive() {
 }
 
 BridgeStats EngineBridge::Stats() {
-  std::lock_guard<std::recursive_mutex> lock(mutex_);
+  std::lock_guard<EngineLock> lock(lock_);
   BridgeStats stats = stats_;
   stats.engine = engine_->stats();
   stats.executor = executor_.stats();

@@ -68,15 +68,21 @@
 // running kernel cannot move, so where they happen to sit can leave free bytes but no hole, and only a retry gets
 // them out of the way.
 //
-// Threads: one recursive mutex, held from BeforeOp to AfterOp/OpFailed, serializes ops of every thread
-// (autograd's engine threads included). MakeRoom from the thread that holds it (a kernel's allocation, a replay)
-// goes ahead; from another thread that cannot get the mutex at once it gives up (that allocation fails with
-// torch.OutOfMemoryError) instead of risking a deadlock with an intra-op worker the holder waits for.
+// Threads (engine_lock.h): one EngineLock, held from BeforeOp to AfterOp/OpFailed, serializes the recorded ops of
+// every thread (autograd's engine threads included) and every other entry point. While an op's kernel (or a
+// replay's) runs, the lock is lent: an allocation that needs room on any thread (the kernel's intra-op workers, an
+// unrelated thread) borrows it and makes room, one at a time; otherwise MakeRoom waits for the lock. No allocation
+// fails because another thread is inside an op.
+//
+// Retire (before the session destroys the bridge, from any thread): waits for the running op, makes every live
+// storage resident and pinned (MaterializeLive), and from then on records nothing and makes no room: ops still in
+// flight on other threads pass through, reading resident memory.
 #pragma once
 
 #include <c10/core/StorageImpl.h>
 #include <c10/util/intrusive_ptr.h>
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -91,6 +97,7 @@
 #include "integration/cpu_device_memory.h"
 #include "integration/device_memory.h"
 #include "integration/dispatch_hook.h"
+#include "integration/engine_lock.h"
 #include "integration/held_references.h"
 #include "integration/host_tier.h"
 #include "integration/torch_executor.h"
@@ -153,6 +160,7 @@ struct BridgeStats {
   std::int64_t kept_records = 0;         // records kept now (as of the last prune, plus the ops since)
   std::int64_t tracked_storages = 0;     // storages the bridge knows now
   std::int64_t retried_ops = 0;          // kernels run again after running out of memory (RetryAfterOutOfMemory)
+  std::int64_t borrowed_room = 0;        // MakeRoom calls of other threads while an op's kernel ran (intra-op workers, other threads)
   std::int64_t deferred_outputs = 0;     // outputs of backward-pass ops, deferred (Engine::Defer)
   std::int64_t pinned_state = 0;         // storages pinned by PinState (optimizer state)
   HostTierStats host_tier;               // zeros without paging
@@ -187,6 +195,13 @@ class EngineBridge final : public OpObserver, public PressureHandler, public Hel
   // seeing it (a numpy array, a DLPack capsule), so what was computed from them is pinned now and ops that read
   // them from now on are not replayed (their outputs are pinned). Storages remat does not know need nothing.
   absl::Status MakeResident(c10::StorageImpl* impl, bool writable);
+  // Waits for the op running now, MaterializeLive, then stops: later ops pass through unrecorded and MakeRoom makes
+  // no room. The session calls it before it detaches and destroys the bridge (engine_session.h).
+  absl::Status Retire();
+  // fork(): the lock is held across it (waiting for the op running now), then released in the parent and in the
+  // child, where the forking thread is the only one and the engine's state is whole.
+  void LockForFork() { lock_.LockForFork(); }
+  void UnlockAfterFork() { lock_.UnlockAfterFork(); }
   // Makes every live storage resident again (before remat is switched off: user tensors must keep their data).
   // Allocations then come from whatever allocator is installed. Nothing is paged out meanwhile; ResourceExhausted
   // when some of what is held does not fit back (it is still in the host tier).
@@ -237,7 +252,8 @@ class EngineBridge final : public OpObserver, public PressureHandler, public Hel
   std::unique_ptr<HostTier> tier_;  // paging on; outlives the engine (the destructor resets the engine first)
   TorchExecutor executor_;
   std::unique_ptr<Engine> engine_;
-  std::recursive_mutex mutex_;
+  EngineLock lock_;
+  std::atomic<bool> retired_{false};
   absl::flat_hash_map<const c10::StorageImpl*, Entry> entries_;
   std::vector<const c10::StorageImpl*> live_;  // entries not released
   absl::flat_hash_map<StorageIndex, const c10::StorageImpl*> owner_;  // engine storage -> entry whose version it is

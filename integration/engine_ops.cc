@@ -110,6 +110,7 @@ c10::Dict<std::string, double> EngineStatsDict() {
   put("compactions", s->engine.compactions);
   put("compacted_bytes", s->engine.compacted_bytes);
   put("retried_ops", s->retried_ops);
+  put("borrowed_room", s->borrowed_room);
   put("retried_replays", s->executor.retried_replays);
   put("deferred_outputs", s->deferred_outputs);
   put("pinned_state", s->pinned_state);

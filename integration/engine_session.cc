@@ -3,6 +3,8 @@
 
 #include <c10/util/Exception.h>
 
+#include <pthread.h>
+
 #include <cstdlib>
 #include <memory>
 #include <mutex>
@@ -19,6 +21,9 @@
 namespace remat::integration {
 namespace {
 
+// Serializes enable and disable (held for the whole of each); g_mutex guards the globals below and is taken only
+// briefly, so that MakeResident, PinRematState and GetEngineStats on other threads never wait for a disable.
+std::mutex g_lifecycle_mutex;
 std::mutex g_mutex;
 // A raw pointer on purpose: the bridge is deleted by DisableRematEngine, never by static destruction at exit (ops
 // and frees may still reach it while the process tears down with remat enabled).
@@ -77,54 +82,108 @@ absl::Status EnableLocked(const EngineSessionOptions& options, std::unique_ptr<D
   return absl::OkStatus();
 }
 
+// fork(): every lock remat's state depends on is taken before (in an order no thread takes them in reverse) and
+// released after, so a child never starts with one held by a thread it does not have. The child keeps the engine
+// with no budget: torch's own allocator serves it, and storages evicted at the fork are rematerialized when read.
+void PrepareFork() {
+  g_lifecycle_mutex.lock();
+  g_mutex.lock();
+  if (g_bridge != nullptr) g_bridge->LockForFork();  // waits for the op running now
+  SessionPrepareFork();
+  HookPrepareFork();
+  CpuArenaPrepareFork();
+}
+
+void ParentAfterFork() {
+  CpuArenaParentAfterFork();
+  HookParentAfterFork();
+  SessionParentAfterFork();
+  if (g_bridge != nullptr) g_bridge->UnlockAfterFork();
+  g_mutex.unlock();
+  g_lifecycle_mutex.unlock();
+}
+
+void ChildAfterFork() {
+  CpuArenaChildAfterFork();
+  HookChildAfterFork();
+  SessionChildAfterFork();
+  if (g_bridge != nullptr) g_bridge->UnlockAfterFork();
+  g_mutex.unlock();
+  g_lifecycle_mutex.unlock();
+}
+
+void InstallForkHandlers() {
+  static std::once_flag once;
+  std::call_once(once, [] { pthread_atfork(&PrepareFork, &ParentAfterFork, &ChildAfterFork); });
+}
+
 }  // namespace
 
 absl::Status EnableRematEngine(const EngineSessionOptions& options) {
+  InstallForkHandlers();
+  std::lock_guard<std::mutex> lifecycle(g_lifecycle_mutex);
   std::lock_guard<std::mutex> lock(g_mutex);
   return EnableLocked(options, nullptr);
 }
 
 absl::Status EnableRematEngineOn(const EngineSessionOptions& options, std::unique_ptr<DeviceMemory> memory) {
   if (memory == nullptr) return absl::InvalidArgumentError("remat: EnableRematEngineOn needs device memory");
+  InstallForkHandlers();
+  std::lock_guard<std::mutex> lifecycle(g_lifecycle_mutex);
   std::lock_guard<std::mutex> lock(g_mutex);
   return EnableLocked(options, std::move(memory));
 }
 
+// From any thread, while other threads may be inside ops, allocating, or calling the API: the bridge stops
+// recording only once every storage a user holds is resident (Retire), and is destroyed only once no thread can
+// be inside it (no observer call, pressure-handler call or API call in flight).
 absl::Status DisableRematEngine() {
-  std::lock_guard<std::mutex> lock(g_mutex);
-  if (g_bridge == nullptr) return absl::FailedPreconditionError("remat: not enabled");
-  SetObserver(nullptr);
-  SetHeldReferences(nullptr);
+  std::lock_guard<std::mutex> lifecycle(g_lifecycle_mutex);
+  EngineBridge* bridge = nullptr;
+  DeviceMemory* memory = nullptr;
+  bool on_cpu = true;
+  {
+    std::lock_guard<std::mutex> lock(g_mutex);
+    if (g_bridge == nullptr) return absl::FailedPreconditionError("remat: not enabled");
+    bridge = g_bridge;
+    memory = g_memory;
+    on_cpu = g_on_cpu;
+  }
   absl::Status status = absl::OkStatus();
-  if (g_on_cpu) {
-    // Storages a user still holds get their bytes back after the arena is uninstalled, from torch's own allocator:
-    // together they may exceed the budget. One block of ours keeps the retired arena (which the engine reads for
-    // its statistics) alive meanwhile. If even that block does not fit, bring them back under the budget first.
-    c10::DataPtr keep_alive;
+  auto keep = [&status](absl::Status s) {
+    if (!s.ok() && status.ok()) status = std::move(s);
+  };
+  c10::DataPtr keep_alive;
+  if (on_cpu) {
+    // Storages a user still holds get their bytes back once torch's own allocator serves again: together they may
+    // exceed the budget. One block of ours keeps the retired arena (which the engine reads for its statistics)
+    // alive meanwhile. If even that block does not fit, bring them back under the budget first.
     try {
       keep_alive = RematCpuAllocator()->allocate(kCpuAlignment);
     } catch (const c10::Error&) {
       keep_alive.clear();
     }
-    if (!keep_alive) status = g_bridge->MaterializeLive();
-    g_memory->SetPressureHandler(nullptr);
-    if (absl::Status disabled = DisableRemat(); !disabled.ok() && status.ok()) status = disabled;
-    if (keep_alive) status = g_bridge->MaterializeLive();
-    g_last_stats = g_bridge->Stats();
-    delete g_bridge;
-    keep_alive.clear();
+    if (!keep_alive) keep(bridge->Retire());
+    keep(ReleaseCpuArena());
+    if (keep_alive) keep(bridge->Retire());
   } else {
-    // The device's memory is all there is: bring everything back under its budget while the bridge can still make
-    // room, then detach it.
-    status = g_bridge->MaterializeLive();
-    g_memory->SetPressureHandler(nullptr);
-    if (absl::Status disabled = DisableRemat(); !disabled.ok() && status.ok()) status = disabled;
-    g_last_stats = g_bridge->Stats();
-    delete g_bridge;
+    // The device's memory is all there is: everything comes back under its budget while the bridge can still
+    // make room.
+    keep(bridge->Retire());
   }
-  g_bridge = nullptr;
-  delete g_memory;
-  g_memory = nullptr;
+  keep(DisableRemat());  // no observer: ops on every thread pass through from here
+  SetHeldReferences(nullptr);
+  WaitForObserverCalls();                 // ops that loaded the bridge before have returned
+  memory->SetPressureHandler(nullptr);    // and no allocation is inside its MakeRoom
+  {
+    std::lock_guard<std::mutex> lock(g_mutex);  // nor any API call (they hold g_mutex while they use it)
+    g_last_stats = bridge->Stats();
+    g_bridge = nullptr;
+    g_memory = nullptr;
+  }
+  delete bridge;
+  keep_alive.clear();
+  delete memory;
   return status;
 }
 

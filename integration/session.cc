@@ -43,6 +43,15 @@ class TrackingObserver final : public OpObserver {
     return std::move(recorder_);
   }
 
+  // fork(): the recorder's lock is held across it; the child drops the parent's recorder without writing to its file.
+  void LockForFork() { recorder_mutex_.lock(); }
+  void UnlockAfterFork() { recorder_mutex_.unlock(); }
+  void DropRecorderInChild() {
+    recording_.store(false, std::memory_order_release);
+    (void)recorder_.release();  // leaked: closing it would write the parent's trace
+    recorder_mutex_.unlock();
+  }
+
   void Reset() {
     ops_ = 0;
     random_ops_ = 0;
@@ -102,9 +111,32 @@ absl::Status DisableRemat() {
   }
   if (g_cpu_arena) {
     if (absl::Status uninstall = UninstallCpuArena(); !uninstall.ok() && status.ok()) status = uninstall;
+    g_cpu_arena = false;
   }
   g_enabled = false;
   return status;
+}
+
+absl::Status ReleaseCpuArena() {
+  std::lock_guard<std::mutex> lock(g_mutex);
+  if (!g_enabled || !g_cpu_arena) return absl::OkStatus();
+  g_cpu_arena = false;
+  return UninstallCpuArena();
+}
+
+void SessionPrepareFork() {
+  g_mutex.lock();
+  Tracker().LockForFork();
+}
+
+void SessionParentAfterFork() {
+  Tracker().UnlockAfterFork();
+  g_mutex.unlock();
+}
+
+void SessionChildAfterFork() {
+  Tracker().DropRecorderInChild();
+  g_mutex.unlock();
 }
 
 bool RematEnabled() {

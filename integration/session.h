@@ -32,7 +32,17 @@ struct RematOptions {
 
 absl::Status EnableRemat(const RematOptions& options);
 absl::Status DisableRemat();
+// The first half of DisableRemat, for callers that must work between the two (the engine session brings evicted
+// storages back once torch's allocator serves again): gives torch its CPU allocator back, if this session
+// installed the arena; remat stays enabled otherwise. DisableRemat then does the rest. Idempotent.
+absl::Status ReleaseCpuArena();
 bool RematEnabled();
+
+// fork(): the session's part of the process's fork handlers (engine_session.cc installs them). In the child, the
+// trace being recorded (the parent's file) is dropped unwritten.
+void SessionPrepareFork();
+void SessionParentAfterFork();
+void SessionChildAfterFork();
 
 struct RematStats {
   bool enabled = false;

@@ -191,6 +191,7 @@ absl::Status TorchExecutor::ExecuteOrThrow(Engine& engine, OpId op, bool replay,
     }
     c10::Stack arguments = ReplayArguments(record);
     for (const c10::IValue& value : arguments) SubstituteValue(value, subst);
+    EngineLock::LendScope lend(lock_);  // the kernel's allocations may make room from any thread
     return ReplayWith(record, std::move(arguments));
   };
   absl::StatusOr<c10::Stack> result = absl::UnknownError("remat: the replay did not run");

@@ -52,6 +52,7 @@
 #include "integration/cpu_device_memory.h"
 #include "integration/device_memory.h"
 #include "integration/dispatch_hook.h"
+#include "integration/engine_lock.h"
 #include "integration/host_tier.h"
 #include "runtime/engine.h"
 #include "runtime/executor.h"
@@ -107,6 +108,9 @@ class TorchExecutor final : public Executor {
 
   // The memory storages live in (not owned; must outlive the executor). Default: the CPU allocator, no arena.
   void SetMemory(DeviceMemory* memory) { memory_ = memory; }
+  // The lock the bridge holds while it calls the engine (not owned): lent while a replay's kernel runs, so that
+  // its intra-op workers (or other threads) can make room (engine_lock.h). Null: nothing is lent.
+  void SetLock(EngineLock* lock) { lock_ = lock; }
   // The second tier PageOut/PageIn use (not owned); null: paging is Unimplemented (the engine fails loudly).
   void SetHostTier(HostTier* tier) { tier_ = tier; }
   // The op `op` can be replayed from `replay`.
@@ -160,6 +164,7 @@ class TorchExecutor final : public Executor {
   std::vector<const c10::StorageImpl*> in_use_;  // storages of the replay running now
   const OpRecord* running_op_ = nullptr;
   HostTier* tier_ = nullptr;
+  EngineLock* lock_ = nullptr;
   std::vector<bool> paged_evictable_;  // by StorageIndex: the arena owner its block had when paged out
 };
 

@@ -58,6 +58,9 @@ c10::Dict<std::string, int64_t> Stats() {
 
 void ResetPeak() { ThrowIfError(ResetCpuArenaPeak()); }
 
+// The calling thread's ops go through the hook (or no longer do): remat.enable() tracks the threads started after it.
+void TrackThisThread(bool enabled) { ThrowIfError(SetHookEnabledOnThisThread(enabled)); }
+
 // The budget as users write it (runtime/config.h: "512MiB", "4096", or a fraction such as "0.5"), in bytes. On
 // CPU a fraction is of the machine's physical memory.
 int64_t ParseBudgetBytes(const std::string& text) {
@@ -97,6 +100,7 @@ TORCH_LIBRARY(remat, m) {
   m.def("is_enabled() -> bool", &IsEnabled);
   m.def("stats() -> Dict(str, int)", &Stats);
   m.def("reset_peak() -> ()", &ResetPeak);
+  m.def("track_this_thread(bool enabled) -> ()", &TrackThisThread);
   m.def("parse_budget(str text) -> int", &ParseBudgetBytes);
   m.def("record_start(str path) -> ()", &RecordStart);
   m.def("record_stop() -> int", &RecordStop);

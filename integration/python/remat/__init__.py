@@ -37,7 +37,7 @@ from typing import Dict, Optional, Union
 import torch
 
 __all__ = ["enable", "disable", "is_enabled", "stats", "reset_peak", "record", "stop_recording", "parse_size",
-           "library_path", "policies", "install_cuda_allocator", "make_resident"]
+           "library_path", "policies", "install_cuda_allocator", "make_resident", "track_this_thread"]
 
 _LIBRARY_NAME = "libremat_torch.so"
 
@@ -93,6 +93,8 @@ _library_path = _load()
 from . import _engine  # noqa: E402  (needs the library loaded)
 from . import _exports  # noqa: E402  (numpy(), data_ptr(), DLPack, torch.save: exports bring evicted bytes back)
 from ._exports import make_resident  # noqa: E402
+from . import _threads  # noqa: E402  (threads started while remat is on are tracked)
+from ._threads import track_this_thread  # noqa: E402
 from .cuda import install_cuda_allocator  # noqa: E402  (REMAT_DEVICE=cuda installs it here, before CUDA starts)
 
 
@@ -165,6 +167,7 @@ def enable(budget: Union[int, str], policy: Optional[str] = None, costs: str = "
     nbytes = parse_size(budget)
     name = _engine.enable(nbytes, policy, costs, offload, host_budget, host_tier, page_constants)
     _exports.set_active(True)
+    _threads.track_new_threads(True)
     mode, host_bytes = _engine.resolve_paging(offload, host_budget)
     return _Enabled(nbytes, name, mode, None if host_bytes < 0 else host_bytes, host_tier)
 
@@ -173,6 +176,7 @@ def disable() -> None:
     """Switches remat off and gives torch back its CPU allocator. Tensors allocated while enabled keep working.
     Raises RuntimeError if remat is not enabled."""
     _exports.set_active(False)
+    _threads.track_new_threads(False)
     if _engine.is_enabled():
         _engine.disable()
     else:

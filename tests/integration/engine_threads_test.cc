@@ -1,0 +1,162 @@
+// Engine bridge and threads (engine_lock.h; integration/README.md, "Threads"): a kernel whose worker thread
+// allocates under pressure gets room (it borrows the lock its op lends while the kernel runs), an unrelated thread
+// allocating while another thread runs ops gets room, disable from another thread while ops run is safe, and a
+// forked child starts with no lock held and reads what the parent had evicted.
+#include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/mul.h>
+#include <ATen/ops/randn.h>
+#include <ATen/ops/sum.h>
+#include <c10/util/Exception.h>
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <torch/library.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <functional>
+#include <thread>
+#include <vector>
+
+#include "integration/engine_session.h"
+#include "integration/same_bytes.h"
+#include "tests/integration/chain_workload.h"
+
+namespace {
+
+// A kernel that waits for a worker thread it starts, as an intra-op parallel kernel waits for its pool, while the
+// worker allocates 256 KiB.
+at::Tensor WorkerAllocates(const at::Tensor& x) {
+  at::Tensor scratch;
+  std::thread worker([&] { scratch = at::empty({1 << 16}); });
+  worker.join();
+  return x.clone();  // nested op: part of this one
+}
+
+TORCH_LIBRARY(remat_threads_test, m) { m.def("worker_allocates(Tensor x) -> Tensor"); }
+TORCH_LIBRARY_IMPL(remat_threads_test, CPU, m) { m.impl("worker_allocates", &WorkerAllocates); }
+
+at::Tensor CallWorkerAllocates(const at::Tensor& x) {
+  static const auto op = c10::Dispatcher::singleton()
+                             .findSchemaOrThrow("remat_threads_test::worker_allocates", "")
+                             .typed<at::Tensor(const at::Tensor&)>();
+  return op.call(x);
+}
+
+}  // namespace
+
+namespace remat::integration {
+namespace {
+
+constexpr std::size_t kKiB = 1024;
+
+TEST(EngineThreads, AWorkerOfARunningKernelThatAllocatesUnderPressureGetsRoom) {
+  const at::Tensor x = at::randn({128, 128});  // 64 KiB, outside the arena
+  at::manual_seed(7);
+  const std::vector<at::Tensor> reference = Chain(x, 16);
+  EngineGuard guard(EngineSessionOptions{640 * kKiB, "dtr-eq"});
+  at::manual_seed(7);
+  std::vector<at::Tensor> ys = Chain(x, 16);  // fills the budget with evictable storages
+  const at::Tensor y = CallWorkerAllocates(ys.back());
+  EXPECT_TRUE(SameBytes(y, reference.back()));
+  const absl::StatusOr<BridgeStats> stats = GetEngineStats();
+  ASSERT_TRUE(stats.ok());
+  EXPECT_GE(stats->borrowed_room, 1) << "the worker made room while the kernel lent the lock";
+  for (std::size_t i = 0; i < ys.size(); ++i) EXPECT_TRUE(SameBytes(ys[i], reference[i])) << i;
+}
+
+TEST(EngineThreads, AnotherThreadAllocatingWhileOpsRunGetsRoom) {
+  const at::Tensor x = at::randn({128, 128});
+  at::manual_seed(9);
+  const std::vector<at::Tensor> reference = Chain(x, 24);
+  EngineGuard guard(EngineSessionOptions{1024 * kKiB, "dtr-eq"});
+  std::atomic<bool> done{false};
+  std::atomic<int> failures{0}, allocations{0};
+  std::thread other([&] {  // not tracked: its tensors are never evicted, its allocations make room
+    while (!done.load()) {
+      try {
+        at::Tensor t = at::empty({1 << 15});  // 128 KiB, freed at once
+        allocations.fetch_add(1);
+        std::this_thread::sleep_for(std::chrono::microseconds(200));
+      } catch (const c10::OutOfMemoryError&) {
+        failures.fetch_add(1);
+      }
+    }
+  });
+  for (int round = 0; round < 20; ++round) {
+    at::manual_seed(9);
+    const std::vector<at::Tensor> ys = Chain(x, 24);
+    for (std::size_t i = 0; i < ys.size(); ++i) EXPECT_TRUE(SameBytes(ys[i], reference[i])) << round << " " << i;
+  }
+  done = true;
+  other.join();
+  EXPECT_EQ(failures.load(), 0) << "an allocation of the other thread ran out of memory";
+  EXPECT_GT(allocations.load(), 0);
+  EXPECT_GT(GetEngineStats()->engine.evictions, 0);
+}
+
+// Chain(x, 30) one step at a time (each step its own Chain call), keeping every result.
+std::vector<at::Tensor> Steps(const at::Tensor& x, int n, const std::function<void(int)>& after_step = {}) {
+  std::vector<at::Tensor> out;
+  at::Tensor y = x;
+  for (int i = 0; i < n; ++i) {
+    y = Chain(y, 1).back();
+    out.push_back(y);
+    if (after_step) after_step(i);
+  }
+  return out;
+}
+
+TEST(EngineThreads, DisableFromAnotherThreadWhileOpsRunIsSafe) {
+  const at::Tensor x = at::randn({128, 128});
+  at::manual_seed(5);
+  const std::vector<at::Tensor> reference = Steps(x, 30);
+  for (int round = 0; round < 20; ++round) {
+    ASSERT_TRUE(EnableRematEngine(EngineSessionOptions{400 * kKiB, "dtr-eq"}).ok());
+    std::atomic<bool> started{false};
+    std::thread disabler([&] {
+      while (!started.load()) std::this_thread::yield();
+      EXPECT_TRUE(DisableRematEngine().ok());
+    });
+    at::manual_seed(5);
+    const std::vector<at::Tensor> ys = Steps(x, 30, [&](int i) { started = started || i == 3; });  // disable races
+    disabler.join();
+    for (std::size_t i = 0; i < ys.size(); ++i) ASSERT_TRUE(SameBytes(ys[i], reference[i])) << round << " " << i;
+    EXPECT_FALSE(RematEngineEnabled());
+  }
+}
+
+TEST(EngineThreads, AForkedChildStartsWithNoLockHeldAndReadsWhatTheParentEvicted) {
+  const at::Tensor x = at::randn({128, 128});
+  at::manual_seed(3);
+  const std::vector<at::Tensor> reference = Chain(x, 20);
+  EngineGuard guard(EngineSessionOptions{512 * kKiB, "dtr-eq"});
+  at::manual_seed(3);
+  std::vector<at::Tensor> ys = Chain(x, 20);  // most of them evicted now
+  ASSERT_GT(GetEngineStats()->engine.evictions, 0);
+  std::atomic<bool> stop{false};
+  std::thread busy([&] {  // another thread in ops and allocations while the fork happens
+    while (!stop.load()) (void)at::sum(at::mul(x, 2.0));
+  });
+  const pid_t child = fork();
+  if (child == 0) {
+    at::set_num_threads(1);  // GNU OpenMP does not survive fork(); DataLoader workers do the same
+    int bad = 0;
+    for (std::size_t i = 0; i < ys.size(); ++i) bad += !SameBytes(ys[i], reference[i]);  // rematerialized here
+    const at::Tensor big = at::empty({1 << 20});  // 4 MiB: more than the budget; the child has no budget
+    _exit(bad == 0 && big.numel() == (1 << 20) ? 0 : 1);
+  }
+  stop = true;
+  busy.join();
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "child status " << status;
+  for (std::size_t i = 0; i < ys.size(); ++i) EXPECT_TRUE(SameBytes(ys[i], reference[i])) << i;
+}
+
+}  // namespace
+}  // namespace remat::integration

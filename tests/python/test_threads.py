@@ -1,0 +1,238 @@
+"""Threads and processes under remat (issue 16; the model is in integration/README.md, "Threads").
+
+- A second thread that allocates while the enabling thread trains under pressure gets eviction, not a spurious
+  torch.OutOfMemoryError.
+- disable() from another thread in the middle of training is safe: training goes on without remat, identical.
+- disable() then enable() between steps trains wherever the uninterrupted run does.
+- torch.set_num_threads(2) under pressure: intra-op workers that allocate get eviction too.
+- A DataLoader with two fork workers under REMAT_BUDGET: workers start with no lock held and train identically.
+
+Each runs ROUNDS rounds; results are compared as bytes (tests/python/oracle.py).
+"""
+
+import os
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+import torch
+
+import oracle
+import remat
+
+ROUNDS = int(os.environ.get("REMAT_THREAD_ROUNDS", "20"))
+HUGE = 4 << 30
+
+
+@pytest.fixture(autouse=True)
+def _remat_off_after_each_test():
+    yield
+    if remat.is_enabled():
+        remat.disable()
+
+
+def mlp(seed, width=256, depth=8):
+    torch.manual_seed(seed)
+    layers = []
+    for _ in range(depth):
+        layers += [torch.nn.Linear(width, width), torch.nn.GELU()]
+    return torch.nn.Sequential(*layers, torch.nn.Linear(width, 10))
+
+
+def setup(seed, batch=256):
+    """(model, optimizer, inputs, targets) with fixed seeds. Made on the calling thread: the global generator is
+    shared by every thread, so concurrent runs make their data before they start."""
+    model = mlp(seed)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    torch.manual_seed(seed + 100)
+    return model, opt, torch.randn(batch, 256), torch.randint(0, 10, (batch,))
+
+
+def train(seed, steps=3, between_steps=None, batch=256, made=None):
+    """Trains mlp(seed) with SGD; between_steps(step) runs after every step. Returns the byte snapshot."""
+    model, opt, x, y = made if made is not None else setup(seed, batch)
+    losses = []
+    for step in range(steps):
+        opt.zero_grad()
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+        loss.backward()
+        opt.step()
+        losses.append(loss.detach().clone())
+        if between_steps is not None:
+            between_steps(step)
+    return oracle.capture(model, opt, losses, eval_inputs=x)
+
+
+def peak(seed, **kw):
+    with remat.enable(HUGE, costs="estimated"):
+        train(seed, **kw)
+    return remat.stats()["peak_allocated_bytes"]
+
+
+def test_a_second_thread_allocating_under_pressure_gets_eviction():
+    reference_a, reference_b = train(1), train(2, batch=64)
+    budget = int(0.4 * peak(1)) + peak(2, batch=64)  # the second thread's tensors are never evicted
+    for round_ in range(ROUNDS):
+        results, errors = {}, []
+
+        made_b = setup(2, batch=64)
+
+        def second():
+            try:
+                results["b"] = train(2, made=made_b)
+            except BaseException as error:  # noqa: BLE001 (reported below)
+                errors.append(error)
+
+        with remat.enable(budget, costs="estimated"):
+            made_a = setup(1)
+            thread = threading.Thread(target=second)
+            thread.start()
+            try:
+                results["a"] = train(1, made=made_a)
+            finally:
+                thread.join()
+            stats = remat.stats()
+        assert not errors, f"round {round_}: the second thread failed: {errors[0]!r}"
+        oracle.assert_identical(reference_a, results["a"], f"round {round_}: the enabling thread")
+        oracle.assert_identical(reference_b, results["b"], f"round {round_}: the second thread")
+        assert stats["evictions"] > 0, stats
+
+
+def test_disable_from_another_thread_in_the_middle_of_training():
+    steps = 6
+    reference = train(3, steps=steps)
+    budget = int(0.5 * peak(3, steps=steps))
+    for round_ in range(ROUNDS):
+        started = threading.Event()
+        errors = []
+
+        def disabler():
+            started.wait()
+            try:
+                remat.disable()
+            except BaseException as error:  # noqa: BLE001
+                errors.append(error)
+
+        thread = threading.Thread(target=disabler)
+        thread.start()
+        remat.enable(budget, costs="estimated")
+        try:
+            got = train(3, steps=steps, between_steps=lambda step: started.set() if step == 1 else None)
+        finally:
+            started.set()
+            thread.join()
+        assert not errors, f"round {round_}: disable() from another thread failed: {errors[0]!r}"
+        assert not remat.is_enabled()
+        oracle.assert_identical(reference, got, f"round {round_}: disabled mid-training from another thread")
+
+
+def test_disable_then_enable_between_steps_trains_like_the_uninterrupted_run():
+    import torchvision
+
+    def resnet_run(budget=None, cycle=False):
+        torch.manual_seed(0)
+        model = torchvision.models.resnet18(num_classes=10)
+        opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+        torch.manual_seed(1)
+        x, y = torch.randn(8, 3, 64, 64), torch.randint(0, 10, (8,))
+        losses = []
+        if budget:
+            remat.enable(budget, costs="estimated", offload="auto")
+        try:
+            for _ in range(3):
+                opt.zero_grad()
+                loss = torch.nn.functional.cross_entropy(model(x), y)
+                loss.backward()
+                opt.step()
+                losses.append(loss.detach().clone())
+                del loss
+                if budget and cycle:
+                    remat.disable()
+                    remat.enable(budget, costs="estimated", offload="auto")
+        finally:
+            if remat.is_enabled():
+                remat.disable()
+        return oracle.capture(model, opt, losses, eval_inputs=x)
+
+    reference = resnet_run()
+    budget = int(0.4 * _resnet_peak())
+    uninterrupted = resnet_run(budget)
+    oracle.assert_identical(reference, uninterrupted, "resnet18 at 0.4 offload auto")
+    cycled = resnet_run(budget, cycle=True)
+    oracle.assert_identical(reference, cycled, "resnet18 at 0.4 offload auto, disabled and enabled between steps")
+
+
+def _resnet_peak():
+    import torchvision
+    torch.manual_seed(0)
+    model = torchvision.models.resnet18(num_classes=10)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    torch.manual_seed(1)
+    x, y = torch.randn(8, 3, 64, 64), torch.randint(0, 10, (8,))
+    with remat.enable(HUGE, costs="estimated"):
+        for _ in range(3):
+            opt.zero_grad()
+            torch.nn.functional.cross_entropy(model(x), y).backward()
+            opt.step()
+    return remat.stats()["peak_allocated_bytes"]
+
+
+def test_intra_op_threads_under_pressure():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        reference = train(4, batch=512)
+        budget = int(0.6 * peak(4, batch=512))  # 0.5 is below what this model needs, with one thread or two
+        for round_ in range(ROUNDS):
+            with remat.enable(budget, costs="estimated"):
+                got = train(4, batch=512)
+                stats = remat.stats()
+            oracle.assert_identical(reference, got, f"round {round_}: 2 intra-op threads at 0.6")
+            assert stats["evictions"] > 0
+    finally:
+        torch.set_num_threads(threads)
+
+
+DATALOADER_SCRIPT = r"""
+import os, sys, torch
+if os.environ.get("WITH_REMAT"):
+    import remat  # REMAT_BUDGET is set: remat is on for the whole process
+    assert remat.is_enabled()
+torch.manual_seed(0)
+data = torch.randn(512, 64)
+labels = torch.randint(0, 4, (512,))
+model = torch.nn.Sequential(*[torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.Tanh()) for _ in range(6)],
+                            torch.nn.Linear(64, 4))
+opt = torch.optim.SGD(model.parameters(), lr=0.05)
+loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(data, labels), batch_size=64, num_workers=2,
+                                     multiprocessing_context="fork", shuffle=False)
+for epoch in range(2):
+    for x, y in loader:
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()
+torch.save([p.detach().clone() for p in model.parameters()], sys.argv[1])
+print("ok")
+"""
+
+
+def test_a_dataloader_with_fork_workers_under_REMAT_BUDGET(tmp_path):
+    script = tmp_path / "loader.py"
+    script.write_text(DATALOADER_SCRIPT)
+    cwd = str(Path(remat.__file__).resolve().parents[1])
+    env = {k: v for k, v in os.environ.items() if not k.startswith("REMAT_BUDGET")}
+
+    def run(out, with_remat):
+        extra = {"WITH_REMAT": "1", "REMAT_BUDGET": "2MiB"} if with_remat else {}
+        done = subprocess.run([sys.executable, str(script), str(out)], capture_output=True, text=True, timeout=300,
+                              env={**env, **extra}, cwd=cwd)
+        assert done.returncode == 0, done.stderr[-3000:]
+        return torch.load(out)
+
+    reference = run(tmp_path / "reference.pt", False)
+    for round_ in range(ROUNDS):
+        got = run(tmp_path / f"remat{round_}.pt", True)
+        for r, g in zip(reference, got):
+            assert oracle.same_bytes(r, g), f"round {round_}"
