@@ -322,6 +322,18 @@ struct DepthGuard {
   DepthGuard& operator=(const DepthGuard&) = delete;
 };
 
+// Keys below the hook that mean the op does not run on real memory here, or runs it through Python or a transform
+// that calls the dispatcher again on plain tensors: FakeTensor and other dispatch modes and subclasses (Python),
+// functionalization, functorch's transforms, meta tensors. Such an op passes through unrecorded (torch.compile's
+// tracing is untouched); the ops it runs on real tensors come back through the hook and are recorded.
+bool Tracing(c10::DispatchKeySet below) {
+  static const c10::DispatchKeySet kTracing = c10::DispatchKeySet({
+      c10::DispatchKey::Python, c10::DispatchKey::Functionalize, c10::DispatchKey::FuncTorchDynamicLayerBackMode,
+      c10::DispatchKey::FuncTorchBatched, c10::DispatchKey::FuncTorchVmapMode, c10::DispatchKey::FuncTorchGradWrapper,
+      c10::DispatchKey::BatchedNestedTensor, c10::DispatchKey::Batched, c10::DispatchKey::VmapMode});
+  return !(below & kTracing).empty() || below.has_backend(c10::BackendComponent::MetaBit);
+}
+
 // Runs the op below the hook without recording it. A kernel that reads an evicted storage throws remat's
 // evicted-access error; the innermost op the hook passed through is the one that read it: name it.
 void PassThrough(const c10::OperatorHandle& op, c10::DispatchKeySet below, torch::jit::Stack* stack) {
@@ -360,7 +372,7 @@ void Fallback(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch::ji
     return;
   }
   const OpTraits& traits = TraitsOf(op);
-  if (!traits.tracked || DecomposesAt(op, traits, below)) {  // remat's own ops (disable) among them: not counted
+  if (!traits.tracked || Tracing(below) || DecomposesAt(op, traits, below)) {  // remat's own ops: not counted
     PassThrough(op, below, stack);
     return;
   }

@@ -15,6 +15,9 @@
 // What the fallback does:
 //   - no observer installed, or an op nested inside another seen op (a kernel's own at:: calls), or one of our
 //     own remat:: ops: redispatch below the key at once (the pass-through path: one TLS read, one atomic load);
+//   - an op traced or transformed rather than run on real memory (a Python dispatch mode such as FakeTensor, a
+//     tensor subclass, functionalization, functorch, meta tensors: their keys below the hook): it passes through,
+//     so torch.compile's tracing is untouched, and the ops it then runs on real tensors are recorded;
 //   - an op whose kernel for the key set below the hook is its CompositeImplicitAutograd kernel (or an autocast
 //     wrapper): it reads and writes tensors only through the ops it calls, which the hook sees, so it passes through
 //     and those ops are recorded. Decided per op and per dispatch key from the dispatcher's own rules

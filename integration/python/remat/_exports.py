@@ -36,8 +36,23 @@ def make_resident(tensor: torch.Tensor, writable: bool = True) -> None:
     """Brings `tensor`'s storage back if remat evicted or paged it and keeps it resident and in place for as long as
     it lives. For code that reads (or, with `writable`, writes) a tensor's bytes outside torch's ops. Nothing to do
     when remat is off or the tensor has no storage remat tracks."""
-    if _active and isinstance(tensor, torch.Tensor) and tensor.layout == torch.strided and tensor.device.type != "meta":
+    if not _active or not isinstance(tensor, torch.Tensor):
+        return
+    if _dispatch_mode_active() or _traced(torch._C._dispatch_keys(tensor)):
+        return  # a fake, functional or subclass tensor, or a tracing mode: no real bytes of remat's here
+    if tensor.layout == torch.strided and tensor.device.type != "meta":
         torch.ops.remat.make_resident(tensor, writable)
+
+
+_TRACING_KEYS = [torch._C.DispatchKey.Python, torch._C.DispatchKey.Functionalize]
+
+
+def _traced(keys) -> bool:
+    return any(keys.has(key) for key in _TRACING_KEYS)
+
+
+def _dispatch_mode_active() -> bool:
+    return torch._C._len_torch_dispatch_stack() > 0
 
 
 def _wrap_method(owner, name: str, writable: bool):
