@@ -15,7 +15,7 @@ export CCACHE_NOHASHDIR := 1
 
 PYTHON := $(REMAT_VENV)/bin/python
 
-.PHONY: all setup configure build test demo sanitize clean
+.PHONY: all setup configure build test demo zoo sanitize clean
 
 all: build
 
@@ -33,6 +33,11 @@ test: build
 
 demo: build
 	@scripts/demo.sh "$(BUILD_DIR)"
+
+# The whole model zoo (tests/python/test_zoo.py with REMAT_ZOO=all; make test runs its quick subset); the table of
+# results goes to $(BUILD_DIR)/zoo.md (or REMAT_ZOO_MARKDOWN). About 40 minutes on 2 idle cores.
+zoo: build
+	@scripts/run_zoo.sh "$(BUILD_DIR)"
 
 # The core under AddressSanitizer + UndefinedBehaviorSanitizer, in its own build directory.
 sanitize: setup
