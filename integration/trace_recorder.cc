@@ -163,9 +163,15 @@ absl::Status TraceRecorder::Close() {
   ReleaseDead();
   known_.clear();
   out_.flush();
-  const bool ok = static_cast<bool>(out_);
+  bool ok = static_cast<bool>(out_);
+  const int flush_errno = errno;
   out_.close();
-  if (!ok) return absl::DataLossError(absl::StrCat("remat: writing the trace ", path_, " failed"));
+  ok = ok && static_cast<bool>(out_);
+  if (!ok) {
+    return absl::DataLossError(absl::StrCat("remat: writing the trace ", path_, " failed (",
+                                            std::strerror(flush_errno != 0 ? flush_errno : errno),
+                                            "); the trace is incomplete"));
+  }
   return absl::OkStatus();
 }
 

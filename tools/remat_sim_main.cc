@@ -10,6 +10,8 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <cerrno>
+#include <cstring>
 #include <iostream>
 #include <string>
 #include <vector>
@@ -109,6 +111,10 @@ int Main(int argc, char** argv) {
   progress.Finish();
 
   std::cout << FormatTable(rows) << std::flush;
+  if (!std::cout) {  // a full disk or a closed pipe: the table is lost, and the run must say so
+    std::cerr << program << ": cannot write the table to standard output: " << std::strerror(errno) << "\n";
+    return kFailureExitCode;
+  }
   int status = 0;
   for (const SimRow& row : rows) {
     if (row.result == "error") {

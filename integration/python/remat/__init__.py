@@ -253,11 +253,15 @@ def stop_recording() -> int:
 
 
 def _close_trace_at_exit() -> None:
-    # The recorder lives in the C++ library, which is never unloaded: close an open trace so it is complete.
+    # The recorder lives in the C++ library, which is never unloaded: close an open trace so it is complete, and say
+    # so on stderr if it could not be written (REMAT_TRACE on a full disk): a lost trace is never silent.
     try:
         stop_recording()
-    except RuntimeError:
-        pass
+    except RuntimeError as error:
+        message = str(error).splitlines()[0] if str(error) else ""
+        if "no trace is being recorded" not in message:
+            import sys
+            print(message, file=sys.stderr)
 
 
 atexit.register(_close_trace_at_exit)
