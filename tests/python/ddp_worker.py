@@ -1,11 +1,14 @@
 """One rank of the DistributedDataParallel test (test_remat.py): trains the same small model 3 steps without
-remat and then under remat.enable, and saves both runs' losses and parameters for the parent to compare."""
+remat and then under remat.enable, and saves both runs' byte-oracle snapshots (oracle.py: losses, gradients,
+parameters, buffers, optimizer state, eval-mode outputs; taken with remat off) for the parent to compare."""
 
 import os
 import sys
 
 import torch
 import torch.distributed as dist
+
+import oracle  # tests/python, this script's directory
 
 
 def train(model_seed, rank):
@@ -23,18 +26,25 @@ def train(model_seed, rank):
         loss.backward()
         opt.step()
         losses.append(loss.detach().clone())
-    return losses, [p.detach().clone() for p in model.parameters()]
+    return model, opt, losses, data
+
+
+def snapshot(model, opt, losses, data):
+    """The oracle's snapshot as a dict of tensors and plain values (torch.load's weights_only default reads it back;
+    the parent rebuilds it with oracle.Snapshot(**...)). The eval outputs come from the module DDP wraps, not from
+    DDP's forward, which would talk to the other rank."""
+    return vars(oracle.capture(model, opt, losses, eval_inputs=data))
 
 
 def main(rank, world_size, port, out_dir):
     import remat
 
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size)
-    reference = train(0, rank)
+    reference = snapshot(*train(0, rank))
     with remat.enable(budget="64MiB"):
         under_remat = train(0, rank)
         stats = remat.stats()
-    torch.save({"reference": reference, "remat": under_remat, "stats": stats},
+    torch.save({"reference": reference, "remat": snapshot(*under_remat), "stats": stats},
                os.path.join(out_dir, f"rank{rank}.pt"))
     dist.destroy_process_group()
     # torch 2.14's gloo aborts now and then while the interpreter shuts down ("terminate called without an active

@@ -1,5 +1,6 @@
-"""Paging to a second tier on CPU (issue 7): the training cases of test_remat_training.py train bitwise identically
-with offload "always" and "auto" at 0.3 of their peak, with real copies to a host tier (host memory outside the
+"""Paging to a second tier on CPU (issue 7): the training cases of test_remat_training.py train identically (the byte
+oracle, oracle.py: losses, gradients, parameters, buffers, optimizer state and eval-mode outputs) with offload
+"always" and "auto" at 0.3 of their peak, with real copies to a host tier (host memory outside the
 arena, or a temporary file). The offload options and REMAT_OFFLOAD / REMAT_HOST_BUDGET are parsed by remat's C++
 configuration parser; bad values are ValueErrors naming the option or the variable.
 
@@ -17,8 +18,9 @@ from pathlib import Path
 import pytest
 import torch
 
+import oracle
 import remat
-from test_remat_training import (CASES, HUGE, MiB, assert_identical, reference_and_peak, train)
+from test_remat_training import (CASES, HUGE, MiB, reference_and_peak, train)
 
 OFFLOAD_BUDGET = 0.3
 
@@ -36,9 +38,8 @@ def test_training_with_offload_is_bitwise_identical(name, optimizer, offload, mo
     reference, peak = reference_and_peak(name, optimizer)
     budget = int(peak * OFFLOAD_BUDGET)
     monkeypatch.setenv("REMAT_OFFLOAD", offload)
-    got = train(name, optimizer, budget=budget)
-    stats = got[3]
-    assert_identical(reference, got, f"{name}/{optimizer} offload={offload} at {OFFLOAD_BUDGET}")
+    got, stats = train(name, optimizer, budget=budget)
+    oracle.assert_identical(reference, got, f"{name}/{optimizer} offload={offload} at {OFFLOAD_BUDGET}")
     assert stats["peak_allocated_bytes"] <= budget
     assert stats["failed_allocations"] == stats["retried_ops"] + stats["retried_replays"]  # every one recovered
     assert stats["page_outs"] > 0 and stats["page_ins"] > 0, stats
@@ -47,25 +48,21 @@ def test_training_with_offload_is_bitwise_identical(name, optimizer, offload, mo
 
 
 def test_the_file_backed_tier_trains_bitwise_identically(monkeypatch):
-    reference = train("gpt", "adam")
-    peak = train("gpt", "adam", budget=HUGE)[3]["peak_allocated_bytes"]
+    reference, peak = reference_and_peak("gpt", "adam")
     monkeypatch.setattr(remat, "enable", functools.partial(remat.enable, offload="always", host_tier="file"))
-    got = train("gpt", "adam", budget=int(peak * 0.3))
-    assert_identical(reference, got, "gpt/adam offload=always host_tier=file at 0.3")
-    stats = got[3]
+    got, stats = train("gpt", "adam", budget=int(peak * 0.3))
+    oracle.assert_identical(reference, got, "gpt/adam offload=always host_tier=file at 0.3")
     assert stats["page_outs"] > 0 and stats["page_ins"] > 0
     assert stats["host_tier_file_bytes"] > 0
 
 
 def test_the_host_budget_is_respected_and_what_does_not_fit_is_dropped(monkeypatch):
-    reference = train("gpt", "sgd")
-    peak = train("gpt", "sgd", budget=HUGE)[3]["peak_allocated_bytes"]
+    reference, peak = reference_and_peak("gpt", "sgd")
     host_budget = peak // 10
     monkeypatch.setenv("REMAT_OFFLOAD", "always")
     monkeypatch.setenv("REMAT_HOST_BUDGET", str(host_budget))
-    got = train("gpt", "sgd", budget=int(peak * 0.5))
-    assert_identical(reference, got, "gpt/sgd offload=always, small host budget, at 0.5")
-    stats = got[3]
+    got, stats = train("gpt", "sgd", budget=int(peak * 0.5))
+    oracle.assert_identical(reference, got, "gpt/sgd offload=always, small host budget, at 0.5")
     assert 0 < stats["host_peak_bytes"] <= host_budget
     assert stats["page_outs"] > 0
     assert stats["evictions"] > stats["page_outs"], stats  # victims that did not fit were dropped
@@ -73,8 +70,8 @@ def test_the_host_budget_is_respected_and_what_does_not_fit_is_dropped(monkeypat
 
 def test_offload_off_pages_nothing(monkeypatch):
     monkeypatch.setenv("REMAT_OFFLOAD", "off")
-    peak = train("gpt", "sgd", budget=HUGE)[3]["peak_allocated_bytes"]
-    stats = train("gpt", "sgd", budget=int(peak * 0.6))[3]
+    peak = train("gpt", "sgd", budget=HUGE)[1]["peak_allocated_bytes"]
+    stats = train("gpt", "sgd", budget=int(peak * 0.6))[1]
     assert stats["evictions"] > 0
     assert stats["page_outs"] == 0 and stats["paged_out_bytes"] == 0 and stats["host_peak_bytes"] == 0
 
