@@ -25,6 +25,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "allocator/memory_provider.h"
+#include "integration/memory_events.h"
 
 namespace remat::integration {
 namespace {
@@ -99,16 +100,25 @@ void Delete(void* pointer) {
     previous(pointer);
     return;
   }
+  if (MemoryHistoryEnabled()) {
+    absl::StatusOr<BlockInfo> block = owner->arena->Block(address);
+    RecordMemoryEvent(MemoryEventKind::kFree, address, block.ok() ? block->size : 0);
+  }
   const absl::Status status = owner->arena->Free(address);
   TORCH_INTERNAL_ASSERT(status.ok(), "remat: CPU arena free failed: ", std::string(status.message()));
   Unref(owner);
+}
+
+// A block's size in the arena (0 bytes take one alignment unit, as Arena::Allocate counts them).
+std::size_t AlignedSize(std::size_t bytes) {
+  return std::max<std::size_t>(1, (bytes + kCpuAlignment - 1) / kCpuAlignment) * kCpuAlignment;
 }
 
 std::string OutOfMemoryMessage(LiveArena& live, std::size_t bytes, const absl::Status& status) {
   live.failed.fetch_add(1, std::memory_order_relaxed);
   const ArenaStats s = live.arena->Stats();
   return absl::StrCat("remat: CPU memory budget exhausted: tried to allocate ", bytes, " bytes (",
-                      ((bytes + kCpuAlignment - 1) / kCpuAlignment) * kCpuAlignment, " aligned); budget ",
+                      AlignedSize(bytes), " aligned); budget ",
                       live.budget, " bytes, allocated ", s.allocated_bytes, ", free ", s.free_bytes,
                       ", largest free block ", s.largest_free_block,
                       ". Raise the budget given to remat.enable(). (arena: ", status.message(), ")");
@@ -141,9 +151,13 @@ class ArenaCpuAllocator final : public c10::Allocator {
         return Forward(bytes);
       }
       const std::string message = OutOfMemoryMessage(*live, bytes, address.status());
+      if (MemoryHistoryEnabled()) {
+        RecordMemoryEvent(MemoryEventKind::kOutOfMemory, 0, AlignedSize(bytes), live->arena->Stats().free_bytes);
+      }
       Unref(live);
       TORCH_CHECK_WITH(OutOfMemoryError, false, message);
     }
+    RecordMemoryEvent(MemoryEventKind::kAlloc, *address, AlignedSize(bytes));
     void* pointer = reinterpret_cast<void*>(*address);
     return c10::DataPtr(pointer, pointer, &Delete, cpu);
   }
@@ -317,6 +331,7 @@ c10::DataPtr TryAllocateInCpuArena(std::size_t bytes, Placement placement) {
     Unref(live);
     return c10::DataPtr(nullptr, cpu);
   }
+  RecordMemoryEvent(MemoryEventKind::kAlloc, *address, AlignedSize(bytes));
   void* pointer = reinterpret_cast<void*>(*address);
   return c10::DataPtr(pointer, pointer, &Delete, cpu);
 }
@@ -329,12 +344,20 @@ absl::Status SlideInCpuArena(c10::StorageImpl& storage, std::uintptr_t to) {
     return absl::FailedPreconditionError("remat: only a block of the installed CPU arena can slide");
   }
   if (absl::Status moved = g_active->arena->Move(from, to); !moved.ok()) return moved;
+  RecordMemoryEvent(MemoryEventKind::kMove, from, AlignedSize(storage.nbytes()), to);
   std::memmove(reinterpret_cast<void*>(to), reinterpret_cast<void*>(from), storage.nbytes());
   // The block (and the arena reference it holds) now lives at `to`: the old DataPtr must not free anything.
   void* pointer = reinterpret_cast<void*>(to);
   c10::DataPtr old = storage.set_data_ptr(c10::DataPtr(pointer, pointer, &Delete, data.device()));
   (void)old.release_context();
   return absl::OkStatus();
+}
+
+std::vector<BlockInfo> CpuArenaBlocks() {
+  std::vector<BlockInfo> blocks;
+  std::shared_lock<std::shared_mutex> lock(g_registry_mutex);
+  if (g_active != nullptr) g_active->arena->ForEachBlock([&](const BlockInfo& block) { blocks.push_back(block); });
+  return blocks;
 }
 
 Arena* InstalledCpuArena() {

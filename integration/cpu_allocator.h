@@ -28,6 +28,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -91,6 +92,10 @@ c10::DataPtr TryAllocateInCpuArena(std::size_t bytes, Placement placement);
 // installed arena; the arena's InvalidArgument when `to` is out of range (nothing changes then). The caller makes
 // sure no kernel is using the storage.
 absl::Status SlideInCpuArena(c10::StorageImpl& storage, std::uintptr_t to);
+
+// The installed arena's blocks in address order (empty when none is installed), read under the registry lock so the
+// arena cannot be retired meanwhile: for memory snapshots (memory_events.h).
+std::vector<BlockInfo> CpuArenaBlocks();
 
 // The installed arena, for the runtime (SetOwner, FindWindow, Free of evicted blocks); nullptr when none.
 // Valid until UninstallCpuArena.

@@ -27,6 +27,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "integration/memory_events.h"
 #include "integration/op_effects.h"
 #include "integration/storage_eviction.h"
 
@@ -388,6 +389,7 @@ void Fallback(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch::ji
 void RecordOp(const c10::OperatorHandle& op, const OpTraits& traits, c10::DispatchKeySet below,
               torch::jit::Stack* stack, OpObserver* observer) {
   DepthGuard depth;
+  const MemoryEventScope history(traits.name, /*op=*/true);  // the op's span on remat.trace's timeline
   OpRecord record(op, traits);
   record.replayable = traits.replayable;
   const std::size_t num_arguments = op.schema().arguments().size();

@@ -13,6 +13,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
+#include "integration/memory_events.h"
 #include "integration/storage_eviction.h"
 
 namespace remat::integration {
@@ -150,6 +151,7 @@ absl::Status TorchExecutor::ExecuteOrThrow(Engine& engine, OpId op, bool replay,
   }
   (void)replay;  // first executions run in the user's thread (BeginOp/EndOp); everything here is a replay
   const std::int64_t start = NowNs();
+  const MemoryEventScope history(ops_[op]->record.traits->name, /*op=*/true, /*replay=*/true);
   struct ClearInUse {
     std::vector<const c10::StorageImpl*>* in_use;
     ~ClearInUse() { in_use->clear(); }
@@ -242,6 +244,8 @@ absl::Status TorchExecutor::ExecuteOrThrow(Engine& engine, OpId op, bool replay,
       return absl::InternalError(absl::StrCat("remat: replay of ", record.traits->name, " does not produce storage ",
                                               s));
     }
+    RecordMemoryEvent(MemoryEventKind::kRematerialize, engine.StorageAddress(s),
+                      static_cast<std::uint64_t>(engine.StorageBytes(s)), s);
   }
   ++stats_.replays;
   stats_.replay_ns += NowNs() - start;
@@ -249,8 +253,14 @@ absl::Status TorchExecutor::ExecuteOrThrow(Engine& engine, OpId op, bool replay,
 }
 
 void TorchExecutor::Evict(Engine& engine, std::uint32_t s) {
-  (void)engine;
   if (s >= homes_.size()) return;
+  // A storage the program still refers to is evicted; one it let go of is just freed (a release).
+  const bool released = engine.StorageExternalRefs(s) == 0;
+  if (MemoryHistoryEnabled()) {
+    RecordMemoryEvent(released ? MemoryEventKind::kRelease : MemoryEventKind::kEvict, engine.StorageAddress(s),
+                      static_cast<std::uint64_t>(engine.StorageBytes(s)), s);
+  }
+  const MemoryEventScope history(released ? "remat: free released" : "remat: evict", /*op=*/false);
   if (shadows_[s]) {
     shadows_[s].reset();  // frees its memory: nobody else holds a shadow
     ++stats_.evictions;
@@ -293,6 +303,8 @@ absl::Status TorchExecutor::PageOut(Engine& engine, std::uint32_t s) {
     bytes = staging.data();
   }
   if (absl::Status stored = tier_->Store(s, bytes, nbytes); !stored.ok()) return stored;
+  RecordMemoryEvent(MemoryEventKind::kPageOut, address, nbytes, s);
+  const MemoryEventScope history("remat: page out", /*op=*/false);
   if (shadows_[s]) {
     shadows_[s].reset();  // frees its memory: nobody else holds a shadow
   } else if (absl::StatusOr<std::size_t> dropped = EvictStorage(*holder); !dropped.ok()) {
@@ -322,6 +334,7 @@ absl::Status TorchExecutor::PageInOrThrow(Engine& engine, StorageIndex s) {
   if (!tier_->Holds(s)) return absl::FailedPreconditionError(absl::StrCat("remat: storage ", s, " is not paged"));
   Grow(s);
   const auto nbytes = static_cast<std::size_t>(engine.StorageBytes(s));
+  const MemoryEventScope history("remat: page in", /*op=*/false);
   c10::intrusive_ptr<c10::StorageImpl> memory = memory_->NewStorage(nbytes);  // may make room (the arena's handler)
   void* target = memory->_mutable_data_ptr_no_checks().get();
   // On failure the tier copy stays; `memory` goes back to the arena.
@@ -336,14 +349,16 @@ absl::Status TorchExecutor::PageInOrThrow(Engine& engine, StorageIndex s) {
     return delivered;
   }
   tier_->Release(s);
+  RecordMemoryEvent(MemoryEventKind::kPageIn, engine.StorageAddress(s), nbytes, s);
   ++stats_.page_ins;
   stats_.page_in_ns += NowNs() - start;
   return absl::OkStatus();
 }
 
 void TorchExecutor::DropPaged(Engine& engine, std::uint32_t s) {
-  (void)engine;
-  if (tier_ != nullptr) tier_->Release(s);
+  if (tier_ == nullptr) return;
+  RecordMemoryEvent(MemoryEventKind::kDropPaged, 0, static_cast<std::uint64_t>(engine.StorageBytes(s)), s);
+  tier_->Release(s);
 }
 
 bool TorchExecutor::InUse(const c10::StorageImpl* impl) const {
@@ -361,6 +376,7 @@ absl::StatusOr<bool> TorchExecutor::Relocate(Engine& engine, std::uint32_t s, Ad
   if (!home || IsEvicted(*home) || !EvictableMemory(*memory_, *home) || InUse(home.get())) return false;
   const std::size_t nbytes = home->nbytes();
   const std::size_t alignment = memory_->alignment();
+  const MemoryEventScope history("remat: relocate", /*op=*/false);
   for (const Placement placement : {Placement::kTop, Placement::kLow}) {
     c10::DataPtr fresh = memory_->TryAllocate(nbytes, placement);  // freed on return unless swapped in
     if (fresh.get() == nullptr) return false;
@@ -382,6 +398,7 @@ absl::StatusOr<bool> TorchExecutor::Relocate(Engine& engine, std::uint32_t s, Ad
 absl::StatusOr<bool> TorchExecutor::Slide(Engine& engine, std::uint32_t s, std::uintptr_t to) {
   c10::intrusive_ptr<c10::StorageImpl> holder = Holder(s);
   if (!holder || IsEvicted(*holder) || !EvictableMemory(*memory_, *holder) || InUse(holder.get())) return false;
+  const MemoryEventScope history("remat: compact", /*op=*/false);
   const absl::Status slid = memory_->Slide(*holder, to);
   if (!slid.ok() && !absl::IsDataLoss(slid)) return slid;
   engine.SetAddress(s, to);  // DataLoss: the block moved without (all of) its bytes; the op fails with the error

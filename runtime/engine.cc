@@ -1489,6 +1489,7 @@ void Engine::CollectDead() {
 std::int64_t Engine::StorageBytes(StorageIndex s) const { return impl_->storages[s].size; }
 std::uintptr_t Engine::StorageAddress(StorageIndex s) const { return impl_->storages[s].address; }
 std::int64_t Engine::ExternalRefs(TensorId t) const { return impl_->tensors[t].ext_refs; }
+std::int64_t Engine::StorageExternalRefs(StorageIndex s) const { return impl_->storages[s].ext_refs; }
 OpId Engine::ProducerOf(TensorId t) const { return impl_->tensors[t].op; }
 std::span<const TensorId> Engine::OpInputs(OpId op) const { return impl_->Inputs(impl_->ops[op]); }
 std::span<const TensorId> Engine::OpOutputs(OpId op) const { return impl_->Outputs(impl_->ops[op]); }

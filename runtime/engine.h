@@ -236,6 +236,9 @@ class Engine final : public PressureHandler, private StorageView {
   std::int64_t StorageBytes(StorageIndex s) const;
   std::uintptr_t StorageAddress(StorageIndex s) const;
   std::int64_t ExternalRefs(TensorId t) const;
+  // The external references of all of s's tensors: 0 once the program let go of it (its memory is then freed on
+  // release, not evicted).
+  std::int64_t StorageExternalRefs(StorageIndex s) const;
   OpId ProducerOf(TensorId t) const;
   std::span<const TensorId> OpInputs(OpId op) const;
   std::span<const TensorId> OpOutputs(OpId op) const;
