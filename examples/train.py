@@ -13,6 +13,7 @@ losses and parameters are bitwise identical; exits 1 if they are not, 2 if the b
 """
 
 import argparse
+import contextlib
 import math
 import sys
 import time
@@ -92,8 +93,9 @@ def make_optimizer(args, model):
     return torch.optim.Adam(model.parameters(), lr=1e-3)
 
 
-def run(args, budget=None):
-    """Trains args.steps steps; returns (losses, params, seconds per step after the first, stats or None)."""
+def run(args, budget=None, pictures=False):
+    """Trains args.steps steps; returns (losses, params, seconds per step after the first, stats or None). With
+    `pictures`, writes args.trace (remat.trace) and args.snapshot (remat.dump_snapshot) when they are set."""
     model, inputs, targets, loss_fn = build(args)
     opt = make_optimizer(args, model)
     torch.manual_seed(1)
@@ -101,17 +103,15 @@ def run(args, budget=None):
     times = []
     if budget is not None:
         remat.enable(budget, policy=args.policy, costs=args.costs, offload=args.offload, host_tier=args.host_tier)
+    timeline = remat.trace(args.trace) if pictures and args.trace else contextlib.nullcontext()
+    if pictures and args.snapshot:
+        remat.record_memory_history()
     try:
-        losses = []
-        for _ in range(args.steps):
-            start = time.perf_counter()
-            opt.zero_grad()
-            loss = loss_fn(model(inputs), targets)
-            loss.backward()
-            opt.step()
-            losses.append(loss.detach().clone())
-            del loss
-            times.append(time.perf_counter() - start)
+        with timeline:
+            losses = train_steps(args, model, inputs, targets, loss_fn, opt, times)
+        if pictures and args.snapshot:
+            remat.dump_snapshot(args.snapshot)
+            remat.record_memory_history(False)
     finally:
         if budget is not None:
             remat.disable()
@@ -119,6 +119,21 @@ def run(args, budget=None):
     params = [p.detach().clone() for p in model.parameters()]
     step_time = sum(times[1:]) / max(1, len(times) - 1) if len(times) > 1 else times[0]
     return losses, params, step_time, stats
+
+
+def train_steps(args, model, inputs, targets, loss_fn, opt, times):
+    """args.steps training steps; appends each step's seconds to `times`; returns the losses."""
+    losses = []
+    for _ in range(args.steps):
+        start = time.perf_counter()
+        opt.zero_grad()
+        loss = loss_fn(model(inputs), targets)
+        loss.backward()
+        opt.step()
+        losses.append(loss.detach().clone())
+        del loss
+        times.append(time.perf_counter() - start)
+    return losses
 
 
 def identical(a, b):
@@ -150,6 +165,11 @@ def main():
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--batch", type=int, default=2)
     parser.add_argument("--image-size", type=int, default=64)
+    parser.add_argument("--trace", default=None,
+                        help="write the budgeted run's timeline here (Chrome trace JSON: remat.trace; draw it with "
+                             "python -m remat.plot; the step time then includes recording)")
+    parser.add_argument("--snapshot", default=None,
+                        help="write the budgeted run's memory snapshot here (memory_viz pickle: remat.dump_snapshot)")
     args = parser.parse_args()
     if args.policy is not None and args.policy not in remat.policies():
         parser.error(f"unknown policy {args.policy!r}; registered policies: {', '.join(remat.policies())}")
@@ -165,7 +185,7 @@ def main():
     budget = int(peak * float(args.budget)) if "." in args.budget else remat.parse_size(args.budget)
     print(f"budget:                    {mib(budget)} ({budget / peak:.2f} of the peak)")
     try:
-        losses, params, step_time, stats = run(args, budget=budget)
+        losses, params, step_time, stats = run(args, budget=budget, pictures=True)
     except torch.OutOfMemoryError as error:
         print(f"budget too small for {args.model} under remat: {str(error).splitlines()[0]}")
         return 2

@@ -37,7 +37,8 @@ from typing import Dict, Optional, Union
 import torch
 
 __all__ = ["enable", "disable", "is_enabled", "stats", "reset_peak", "record", "stop_recording", "parse_size",
-           "library_path", "policies", "install_cuda_allocator", "make_resident", "track_this_thread"]
+           "library_path", "policies", "install_cuda_allocator", "make_resident", "track_this_thread",
+           "record_memory_history", "memory_snapshot", "dump_snapshot", "trace"]
 
 _LIBRARY_NAME = "libremat_torch.so"
 
@@ -95,6 +96,7 @@ from . import _exports  # noqa: E402  (numpy(), data_ptr(), DLPack, torch.save: 
 from ._exports import make_resident  # noqa: E402
 from . import _threads  # noqa: E402  (threads started while remat is on are tracked)
 from ._threads import track_this_thread  # noqa: E402
+from ._history import dump_snapshot, memory_snapshot, record_memory_history, trace  # noqa: E402  (pictures of a run)
 from .cuda import install_cuda_allocator  # noqa: E402  (REMAT_DEVICE=cuda installs it here, before CUDA starts)
 
 
