@@ -16,13 +16,6 @@ import remat
 MiB = 1 << 20
 
 
-@pytest.fixture(autouse=True)
-def _remat_off_after_each_test():
-    yield
-    if remat.is_enabled():
-        remat.disable()
-
-
 class SmallNet(torch.nn.Module):
     """Conv, batch norm, pooling, dropout, a residual add and a linear head: views, in-place ops and random ops."""
 

@@ -25,13 +25,6 @@ from test_remat_training import (CASES, HUGE, MiB, reference_and_peak, train)
 OFFLOAD_BUDGET = 0.3
 
 
-@pytest.fixture(autouse=True)
-def _remat_off_after_each_test():
-    yield
-    if remat.is_enabled():
-        remat.disable()
-
-
 @pytest.mark.parametrize("offload", ["always", "auto"])
 @pytest.mark.parametrize("name,optimizer", CASES)
 def test_training_with_offload_is_bitwise_identical(name, optimizer, offload, monkeypatch):

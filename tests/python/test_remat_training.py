@@ -50,13 +50,6 @@ MiB = 1 << 20
 HUGE = 4 << 30
 
 
-@pytest.fixture(autouse=True)
-def _remat_off_after_each_test():
-    yield
-    if remat.is_enabled():
-        remat.disable()
-
-
 class GPT(torch.nn.Module):
     """A GPT-2-style decoder: token and position embeddings, pre-norm blocks with causal self-attention and a GELU
     MLP, dropout on embeddings, attention weights and residual branches, tied output projection."""

@@ -28,13 +28,6 @@ MiB = 1 << 20
 HUGE = 4 << 30
 
 
-@pytest.fixture(autouse=True)
-def _remat_off_after_each_test():
-    yield
-    if remat.is_enabled():
-        remat.disable()
-
-
 def run(build, inputs, loss_fn, steps=3, budget=None, offload="off", eval_first=False):
     """Trains `steps` SGD steps of build() (fixed seeds); with a budget, under remat. Returns (snapshot, stats)."""
     torch.manual_seed(0)

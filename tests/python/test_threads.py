@@ -16,7 +16,6 @@ import sys
 import threading
 from pathlib import Path
 
-import pytest
 import torch
 
 import oracle
@@ -24,13 +23,6 @@ import remat
 
 ROUNDS = int(os.environ.get("REMAT_THREAD_ROUNDS", "20"))
 HUGE = 4 << 30
-
-
-@pytest.fixture(autouse=True)
-def _remat_off_after_each_test():
-    yield
-    if remat.is_enabled():
-        remat.disable()
 
 
 def mlp(seed, width=256, depth=8):

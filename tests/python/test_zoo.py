@@ -310,13 +310,6 @@ def print_result(r: Result) -> None:
 # pytest
 # ---------------------------------------------------------------------------------------------------------------
 
-@pytest.fixture(autouse=True)
-def _remat_off_after_each_test():
-    yield
-    if remat.is_enabled():
-        remat.disable()
-
-
 @pytest.fixture(scope="module", autouse=True)
 def _zoo_table():
     yield
