@@ -25,6 +25,7 @@ class CpuDeviceMemory final : public DeviceMemory {
   absl::Status CopyToHost(void* host, const void* src, std::size_t nbytes) override;
   absl::Status CopyFromHost(void* dst, const void* host, std::size_t nbytes) override;
   bool host_accessible() const override { return true; }
+  std::int16_t history_device() const override { return kHistoryCpu; }
 
  private:
   Arena* arena_;

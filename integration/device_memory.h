@@ -25,6 +25,7 @@
 
 #include "absl/status/status.h"
 #include "allocator/arena.h"
+#include "integration/memory_events.h"
 
 namespace remat::integration {
 
@@ -62,6 +63,9 @@ class DeviceMemory {
   virtual absl::Status CopyFromHost(void* dst, const void* host, std::size_t nbytes) = 0;
   // Host code may read and write this memory directly (the CPU): paging copies need no staging buffer.
   virtual bool host_accessible() const = 0;
+  // Whose memory the history (memory_events.h) files this memory's events under: kHistoryCpu (-1) for the CPU
+  // arena, the device index for a CUDA device's arena.
+  virtual std::int16_t history_device() const = 0;
 };
 
 // A new storage holding a copy of `source`'s bytes: in `memory` when `source` is on its device type (a copy within

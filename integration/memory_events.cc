@@ -66,7 +66,7 @@ std::uint32_t InternContext(Log& log) {
 
 // Appends with log.mutex held.
 void Append(Log& log, MemoryEventKind kind, std::uint64_t address, std::uint64_t size, std::uint64_t extra,
-            std::uint32_t label) {
+            std::uint32_t label, std::int16_t device = kHistoryCpu) {
   if (t_thread == UINT32_MAX) t_thread = log.next_thread.fetch_add(1, std::memory_order_relaxed);
   MemoryEvent event;
   event.time_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - log.start)
@@ -77,6 +77,7 @@ void Append(Log& log, MemoryEventKind kind, std::uint64_t address, std::uint64_t
   event.context = t_context;
   event.label = label;
   event.thread = t_thread;
+  event.device = device;
   event.kind = kind;
   if (log.ring.size() < log.capacity) {
     log.ring.push_back(event);
@@ -117,11 +118,12 @@ MemoryHistory CopyMemoryHistory() {
   return out;
 }
 
-void RecordMemoryEvent(MemoryEventKind kind, std::uint64_t address, std::uint64_t size, std::uint64_t extra) {
+void RecordMemoryEvent(MemoryEventKind kind, std::uint64_t address, std::uint64_t size, std::uint64_t extra,
+                       std::int16_t device) {
   if (!MemoryHistoryEnabled()) return;
   Log& log = TheLog();
   std::lock_guard<std::mutex> lock(log.mutex);
-  Append(log, kind, address, size, extra, 0);
+  Append(log, kind, address, size, extra, 0, device);
 }
 
 MemoryEventScope::MemoryEventScope(std::string_view label, bool op, bool replay) {

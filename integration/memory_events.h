@@ -47,6 +47,8 @@ enum class MemoryEventKind : std::uint8_t {
   kOutOfMemory,
 };
 
+inline constexpr std::int16_t kHistoryCpu = -1;
+
 struct MemoryEvent {
   std::int64_t time_ns = 0;  // steady clock, since the history started
   std::uint64_t address = 0;
@@ -55,6 +57,7 @@ struct MemoryEvent {
   std::uint32_t context = 0;
   std::uint32_t label = 0;   // kOpBegin / kOpEnd: the op's name; else 0 ("")
   std::uint32_t thread = 0;  // 0 for the first thread that recorded, 1 for the next, ...
+  std::int16_t device = kHistoryCpu;  // whose memory: kHistoryCpu for the CPU arena, else the CUDA device index
   MemoryEventKind kind = MemoryEventKind::kAlloc;
 };
 
@@ -80,7 +83,8 @@ void StopMemoryHistory();
 MemoryHistory CopyMemoryHistory();
 
 // Appends one event with the calling thread's context; nothing when the history is off.
-void RecordMemoryEvent(MemoryEventKind kind, std::uint64_t address, std::uint64_t size, std::uint64_t extra = 0);
+void RecordMemoryEvent(MemoryEventKind kind, std::uint64_t address, std::uint64_t size, std::uint64_t extra = 0,
+                       std::int16_t device = kHistoryCpu);
 
 // A label open on this thread for the scope's life: everything recorded meanwhile carries it in its context. With
 // `op` set, also records kOpBegin / kOpEnd around the scope (extra = `replay`). No effect when the history is off

@@ -21,18 +21,20 @@ void HistoryStart(int64_t max_entries) {
 
 void HistoryStop() { StopMemoryHistory(); }
 
-// Columns flattened, 8 per event: time_ns, kind (MemoryEventKind), address, size, extra, context, label, thread.
+// Columns flattened, 9 per event: time_ns, kind (MemoryEventKind), address, size, extra, context, label, thread,
+// device (-1: the CPU arena).
 // Contexts flattened: for each, its length, then its label ids (outermost first).
 std::tuple<std::vector<int64_t>, std::vector<std::string>, std::vector<int64_t>, int64_t, bool> History() {
   MemoryHistory history = CopyMemoryHistory();
   std::vector<int64_t> events;
-  events.reserve(history.events.size() * 8);
+  events.reserve(history.events.size() * 9);
   for (const MemoryEvent& e : history.events) {
     for (const std::uint64_t value : {static_cast<std::uint64_t>(e.time_ns), static_cast<std::uint64_t>(e.kind),
                                       e.address, e.size, e.extra, std::uint64_t{e.context}, std::uint64_t{e.label},
                                       std::uint64_t{e.thread}}) {
       events.push_back(static_cast<int64_t>(value));
     }
+    events.push_back(e.device);
   }
   std::vector<int64_t> contexts;
   for (const std::vector<std::uint32_t>& context : history.contexts) {

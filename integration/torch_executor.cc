@@ -245,7 +245,7 @@ absl::Status TorchExecutor::ExecuteOrThrow(Engine& engine, OpId op, bool replay,
                                               s));
     }
     RecordMemoryEvent(MemoryEventKind::kRematerialize, engine.StorageAddress(s),
-                      static_cast<std::uint64_t>(engine.StorageBytes(s)), s);
+                      static_cast<std::uint64_t>(engine.StorageBytes(s)), s, memory_->history_device());
   }
   ++stats_.replays;
   stats_.replay_ns += NowNs() - start;
@@ -258,7 +258,7 @@ void TorchExecutor::Evict(Engine& engine, std::uint32_t s) {
   const bool released = engine.StorageExternalRefs(s) == 0;
   if (MemoryHistoryEnabled()) {
     RecordMemoryEvent(released ? MemoryEventKind::kRelease : MemoryEventKind::kEvict, engine.StorageAddress(s),
-                      static_cast<std::uint64_t>(engine.StorageBytes(s)), s);
+                      static_cast<std::uint64_t>(engine.StorageBytes(s)), s, memory_->history_device());
   }
   const MemoryEventScope history(released ? "remat: free released" : "remat: evict", /*op=*/false);
   if (shadows_[s]) {
@@ -303,7 +303,7 @@ absl::Status TorchExecutor::PageOut(Engine& engine, std::uint32_t s) {
     bytes = staging.data();
   }
   if (absl::Status stored = tier_->Store(s, bytes, nbytes); !stored.ok()) return stored;
-  RecordMemoryEvent(MemoryEventKind::kPageOut, address, nbytes, s);
+  RecordMemoryEvent(MemoryEventKind::kPageOut, address, nbytes, s, memory_->history_device());
   const MemoryEventScope history("remat: page out", /*op=*/false);
   if (shadows_[s]) {
     shadows_[s].reset();  // frees its memory: nobody else holds a shadow
@@ -349,7 +349,7 @@ absl::Status TorchExecutor::PageInOrThrow(Engine& engine, StorageIndex s) {
     return delivered;
   }
   tier_->Release(s);
-  RecordMemoryEvent(MemoryEventKind::kPageIn, engine.StorageAddress(s), nbytes, s);
+  RecordMemoryEvent(MemoryEventKind::kPageIn, engine.StorageAddress(s), nbytes, s, memory_->history_device());
   ++stats_.page_ins;
   stats_.page_in_ns += NowNs() - start;
   return absl::OkStatus();
@@ -357,7 +357,8 @@ absl::Status TorchExecutor::PageInOrThrow(Engine& engine, StorageIndex s) {
 
 void TorchExecutor::DropPaged(Engine& engine, std::uint32_t s) {
   if (tier_ == nullptr) return;
-  RecordMemoryEvent(MemoryEventKind::kDropPaged, 0, static_cast<std::uint64_t>(engine.StorageBytes(s)), s);
+  RecordMemoryEvent(MemoryEventKind::kDropPaged, 0, static_cast<std::uint64_t>(engine.StorageBytes(s)), s,
+                    memory_->history_device());
   tier_->Release(s);
 }
 

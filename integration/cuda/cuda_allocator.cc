@@ -17,6 +17,8 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "integration/cuda/cuda_history.h"
+#include "integration/memory_events.h"
 
 namespace remat::integration {
 namespace {
@@ -136,6 +138,12 @@ void RematCudaAllocator::ThrowOutOfMemory(c10::DeviceIndex device, std::size_t b
     std::lock_guard<std::mutex> lock(mu_);
     observers = oom_observers_;
   }
+  if (MemoryHistoryEnabled()) {
+    const cuda::DeviceArenaStats stats = Device(device).Stats();
+    const std::size_t allocated = static_cast<std::size_t>(stats.allocated_bytes.current);
+    RecordMemoryEvent(MemoryEventKind::kOutOfMemory, 0, bytes, stats.budget > allocated ? stats.budget - allocated : 0,
+                      device);
+  }
   if (!observers.empty()) {
     const cuda::DeviceArenaStats stats = Device(device).Stats();
     const std::size_t allocated = static_cast<std::size_t>(stats.allocated_bytes.current);
@@ -155,6 +163,9 @@ void* RematCudaAllocator::Malloc(std::size_t bytes, c10::DeviceIndex device, cud
     }
     TORCH_CHECK(false, std::string(address.status().message()));
   }
+  if (MemoryHistoryEnabled()) {
+    RecordMemoryEvent(MemoryEventKind::kAlloc, *address, arena.BlockSize(*address).value_or(bytes), 0, device);
+  }
   return reinterpret_cast<void*>(*address);
 }
 
@@ -165,7 +176,12 @@ void RematCudaAllocator::Free(void* ptr) {
     TORCH_WARN("remat: freeing CUDA pointer ", ptr, " that this allocator does not own; ignored");
     return;
   }
-  const absl::Status status = arena->Free(reinterpret_cast<std::uintptr_t>(ptr));
+  const auto address = reinterpret_cast<std::uintptr_t>(ptr);
+  if (MemoryHistoryEnabled()) {
+    RecordMemoryEvent(MemoryEventKind::kFree, address, arena->BlockSize(address).value_or(0), 0,
+                      static_cast<std::int16_t>(arena->device()));
+  }
+  const absl::Status status = arena->Free(address);
   if (!status.ok()) TORCH_WARN("remat: ", std::string(status.message()));
 }
 
@@ -337,6 +353,14 @@ cca::SnapshotInfo RematCudaAllocator::snapshot(c10::MempoolId_t mempool_id, bool
     }
     info.segments.push_back(std::move(segment));
   }
+  if (include_traces) {
+    std::size_t devices = 0;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      devices = static_cast<std::size_t>(DeviceCountLocked());
+    }
+    info.device_traces = CudaDeviceTraces(CopyMemoryHistory(), devices);  // one per device, as torch's
+  }
   return info;
 }
 
@@ -360,11 +384,18 @@ std::shared_ptr<void> RematCudaAllocator::getIpcDevPtr(std::string) {
   Unsupported("CUDA IPC (opening CUDA tensors of another process: getIpcDevPtr)");
 }
 
-bool RematCudaAllocator::isHistoryEnabled() { return false; }
+bool RematCudaAllocator::isHistoryEnabled() { return MemoryHistoryEnabled(); }
 
-void RematCudaAllocator::recordHistory(bool enabled, cca::CreateContextFn, std::size_t, cca::RecordContext, bool,
-                                       const std::vector<std::string>&) {
-  if (enabled) Unsupported("memory history recording (torch.cuda.memory._record_memory_history)");
+// torch.cuda.memory._record_memory_history: remat's memory history (memory_events.h), shared with the CPU arena and
+// remat.record_memory_history. The context recorder (Python and C++ stacks) is not called: events carry remat's
+// own context instead.
+void RematCudaAllocator::recordHistory(bool enabled, cca::CreateContextFn, std::size_t max_entries,
+                                       cca::RecordContext when, bool, const std::vector<std::string>&) {
+  if (enabled && when != cca::RecordContext::NEVER) {
+    StartMemoryHistory(max_entries);
+  } else {
+    StopMemoryHistory();
+  }
 }
 
 void RematCudaAllocator::attachOutOfMemoryObserver(cca::OutOfMemoryObserver observer) {

@@ -15,12 +15,16 @@
 //   - Stats: getDeviceStats (memory_allocated, memory_reserved, max_memory_allocated, memory_stats), resetPeakStats,
 //     resetAccumulatedStats, emptyCache (waits for pending frees; gives the segment back when nothing is
 //     allocated), cacheInfo (largest free block, or the budget before the first allocation), getMemoryInfo,
-//     snapshot (segments and blocks, no traces), getBaseAllocation, get/setMemoryFraction (the budget as a
-//     fraction of device memory; changing it needs an empty device).
+//     snapshot (segments and blocks), getBaseAllocation, get/setMemoryFraction (the budget as a fraction of device
+//     memory; changing it needs an empty device).
+//   - Memory history: recordHistory (torch.cuda.memory._record_memory_history) starts and stops remat's memory
+//     history (integration/memory_events.h), and snapshot's device traces are that history (cuda_history.h):
+//     allocations, frees, OOMs, and remat's evictions, rematerializations and page transfers as annotations.
+//     torch's context recorder is not called (no Python stacks).
 //   - Paging primitive: Pager(device) copies blocks to a pinned host pool on a copy stream (allocator/cuda/pager.h).
 //   - Unsupported, failing with a c10::Error that says "remat does not support ...": CUDA graph private pools
 //     (beginAllocateToPool, endAllocateToPool, releasePool, checkpoint state), CUDA IPC (shareIpcHandle,
-//     getIpcDevPtr), memory-history recording (recordHistory(enabled=true)), allocator trace trackers, and non-default
+//     getIpcDevPtr), allocator trace trackers, and non-default
 //     mempool ids in emptyCache/snapshot. enablePeerAccess is a no-op (cudaMalloc memory copies across devices
 //     without it); OOM-rejection observers are accepted and never called (remat never rejects preemptively).
 //

@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "integration/memory_events.h"
 
 namespace remat::integration {
 
@@ -75,6 +76,10 @@ c10::DataPtr CudaDeviceMemory::TryAllocate(std::size_t bytes, Placement placemen
   absl::StatusOr<std::uintptr_t> address =
       allocator_->Device(device_).TryAllocate(bytes, allocator_->CurrentStream(device_), placement);
   if (!address.ok()) return c10::DataPtr(nullptr, DataPtrDevice());
+  if (MemoryHistoryEnabled()) {
+    RecordMemoryEvent(MemoryEventKind::kAlloc, *address,
+                      allocator_->Device(device_).BlockSize(*address).value_or(bytes), 0, device_);
+  }
   void* pointer = reinterpret_cast<void*>(*address);
   return c10::DataPtr(pointer, pointer, allocator_->raw_deleter(), DataPtrDevice());
 }
@@ -85,6 +90,10 @@ absl::Status CudaDeviceMemory::Slide(c10::StorageImpl& storage, std::uintptr_t t
   const auto from = reinterpret_cast<std::uintptr_t>(data.get());
   const absl::Status moved = allocator_->Device(device_).Move(from, to);
   if (!moved.ok() && !absl::IsDataLoss(moved)) return moved;  // nothing moved
+  if (MemoryHistoryEnabled()) {
+    RecordMemoryEvent(MemoryEventKind::kMove, from, allocator_->Device(device_).BlockSize(to).value_or(0), to,
+                      device_);
+  }
   // The block now lives at `to` (with its bytes, unless DataLoss): the old DataPtr must not free anything.
   void* pointer = reinterpret_cast<void*>(to);
   c10::DataPtr old = storage.set_data_ptr(c10::DataPtr(pointer, pointer, allocator_->raw_deleter(), data.device()));

@@ -61,6 +61,7 @@ class CudaDeviceMemory final : public DeviceMemory {
   absl::Status CopyToHost(void* host, const void* src, std::size_t nbytes) override;
   absl::Status CopyFromHost(void* dst, const void* host, std::size_t nbytes) override;
   bool host_accessible() const override { return false; }
+  std::int16_t history_device() const override { return device_; }
 
  private:
   CudaDeviceMemory(RematCudaAllocator* allocator, c10::DeviceIndex device, Arena* arena,

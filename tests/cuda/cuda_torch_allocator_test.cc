@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "allocator/cuda/fake_cuda_runtime.h"
+#include "integration/memory_events.h"
 
 namespace remat::integration {
 namespace {
@@ -353,6 +354,45 @@ TEST(CudaTorchAllocator, SnapshotListsTheArenaBlocks) {
   EXPECT_EQ(info.segments[0].blocks.size(), 2u);
 }
 
+// torch.cuda.memory._record_memory_history and _snapshot: remat's memory history as the snapshot's device traces,
+// remat's own events as annotations on the block they concern.
+TEST(CudaTorchAllocator, RecordedHistoryIsTheSnapshotsDeviceTrace) {
+  Fixture f;
+  c10::DataPtr before = f.allocator->allocate(512);  // before recording: not in the trace
+  f.allocator->recordHistory(true, nullptr, 1000, cca::RecordContext::ALL, false, {});
+  EXPECT_TRUE(f.allocator->isHistoryEnabled());
+  c10::DataPtr a = f.allocator->allocate(1000);
+  const auto address = reinterpret_cast<std::size_t>(a.get());
+  {
+    const MemoryEventScope evicting("remat: evict", /*op=*/false);
+    RecordMemoryEvent(MemoryEventKind::kEvict, address, 1024, 7, /*device=*/0);  // what TorchExecutor::Evict records
+    a.clear();
+  }
+  EXPECT_THROW(f.allocator->allocate(2 * kBudget), c10::OutOfMemoryError);
+  RecordMemoryEvent(MemoryEventKind::kAlloc, 64, 64);  // the CPU arena's: not in a CUDA device's trace
+  f.allocator->recordHistory(false, nullptr, 0, cca::RecordContext::NEVER, false, {});
+  EXPECT_FALSE(f.allocator->isHistoryEnabled());
+
+  const cca::SnapshotInfo info = f.allocator->snapshot({0, 0}, /*include_traces=*/true);
+  ASSERT_EQ(info.device_traces.size(), 2u);  // the double's two devices
+  EXPECT_TRUE(info.device_traces[1].empty());
+  const std::vector<c10::CachingDeviceAllocator::TraceEntry>& trace = info.device_traces[0];
+  using Trace = c10::CachingDeviceAllocator::TraceEntry;
+  std::vector<Trace::Action> actions;
+  for (const Trace& entry : trace) actions.push_back(entry.action_);
+  EXPECT_EQ(actions, (std::vector<Trace::Action>{Trace::ALLOC, Trace::ANNOTATE, Trace::FREE_REQUESTED,
+                                                 Trace::FREE_COMPLETED, Trace::OOM}));
+  EXPECT_EQ(trace[0].addr_, address);
+  EXPECT_EQ(trace[0].size_, 1024u);  // the block: 512-byte aligned
+  EXPECT_EQ(trace[1].addr_, address);
+  EXPECT_EQ(trace[1].user_metadata_, "remat_evict storage 7 in: remat: evict");
+  EXPECT_EQ(trace[3].addr_, address);
+  EXPECT_EQ(trace[3].size_, 1024u);
+  EXPECT_EQ(trace[4].size_, 2 * kBudget);  // OOM: the request, addr_ = the free bytes
+  EXPECT_EQ(trace[4].addr_, kBudget - 512);
+  EXPECT_TRUE(f.allocator->snapshot({0, 0}, /*include_traces=*/false).device_traces.empty());
+}
+
 TEST(CudaTorchAllocator, UnsupportedFeaturesSaySo) {
   Fixture f;
   const c10::MempoolId_t pool{1, 0};
@@ -362,11 +402,6 @@ TEST(CudaTorchAllocator, UnsupportedFeaturesSaySo) {
   EXPECT_THAT(ErrorOf([&] { f.allocator->releasePool(0, pool); }), HasSubstr("remat does not support"));
   EXPECT_THAT(ErrorOf([&] { f.allocator->shareIpcHandle(nullptr); }), HasSubstr("remat does not support CUDA IPC"));
   EXPECT_THAT(ErrorOf([&] { f.allocator->getIpcDevPtr("x"); }), HasSubstr("remat does not support CUDA IPC"));
-  EXPECT_THAT(ErrorOf([&] { f.allocator->recordHistory(true, nullptr, 0, cca::RecordContext::ALL, false, {}); }),
-              HasSubstr("remat does not support memory history recording"));
-  EXPECT_EQ(ErrorOf([&] { f.allocator->recordHistory(false, nullptr, 0, cca::RecordContext::NEVER, false, {}); }),
-            "");
-  EXPECT_FALSE(f.allocator->isHistoryEnabled());
   EXPECT_THAT(ErrorOf([&] { f.allocator->getCheckpointState(0, pool); }), HasSubstr("remat does not support"));
   EXPECT_THAT(ErrorOf([&] { f.allocator->setCheckpointPoolState(0, nullptr); }), HasSubstr("remat does not support"));
   EXPECT_THAT(ErrorOf([&] { f.allocator->attachAllocatorTraceTracker([](const auto&) {}); }),

@@ -31,7 +31,8 @@ import torch
 # integration/memory_events.h, MemoryEventKind
 KINDS = ("alloc", "free", "move", "op_begin", "op_end", "evict", "release", "rematerialize", "page_out", "page_in",
          "drop_paged", "oom")
-_FIELDS = 8  # time_ns, kind, address, size, extra, context, label, thread (memory_history_ops.cc)
+_FIELDS = 9  # time_ns, kind, address, size, extra, context, label, thread, device (memory_history_ops.cc)
+CPU = -1  # the device number of the CPU arena's events
 DEFAULT_MAX_ENTRIES = 1_000_000
 MEMORY_COUNTER = "memory (bytes)"  # the Chrome trace's counter tracks (remat.plot reads them)
 CUMULATIVE_COUNTER = "evicted, released and rematerialized (bytes, so far)"
@@ -50,8 +51,8 @@ def record_memory_history(enabled: bool = True, max_entries: int = DEFAULT_MAX_E
 
 def memory_events() -> Dict[str, object]:
     """What was recorded, decoded: {"events": [dict per event, oldest first], "dropped": int, "enabled": bool}.
-    Each event has time_ns, kind (one of KINDS), address, size, extra, thread and context (labels, outermost
-    first); op_begin / op_end also have "op" and "replay"."""
+    Each event has time_ns, kind (one of KINDS), address, size, extra, thread, device (CPU, or a CUDA device
+    index) and context (labels, outermost first); op_begin / op_end also have "op" and "replay"."""
     flat, labels, contexts_flat, dropped, enabled = torch.ops.remat.memory_history()
     contexts: List[List[str]] = []
     i = 0
@@ -61,9 +62,9 @@ def memory_events() -> Dict[str, object]:
         i += 1 + n
     events = []
     for j in range(0, len(flat), _FIELDS):
-        time_ns, kind, address, size, extra, context, label, thread = flat[j:j + _FIELDS]
+        time_ns, kind, address, size, extra, context, label, thread, device = flat[j:j + _FIELDS]
         event = {"time_ns": time_ns, "kind": KINDS[kind], "address": address, "size": size, "extra": extra,
-                 "thread": thread, "context": contexts[context]}
+                 "thread": thread, "device": device, "context": contexts[context]}
         if KINDS[kind] in ("op_begin", "op_end"):
             event["op"] = labels[label]
             event["replay"] = bool(extra)
@@ -77,11 +78,14 @@ def _frames(context: List[str]) -> List[Dict[str, object]]:
 
 
 def memory_snapshot() -> Dict[str, object]:
-    """The CPU arena now and the recorded history, as ``torch.cuda.memory._snapshot()`` lays them out."""
+    """The CPU arena now and its recorded history, as ``torch.cuda.memory._snapshot()`` lays them out. (With remat's
+    CUDA allocator, ``torch.cuda.memory._snapshot()`` itself returns the CUDA arenas' history.)"""
     recorded = memory_events()
     trace = []
     alloc_frames: Dict[int, List[Dict[str, object]]] = {}  # address -> frames of the latest alloc there
     for e in recorded["events"]:
+        if e["device"] != CPU:
+            continue
         kind, frames = e["kind"], _frames(e["context"])
         common = {"stream": 0, "time_us": e["time_ns"] // 1000, "frames": frames}
         if kind == "alloc":
@@ -128,21 +132,26 @@ def dump_snapshot(path: "str | os.PathLike[str]") -> None:
 
 def chrome_trace(recorded: Dict[str, object], allocated_at_start: int = 0) -> Dict[str, object]:
     """Chrome trace events for recorded history (memory_events()): spans for ops and replays, instants for remat's
-    memory events, counters for memory. `allocated_at_start`: the arena's allocated bytes when recording began."""
+    memory events, counters for memory (one memory track per device: MEMORY_COUNTER for the CPU arena, "cuda:N "
+    + MEMORY_COUNTER for a CUDA device). `allocated_at_start`: the CPU arena's allocated bytes when recording
+    began."""
     pid = os.getpid()
     out: List[Dict[str, object]] = [{"ph": "M", "pid": pid, "name": "process_name", "args": {"name": "remat"}}]
     threads = set()
     open_spans: Dict[int, List[Dict[str, object]]] = {}
-    allocated, paged, evicted, released, rematerialized = allocated_at_start, 0, 0, 0, 0
+    allocated: Dict[int, int] = {CPU: allocated_at_start}  # by device
+    paged: Dict[int, int] = {CPU: 0}
+    evicted, released, rematerialized = 0, 0, 0
 
-    def counters(ts: float) -> None:
-        out.append({"ph": "C", "pid": pid, "tid": 0, "ts": ts, "name": MEMORY_COUNTER,
-                    "args": {"allocated": allocated, "paged out": paged}})
+    def counters(ts: float, device: int) -> None:
+        name = MEMORY_COUNTER if device == CPU else f"cuda:{device} {MEMORY_COUNTER}"
+        out.append({"ph": "C", "pid": pid, "tid": 0, "ts": ts, "name": name,
+                    "args": {"allocated": allocated.get(device, 0), "paged out": paged.get(device, 0)}})
         out.append({"ph": "C", "pid": pid, "tid": 0, "ts": ts, "name": CUMULATIVE_COUNTER,
                     "args": {"evicted": evicted, "released, recomputable": released,
                              "rematerialized": rematerialized}})
 
-    counters(0.0)
+    counters(0.0, CPU)
     for e in recorded["events"]:
         ts, kind, tid = e["time_ns"] / 1000.0, e["kind"], e["thread"]
         threads.add(tid)
@@ -156,14 +165,15 @@ def chrome_trace(recorded: Dict[str, object], allocated_at_start: int = 0) -> Di
                             "dur": (e["time_ns"] - begin["time_ns"]) / 1000.0, "name": e["op"],
                             "cat": "replay" if e["replay"] else "op", "args": {"depth": len(stack)}})
         elif kind in ("alloc", "free", "drop_paged", "evict", "release", "rematerialize", "page_out", "page_in", "oom"):
+            device = e["device"]
             if kind == "alloc":
-                allocated += e["size"]
+                allocated[device] = allocated.get(device, 0) + e["size"]
             elif kind == "free":
-                allocated -= e["size"]
+                allocated[device] = allocated.get(device, 0) - e["size"]
             elif kind == "page_out":
-                paged += e["size"]
+                paged[device] = paged.get(device, 0) + e["size"]
             elif kind in ("page_in", "drop_paged"):
-                paged -= e["size"]
+                paged[device] = paged.get(device, 0) - e["size"]
             elif kind == "evict":
                 evicted += e["size"]
             elif kind == "release":
@@ -173,8 +183,9 @@ def chrome_trace(recorded: Dict[str, object], allocated_at_start: int = 0) -> Di
             if kind not in ("alloc", "free", "drop_paged", "release"):
                 out.append({"ph": "i", "s": "t", "pid": pid, "tid": tid, "ts": ts, "name": kind, "cat": "remat",
                             "args": {"storage": e["extra"], "bytes": e["size"], "address": hex(e["address"]),
+                                     "device": "cpu" if device == CPU else f"cuda:{device}",
                                      "context": " > ".join(e["context"])}})
-            counters(ts)
+            counters(ts, device)
     for tid in sorted(threads):
         out.append({"ph": "M", "pid": pid, "tid": tid, "name": "thread_name", "args": {"name": f"remat thread {tid}"}})
     return {"traceEvents": out, "displayTimeUnit": "ms",
