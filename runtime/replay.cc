@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <functional>
 
 #include "absl/status/status.h"
 #include "policies/dtr.h"
@@ -48,8 +49,9 @@ ReplayResult Fail(ReplayResult r, ReplayStatus status, std::string message) {
 // Runs the trace through `engine`. Returns OK, or the engine's error (ResourceExhausted / Aborted / other).
 // With `prefetch_ops` > 0, before each op the paged inputs of the next prefetch_ops ops are prefetched (through
 // the names bound now; a name rebound in between only costs a useless prefetch); `prefetch_evicts`: see
-// ReplayOptions.
-absl::Status Drive(const Trace& trace, Engine& engine, int prefetch_ops = 0, bool prefetch_evicts = false) {
+// ReplayOptions. `after_op`, when set, is called after every CALL and MUTATE (timelines).
+absl::Status Drive(const Trace& trace, Engine& engine, int prefetch_ops = 0, bool prefetch_evicts = false,
+                   const std::function<void()>& after_op = nullptr) {
   std::vector<std::size_t> calls;  // indices of CALL and MUTATE instructions
   if (prefetch_ops > 0) {
     for (std::size_t i = 0; i < trace.ops.size(); ++i) {
@@ -132,6 +134,7 @@ absl::Status Drive(const Trace& trace, Engine& engine, int prefetch_ops = 0, boo
         absl::StatusOr<std::span<const TensorId>> outs = engine.Call(inputs, outputs, op.time_ns, op.op_name);
         if (!outs.ok()) return outs.status();
         for (std::size_t i = 0; i < op.results.size(); ++i) bind(op.results[i].name, (*outs)[i]);
+        if (after_op) after_op();
         break;
       }
       case TraceOpKind::kMutate: {
@@ -154,6 +157,7 @@ absl::Status Drive(const Trace& trace, Engine& engine, int prefetch_ops = 0, boo
           engine.Release(static_cast<TensorId>(bound[n]));
           bind(n, made[i]);
         }
+        if (after_op) after_op();
         break;
       }
     }
@@ -247,9 +251,19 @@ ReplayResult Replayer::Run(const ReplayOptions& options) {
   SimExecutor executor(arena.get(), options.cheap_tensor_partitioning);
   Engine engine(eo, &executor);
   if (arena) arena->SetPressureHandler(&engine);
+  std::function<void()> sample;
+  if (options.timeline != nullptr) {
+    options.timeline->clear();
+    sample = [&] {
+      const EngineStats& st = engine.stats();
+      const SimExecutor::Totals& totals = executor.totals();
+      options.timeline->push_back({st.clock, st.used_bytes, st.host_used_bytes, totals.evicted_bytes,
+                                   totals.released_bytes, totals.rematerialized_bytes, st.rematerializations});
+    };
+  }
   absl::Status status =
       Drive(*impl_->trace, engine, options.offload == OffloadMode::kOff ? 0 : options.prefetch_ops,
-            options.prefetch_evicts);
+            options.prefetch_evicts, sample);
   if (arena) arena->SetPressureHandler(nullptr);
 
   const EngineStats& st = engine.stats();

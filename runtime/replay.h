@@ -37,6 +37,7 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "runtime/config.h"
@@ -50,6 +51,17 @@ enum class ReplayStatus { kPass, kOom, kThrash, kError };
 std::string_view ToString(ReplayStatus status);   // "pass", "oom", "thrash", "error"
 std::string_view ToString(AccountingMode mode);   // "counter", "arena"
 absl::StatusOr<AccountingMode> ParseAccountingMode(std::string_view text);
+
+// The state after one op of a replay, for remat-sim --timeline.
+struct TimelineSample {
+  std::int64_t clock_ns = 0;            // the simulated clock (op time, replays included)
+  std::int64_t used_bytes = 0;          // in use on the device: the engine's count (arena: allocated blocks)
+  std::int64_t paged_out_bytes = 0;     // in the second tier
+  std::int64_t evicted_bytes = 0;       // so far: evicted while the trace still referred to them
+  std::int64_t released_bytes = 0;      // so far: freed when their last reference went (still recomputable)
+  std::int64_t rematerialized_bytes = 0;  // so far: delivered again by replays
+  std::int64_t rematerializations = 0;  // so far: ops replayed
+};
 
 struct ReplayOptions {
   std::string policy = "dtr-eq";       // a registered policy name (policies/registry.h: PolicyNames())
@@ -72,6 +84,8 @@ struct ReplayOptions {
   int prefetch_ops = 8;                // lookahead window in ops; 0 disables prefetch
   bool prefetch_evicts = false;        // a prefetch may make room (through the policy) instead of using free memory
   bool duplex_link = false;            // page-ins do not queue behind page-outs (PagingOptions::duplex)
+  // When set, cleared and filled with one sample after each CALL and MUTATE of the trace (not owned).
+  std::vector<TimelineSample>* timeline = nullptr;
 };
 
 struct ReplayResult {

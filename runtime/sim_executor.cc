@@ -5,6 +5,9 @@
 namespace remat {
 
 absl::Status SimExecutor::Execute(Engine& engine, OpId op, bool replay, std::span<const std::uint32_t> fresh) {
+  if (replay) {
+    for (const std::uint32_t s : fresh) totals_.rematerialized_bytes += engine.StorageBytes(s);
+  }
   if (arena_ == nullptr) return absl::OkStatus();
   Placement placement = (!partition_ || engine.OpCostly(op)) ? Placement::kLow : Placement::kHigh;
   for (std::size_t i = 0; i < fresh.size(); ++i) {
@@ -23,12 +26,18 @@ absl::Status SimExecutor::Execute(Engine& engine, OpId op, bool replay, std::spa
 }
 
 void SimExecutor::Evict(Engine& engine, std::uint32_t storage) {
+  (engine.StorageExternalRefs(storage) > 0 ? totals_.evicted_bytes : totals_.released_bytes) +=
+      engine.StorageBytes(storage);
+  Free(engine, storage);
+}
+
+void SimExecutor::Free(Engine& engine, std::uint32_t storage) {
   if (arena_ == nullptr) return;
   (void)arena_->Free(engine.StorageAddress(storage));
 }
 
 absl::Status SimExecutor::PageOut(Engine& engine, std::uint32_t storage) {
-  Evict(engine, storage);
+  Free(engine, storage);
   return absl::OkStatus();
 }
 

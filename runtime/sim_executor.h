@@ -24,9 +24,20 @@ class SimExecutor final : public Executor {
   absl::StatusOr<bool> Relocate(Engine& engine, std::uint32_t storage, AddressRange avoid) override;
   absl::StatusOr<bool> Slide(Engine& engine, std::uint32_t storage, std::uintptr_t to) override;
 
+  // Bytes so far, for timelines (remat-sim --timeline): evicted while the trace still refers to them, freed when
+  // their last reference went (still recomputable), and delivered again by replays.
+  struct Totals {
+    std::int64_t evicted_bytes = 0;
+    std::int64_t released_bytes = 0;
+    std::int64_t rematerialized_bytes = 0;
+  };
+  const Totals& totals() const { return totals_; }
+
  private:
+  void Free(Engine& engine, std::uint32_t storage);
   Arena* arena_;
   bool partition_;
+  Totals totals_;
 };
 
 }  // namespace remat

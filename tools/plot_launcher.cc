@@ -44,9 +44,19 @@ std::string PlotScriptPath() {
   return REMAT_PLOT_SCRIPT_DEFAULT;
 }
 
+std::string TimelineScriptPath() {
+  if (const char* script = std::getenv("REMAT_TIMELINE_SCRIPT"); script != nullptr && *script != '\0') return script;
+  return REMAT_TIMELINE_SCRIPT_DEFAULT;
+}
+
 absl::Status RunPlot(const std::string& python, const std::string& script, const std::string& csv_path,
                      const std::string& png_path) {
-  std::vector<std::string> args = {python, script, "--csv", csv_path, "--out", png_path};
+  return RunPythonScript(python, {script, "--csv", csv_path, "--out", png_path});
+}
+
+absl::Status RunPythonScript(const std::string& python, std::vector<std::string> script_and_args) {
+  std::vector<std::string> args = {python};
+  args.insert(args.end(), script_and_args.begin(), script_and_args.end());
   std::vector<char*> argv;
   for (std::string& arg : args) argv.push_back(arg.data());
   argv.push_back(nullptr);

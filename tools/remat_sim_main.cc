@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/string_view.h"
@@ -23,6 +24,7 @@
 #include "runtime/byte_size.h"
 #include "runtime/replay.h"
 #include "tools/plot_launcher.h"
+#include "tools/timeline_writer.h"
 #include "tools/progress_bar.h"
 #include "tools/result_table.h"
 #include "tools/sim_options.h"
@@ -79,6 +81,17 @@ bool WriteRows(const std::vector<SimRow>& rows, const std::string& path, OutForm
   return true;
 }
 
+// Writes the run's timeline: `path` itself when it is .json, else the JSON next to the .png and the plot of it.
+absl::Status DrawTimeline(const std::vector<TimelineSample>& timeline, const SimRow& row, const std::string& path) {
+  const std::string title = absl::StrCat(std::filesystem::path(row.trace).filename().string(), ", ", row.policy,
+                                         ", ", row.mode, " mode, budget ", row.budget_bytes, " bytes: ", row.result);
+  const bool png = absl::EndsWith(path, ".png");
+  const std::string json = png ? absl::StrCat(path.substr(0, path.size() - 4), ".json") : path;
+  if (absl::Status written = WriteTimeline(timeline, title, json); !written.ok()) return written;
+  if (!png) return absl::OkStatus();
+  return RunPythonScript(FindPython(), {TimelineScriptPath(), json, path, "--title", title});
+}
+
 int Main(int argc, char** argv) {
   const std::string program = std::filesystem::path(argv[0]).filename().string();
   const Vocabulary vocabulary = EngineVocabulary();
@@ -103,11 +116,17 @@ int Main(int argc, char** argv) {
   }
 
   const std::vector<SimJob> jobs = PlanJobs(options);
+  if (!options.timeline.empty() && jobs.size() != 1) {
+    return UsageError(program, absl::StrCat("--timeline draws one run: give one trace, one policy, one offload mode "
+                                            "and one ratio or budget (this command line plans ",
+                                            jobs.size(), " runs)"));
+  }
+  std::vector<TimelineSample> timeline;
   ProgressBar progress = ProgressBar::ForStderr();
   const std::vector<SimRow> rows = (*runner)->Run(
-      jobs, options.jobs, [&](const SimRow& row, std::size_t done, std::size_t total) {
-        progress.Update(done, total, ProgressLabel(row));
-      });
+      jobs, options.jobs,
+      [&](const SimRow& row, std::size_t done, std::size_t total) { progress.Update(done, total, ProgressLabel(row)); },
+      options.timeline.empty() ? nullptr : &timeline);
   progress.Finish();
 
   std::cout << FormatTable(rows) << std::flush;
@@ -127,6 +146,12 @@ int Main(int argc, char** argv) {
   if (!options.out.empty() && !WriteRows(rows, options.out, options.out_format, &error)) {
     std::cerr << program << ": " << error << "\n";
     return kFailureExitCode;
+  }
+  if (!options.timeline.empty()) {
+    if (absl::Status drawn = DrawTimeline(timeline, rows.front(), options.timeline); !drawn.ok()) {
+      std::cerr << program << ": timeline: " << drawn.message() << "\n";
+      return kFailureExitCode;
+    }
   }
   if (!options.plot.empty()) {
     // The plot script reads CSV: reuse --out when it is CSV, else write a temporary CSV.

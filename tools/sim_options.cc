@@ -240,6 +240,15 @@ absl::StatusOr<SimOptions> ParseSimOptions(const std::vector<std::string>& args,
          options.plot = std::string(value);
          return absl::OkStatus();
        }},
+      {"--timeline",
+       [&](absl::string_view value) -> absl::Status {
+         if (!(absl::EndsWith(value, ".png") && value.size() > 4) &&
+             !(absl::EndsWith(value, ".json") && value.size() > 5)) {
+           return Bad("--timeline", absl::StrCat("'", value, "' must end in .png or .json"));
+         }
+         options.timeline = std::string(value);
+         return absl::OkStatus();
+       }},
       {"--jobs",
        [&](absl::string_view value) -> absl::Status {
          int jobs = 0;
@@ -388,6 +397,9 @@ std::string UsageText(std::string_view program_name, const Vocabulary& vocabular
       "  --plot FILE.png         plot overhead against memory ratio, one panel per trace, one line per policy\n"
       "                          (runs tools/plot_overhead.py with $REMAT_PYTHON, else $REMAT_VENV/bin/python,\n"
       "                          else ~/.cache/remat/venv/bin/python, else python3; needs matplotlib)\n"
+      "  --timeline FILE.png|FILE.json  one run's memory over time: in use, paged out, evicted, released and\n"
+      "                          rematerialized bytes, replays marked (JSON as remat.trace writes; .png also\n"
+      "                          writes FILE.json and plots it with integration/python/remat/plot.py)\n"
       "  --jobs N                parallel simulations (default: one per core)\n"
       "  --seed N                seed for the random policy and for sampling (default 0)\n"
       "  --sample-sqrt           score only sqrt(n) random candidates per eviction (DTR prototype option)\n"

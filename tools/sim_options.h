@@ -1,7 +1,8 @@
 // SimOptions: the command line of `remat-sim`, parsed strictly.
 //
 //   remat-sim TRACE... [--ratios R,... | --budgets SIZE,...] [--policies P,...] [--mode counter|arena]
-//             [--overhead-limit X] [--out FILE.csv|FILE.json] [--plot FILE.png] [--jobs N] [--seed N]
+//             [--overhead-limit X] [--out FILE.csv|FILE.json] [--plot FILE.png] [--timeline FILE.png|FILE.json]
+//             [--jobs N] [--seed N]
 //             [--sample-sqrt] [--ignore-small] [--no-simrd-compat] [--no-partition]
 //             [--offload off|auto|always[,...]] [--bandwidth RATE] [--link-latency TIME] [--host-budget SIZE]
 //             [--page-constants] [--duplex-link] [--help]
@@ -17,6 +18,9 @@
 //   - Policy and mode names are checked against the vocabulary the caller passes in (the engine's registry), so
 //     this parser never goes stale; the default policy is the vocabulary's `default_policy`.
 //   - --out must end in .csv or .json, --plot in .png. --jobs is a positive integer (0 or absent: one per core).
+//   - --timeline draws one run: it must end in .json (the timeline as Chrome trace JSON) or .png (that JSON next
+//     to it, FILE.json, and the plot of it), and the command line must plan exactly one run (one trace, one
+//     policy, one offload mode, one ratio or budget).
 //   - --overhead-limit is a finite number; <= 0 disables the thrash check.
 //   - --offload is a comma list of offload modes (off, auto, always; runtime/config.h ParseOffloadMode), no
 //     duplicates; each mode is a separate run, so a list compares modes in one invocation (one row per mode).
@@ -61,6 +65,7 @@ struct SimOptions {
   std::string out;                      // empty: no file
   OutFormat out_format = OutFormat::kNone;
   std::string plot;                     // empty: no plot
+  std::string timeline;                 // empty: none; else FILE.json or FILE.png (one run's memory over time)
   int jobs = 0;                         // 0: one per core
   std::uint64_t seed = 0;
   bool sample_sqrt = false;

@@ -166,7 +166,19 @@ absl::StatusOr<std::unique_ptr<SimRunner>> SimRunner::Prepare(const SimOptions& 
 
 const Baseline& SimRunner::baseline(std::size_t trace) const { return state_->baselines[trace]; }
 
-std::vector<SimRow> SimRunner::Run(const std::vector<SimJob>& jobs, int threads, const OnDone& on_done) {
+std::vector<SimRow> SimRunner::Run(const std::vector<SimJob>& jobs, int threads, const OnDone& on_done,
+                                   std::vector<TimelineSample>* timeline) {
+  if (timeline != nullptr && jobs.size() != 1) {
+    std::vector<SimRow> rows;
+    for (const SimJob& job : jobs) {
+      ReplayResult result;
+      result.status = ReplayStatus::kError;
+      result.mode = state_->mode;
+      result.message = "a timeline is of one run";
+      rows.push_back(MakeRow(state_->options.traces[job.trace], state_->mode, job, result));
+    }
+    return rows;
+  }
   std::vector<SimRow> rows(jobs.size());
   std::mutex done_mutex;
   std::size_t done = 0;
@@ -176,7 +188,9 @@ std::vector<SimRow> SimRunner::Run(const std::vector<SimJob>& jobs, int threads,
     ReplayResult result;
     absl::StatusOr<std::unique_ptr<Replayer>> replayer = state_->Acquire(job.trace);
     if (replayer.ok()) {
-      result = (*replayer)->Run(MakeReplayOptions(state_->options, state_->mode, job));
+      ReplayOptions replay_options = MakeReplayOptions(state_->options, state_->mode, job);
+      replay_options.timeline = timeline;
+      result = (*replayer)->Run(replay_options);
       state_->Release(job.trace, *std::move(replayer));
     } else {
       // Prepare already created a replayer for this trace, so this is unexpected; report it in the row.

@@ -53,7 +53,10 @@ class SimRunner {
   ~SimRunner();
 
   using OnDone = std::function<void(const SimRow& row, std::size_t done, std::size_t total)>;
-  std::vector<SimRow> Run(const std::vector<SimJob>& jobs, int threads, const OnDone& on_done);
+  // `timeline`, when set, is filled with the samples of the run (ReplayOptions::timeline); `jobs` must then hold
+  // one job.
+  std::vector<SimRow> Run(const std::vector<SimJob>& jobs, int threads, const OnDone& on_done,
+                          std::vector<TimelineSample>* timeline = nullptr);
 
   const Baseline& baseline(std::size_t trace) const;
 

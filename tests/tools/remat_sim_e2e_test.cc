@@ -313,6 +313,29 @@ TEST_F(RematSimTest, PlotFromARealTrace) {
   EXPECT_EQ(png.substr(0, 8), std::string("\x89PNG\r\n\x1a\n", 8));
 }
 
+// --timeline: one run's memory over time as remat.trace's JSON counters, then (for .png) drawn by remat/plot.py.
+TEST_F(RematSimTest, TimelineOfOneRun) {
+  const std::string trace = Write("chain.log", kChain);
+  ASSERT_EQ(Run({trace, "--ratios", "0.8", "--timeline", File("t.json")}), 0) << err_;
+  const std::string json = ReadFile(File("t.json"));
+  EXPECT_THAT(json, HasSubstr(R"("producer": "remat")"));
+  EXPECT_THAT(json, HasSubstr("\"name\": \"memory (bytes)\""));
+  EXPECT_THAT(json, HasSubstr(R"("cat": "replay")"));  // the chain replays one op at 0.8 of its peak
+  const std::string last = json.substr(json.rfind(R"("rematerialized": )"));
+  EXPECT_THAT(last, Not(HasSubstr(R"("rematerialized": 0})")));
+
+  const std::string real = SharedTrace(kResnet);
+  ASSERT_FALSE(real.empty());
+  ASSERT_EQ(Run({real, "--ratios", "0.5", "--mode", "arena", "--timeline", File("t.png")}), 0) << err_;
+  const std::string png = ReadFile(File("t.png"));
+  ASSERT_GE(png.size(), 8u);
+  EXPECT_EQ(png.substr(0, 8), std::string("\x89PNG\r\n\x1a\n", 8));
+  EXPECT_TRUE(std::filesystem::exists(File("t.json")));
+
+  EXPECT_EQ(Run({trace, "--ratios", "0.5,0.4", "--timeline", File("t.json")}), 2);
+  EXPECT_THAT(err_, HasSubstr("--timeline draws one run"));
+}
+
 TEST_F(RematSimTest, PlotWithoutMatplotlibSaysSo) {
   const std::string trace = Write("chain.log", kChain);
   const std::string fake = Write("fake-python", "#!/bin/sh\nexit 3\n");

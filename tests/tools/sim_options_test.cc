@@ -218,6 +218,11 @@ TEST(SimOptionsTest, OtherValues) {
   EXPECT_THAT(Error({"a.log", "--out", "results.txt"}), HasSubstr("must end in .csv or .json"));
   EXPECT_THAT(Error({"a.log", "--out", ".csv"}), HasSubstr("must end in .csv or .json"));
   EXPECT_THAT(Error({"a.log", "--plot", "overhead.jpg"}), HasSubstr("must end in .png"));
+  EXPECT_THAT(Error({"a.log", "--timeline", "run.csv"}), HasSubstr("'run.csv' must end in .png or .json"));
+  EXPECT_THAT(Error({"a.log", "--timeline", ".json"}), HasSubstr("must end in .png or .json"));
+  absl::StatusOr<SimOptions> timeline = ParseSimOptions({"a.log", "--timeline=run.json"}, TestVocabulary());
+  ASSERT_TRUE(timeline.ok()) << timeline.status();
+  EXPECT_EQ(timeline->timeline, "run.json");
   EXPECT_THAT(Error({"a.log", "--jobs", "-1"}), HasSubstr("--jobs"));
   EXPECT_THAT(Error({"a.log", "--jobs", "two"}), HasSubstr("'two' is not an integer"));
   EXPECT_THAT(Error({"a.log", "--overhead-limit", "inf"}), HasSubstr("not a finite number"));
@@ -236,7 +241,7 @@ TEST(SimOptionsTest, UsageListsPoliciesModesAndFlags) {
   EXPECT_THAT(usage, HasSubstr("dtr, dtr-eq, lru, coop"));
   EXPECT_THAT(usage, HasSubstr("counter, arena"));
   for (const char* flag : {"--ratios", "--budgets", "--policies", "--mode", "--overhead-limit", "--out", "--plot",
-                           "--jobs", "--seed", "--offload", "--bandwidth", "--link-latency", "--host-budget",
+                           "--timeline", "--jobs", "--seed", "--offload", "--bandwidth", "--link-latency", "--host-budget",
                            "--page-constants", "--duplex-link", "--help"}) {
     EXPECT_THAT(usage, HasSubstr(flag));
   }

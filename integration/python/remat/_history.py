@@ -28,14 +28,14 @@ from typing import Dict, Iterator, List
 
 import torch
 
+from .plot import CUMULATIVE as CUMULATIVE_COUNTER, MEMORY as MEMORY_COUNTER  # the counter tracks remat.plot reads
+
 # integration/memory_events.h, MemoryEventKind
 KINDS = ("alloc", "free", "move", "op_begin", "op_end", "evict", "release", "rematerialize", "page_out", "page_in",
          "drop_paged", "oom")
 _FIELDS = 9  # time_ns, kind, address, size, extra, context, label, thread, device (memory_history_ops.cc)
 CPU = -1  # the device number of the CPU arena's events
 DEFAULT_MAX_ENTRIES = 1_000_000
-MEMORY_COUNTER = "memory (bytes)"  # the Chrome trace's counter tracks (remat.plot reads them)
-CUMULATIVE_COUNTER = "evicted, released and rematerialized (bytes, so far)"
 
 
 def record_memory_history(enabled: bool = True, max_entries: int = DEFAULT_MAX_ENTRIES) -> None:

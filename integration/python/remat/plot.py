@@ -2,6 +2,8 @@
 evicted, released (freed, still recomputable) and rematerialized so far (bottom), each replay marked as a tick under the top panel.
 
 Usage: python -m remat.plot run.json out.png [--title TEXT]
+       python integration/python/remat/plot.py run.json out.png   (the same without importing remat or torch:
+                                                                  remat-sim --timeline runs it so)
 Exit status: 0 written, 2 bad arguments or a file that is not a remat.trace file, 3 matplotlib missing.
 """
 
@@ -12,7 +14,9 @@ import json
 import sys
 from typing import Dict, List, Tuple
 
-from ._history import CUMULATIVE_COUNTER as CUMULATIVE, MEMORY_COUNTER as MEMORY
+# The counter tracks a remat.trace file (and remat-sim --timeline's) holds; remat._history writes them.
+MEMORY = "memory (bytes)"
+CUMULATIVE = "evicted, released and rematerialized (bytes, so far)"
 
 
 def read_trace(path: str) -> Tuple[Dict[str, Dict[str, List[Tuple[float, float]]]], List[float]]:
