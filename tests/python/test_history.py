@@ -108,6 +108,10 @@ def test_the_ring_keeps_the_newest_events():
     assert recorded["dropped"] > 0
     with pytest.raises(ValueError, match="max_entries must be a positive int"):
         remat.record_memory_history(max_entries=0)
+    with pytest.raises(ValueError, match="device must be 'cpu' or 'cuda', got 'tpu'"):
+        remat.dump_snapshot("unused.pickle", device="tpu")
+    with pytest.raises(RuntimeError, match="no CUDA snapshot: remat's CUDA allocator is not installed"):
+        remat.dump_snapshot("unused.pickle", device="cuda")
 
 
 def test_a_chrome_trace_nests_replays_under_ops_alongside_the_profiler(tmp_path, gpt_budget):

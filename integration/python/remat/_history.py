@@ -1,7 +1,8 @@
 """Pictures of a run: what remat did to memory, in the two formats PyTorch users already open.
 
 - ``remat.record_memory_history()`` then ``remat.dump_snapshot(path)``: the pickle ``torch.cuda.memory._snapshot()``
-  writes (segments, blocks with their state, the event history), for the CPU arena. Open it at
+  writes (segments, blocks with their state, the event history), for the CPU arena, or for the CUDA arenas when
+  remat's CUDA allocator is installed (which answers ``torch.cuda.memory._snapshot()`` with the same history). Open it at
   https://pytorch.org/memory_viz or with ``torch.cuda._memory_viz`` (``trace_plot``, ``segment_plot``). Besides
   ``alloc`` / ``free_requested`` / ``free_completed`` / ``oom``, the history holds remat's own events as actions
   ``remat_evict`` (the program still refers to the storage), ``remat_release`` (it let go of it: freed, still
@@ -124,10 +125,26 @@ def memory_snapshot() -> Dict[str, object]:
             "remat": {"device": "cpu", "dropped_events": recorded["dropped"]}}
 
 
-def dump_snapshot(path: "str | os.PathLike[str]") -> None:
-    """Writes memory_snapshot() as a pickle, the file torch.cuda.memory._dump_snapshot writes."""
+def dump_snapshot(path: "str | os.PathLike[str]", device: "str | None" = None) -> None:
+    """Writes a snapshot as a pickle, the file torch.cuda.memory._dump_snapshot writes: of the CPU arena
+    (memory_snapshot(), device="cpu"), or of the CUDA arenas (torch.cuda.memory._snapshot(), which remat's CUDA
+    allocator answers with the same history, device="cuda"). By default the CUDA arenas when remat's CUDA allocator
+    is installed and CUDA has started, else the CPU arena."""
+    from .cuda import installed_cuda_allocator
+    cuda_live = installed_cuda_allocator() is not None and torch.cuda.is_initialized()
+    if device is None:
+        device = "cuda" if cuda_live else "cpu"
+    if device == "cuda":
+        if not cuda_live:
+            raise RuntimeError("remat: no CUDA snapshot: remat's CUDA allocator is not installed, or CUDA has not "
+                               "started (remat.install_cuda_allocator(), then allocate on the GPU)")
+        snapshot = torch.cuda.memory._snapshot()
+    elif device == "cpu":
+        snapshot = memory_snapshot()
+    else:
+        raise ValueError(f"remat: dump_snapshot's device must be 'cpu' or 'cuda', got {device!r}")
     with open(path, "wb") as f:
-        pickle.dump(memory_snapshot(), f)
+        pickle.dump(snapshot, f)
 
 
 def chrome_trace(recorded: Dict[str, object], allocated_at_start: int = 0) -> Dict[str, object]:
