@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+import transformers
 
 import oracle
 import remat
@@ -131,7 +132,6 @@ def test_silu_mish_and_channel_shuffle_train_with_their_inputs_evicted():
 
 
 def llama():
-    transformers = pytest.importorskip("transformers")
     config = transformers.LlamaConfig(vocab_size=256, hidden_size=256, intermediate_size=512, num_hidden_layers=4,
                                       num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=128,
                                       attn_implementation="eager")
@@ -151,6 +151,38 @@ def test_a_llama_style_decoder_trains_drop_only_at_half_its_peak():
     oracle.assert_identical(reference, got, "llama at 0.5 drop-only")
     assert stats["evictions"] > 0 and stats["rematerializations"] > 0, stats
     assert stats["peak_allocated_bytes"] <= int(0.5 * peak)
+
+
+class Bf16Autocast(torch.nn.Module):
+    """Runs the wrapped model's forward under CPU autocast to bfloat16, as mixed-precision training does."""
+
+    def __init__(self, inner):
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, *args):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            return self.inner(*args)
+
+
+def small_llama():
+    config = transformers.LlamaConfig(vocab_size=256, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=128,
+                                      attn_implementation="eager")
+    return Bf16Autocast(transformers.LlamaForCausalLM(config))
+
+
+def test_a_llama_style_decoder_under_bf16_autocast_trains_drop_only():
+    torch.manual_seed(4)
+    ids = torch.randint(0, 256, (4, 64))
+
+    def loss_fn(out):
+        return torch.nn.functional.cross_entropy(out.logits[:, :-1].reshape(-1, 256).float(), ids[:, 1:].reshape(-1))
+    reference, _ = run(small_llama, (ids,), loss_fn)
+    peak = peak_of(small_llama, (ids,), loss_fn)
+    got, stats = run(small_llama, (ids,), loss_fn, budget=int(0.7 * peak))
+    oracle.assert_identical(reference, got, "llama under bf16 autocast at 0.7 drop-only")
+    assert stats["evictions"] > 0 and stats["rematerializations"] > 0, stats
 
 
 # ---- Exports ----
