@@ -1,5 +1,6 @@
 """One rank of the DistributedDataParallel test (test_remat.py): trains the same small model 3 steps without
-remat and then under remat.enable, and saves both runs' byte-oracle snapshots (oracle.py: losses, gradients,
+remat, under remat with a budget that never binds (its peak), and under remat at half that peak, and saves the
+first and last runs' byte-oracle snapshots (oracle.py: losses, gradients,
 parameters, buffers, optimizer state, eval-mode outputs; taken with remat off) for the parent to compare."""
 
 import os
@@ -14,11 +15,12 @@ import oracle  # tests/python, this script's directory
 def train(model_seed, rank):
     torch.manual_seed(model_seed)
     model = torch.nn.Sequential(
-        torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Dropout(0.2), torch.nn.Linear(32, 4))
+        *[torch.nn.Sequential(torch.nn.Linear(128, 128), torch.nn.GELU(), torch.nn.Dropout(0.2)) for _ in range(6)],
+        torch.nn.Linear(128, 4))
     ddp = torch.nn.parallel.DistributedDataParallel(model)
     opt = torch.optim.SGD(ddp.parameters(), lr=0.1, momentum=0.9)
     torch.manual_seed(100 + rank)  # each rank its own data and dropout masks
-    data, target = torch.randn(8, 16), torch.randint(0, 4, (8,))
+    data, target = torch.randn(512, 128), torch.randint(0, 4, (512,))
     losses = []
     for _ in range(3):
         opt.zero_grad()
@@ -41,9 +43,13 @@ def main(rank, world_size, port, out_dir):
 
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size)
     reference = snapshot(*train(0, rank))
-    with remat.enable(budget="64MiB"):
+    with remat.enable(budget="1GiB", costs="estimated"):
+        train(0, rank)
+        peak = remat.stats()["peak_allocated_bytes"]
+    with remat.enable(budget=peak // 2, costs="estimated"):  # each rank its own budget: half its own peak
         under_remat = train(0, rank)
         stats = remat.stats()
+    stats["budget"] = peak // 2
     torch.save({"reference": reference, "remat": snapshot(*under_remat), "stats": stats},
                os.path.join(out_dir, f"rank{rank}.pt"))
     dist.destroy_process_group()

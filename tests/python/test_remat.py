@@ -238,8 +238,9 @@ def test_distributed_data_parallel_two_processes_bitwise_identical(tmp_path):
         reference, under_remat = (oracle.Snapshot(**result[run]) for run in ("reference", "remat"))
         assert reference.parameters and reference.losses
         oracle.assert_identical(reference, under_remat, f"rank {rank} under remat")
-        assert 0 < result["stats"]["peak_allocated_bytes"] <= 64 * MiB
-        assert result["stats"]["ops_recorded"] > 0
+        stats = result["stats"]
+        assert 0 < stats["peak_allocated_bytes"] <= stats["budget"]
+        assert stats["evictions"] > 0 and stats["rematerializations"] > 0, stats  # the budget binds
     # DDP kept the replicas' parameters in sync under remat too, byte for byte. (Not buffers: DDP broadcasts rank
     # 0's at each forward, which then updates them with the rank's own batch; each rank's buffers are checked against
     # its run without remat above.)
