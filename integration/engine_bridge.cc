@@ -634,6 +634,22 @@ absl::Status EngineBridge::MakeResident(c10::StorageImpl* impl, bool writable) {
   return absl::OkStatus();
 }
 
+absl::Status EngineBridge::StorageWillChange(c10::StorageImpl* impl) {
+  std::lock_guard<EngineLock> lock(lock_);
+  auto it = entries_.find(impl);
+  if (it == entries_.end() || it->second.released) return absl::OkStatus();
+  Entry& entry = it->second;
+  const StorageIndex s = engine_->StorageOf(entry.root);
+  if (!engine_->Defined(entry.root) || engine_->Paged(s)) {
+    if (absl::Status status = engine_->Rematerialize(entry.root); !status.ok()) return status;
+  }
+  PinEntry(entry);
+  engine_->Fix(entry.root);
+  engine_->SetAddress(s, 0);  // the block is about to be freed or replaced: the engine must not use its address
+  PinDependents(s);
+  return absl::OkStatus();
+}
+
 absl::Status EngineBridge::MaterializeLive() {
   std::lock_guard<EngineLock> lock(lock_);
   Sweep();  // storages whose last reference died since the last op need no bytes

@@ -195,6 +195,12 @@ class EngineBridge final : public OpObserver, public PressureHandler, public Hel
   // seeing it (a numpy array, a DLPack capsule), so what was computed from them is pinned now and ops that read
   // them from now on are not replayed (their outputs are pinned). Storages remat does not know need nothing.
   absl::Status MakeResident(c10::StorageImpl* impl, bool writable);
+  // `impl`'s bytes are about to change or go outside the dispatcher (UntypedStorage.resize_: FSDP2 frees an
+  // unsharded parameter after use and gathers it again later). What was computed from the bytes as they are now is
+  // pinned first (as for a write to a constant), brought back if evicted, so that no replay reads the storage after
+  // the change; the storage itself is fixed (never evicted or moved: its size and address are about to change under
+  // the engine). Storages remat does not know need nothing.
+  absl::Status StorageWillChange(c10::StorageImpl* impl);
   // Waits for the op running now, MaterializeLive, then stops: later ops pass through unrecorded and MakeRoom makes
   // no room. The session calls it before it detaches and destroys the bridge (engine_session.h).
   absl::Status Retire();

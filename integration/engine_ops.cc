@@ -72,6 +72,12 @@ void MakeResidentOp(const at::Tensor& tensor, bool writable) {
   ThrowIfError(status);
 }
 
+void StorageWillChangeOp(const c10::Storage& storage) {
+  const absl::Status status = StorageWillChange(storage);
+  if (absl::IsResourceExhausted(status)) TORCH_CHECK_WITH(OutOfMemoryError, false, std::string(status.message()));
+  ThrowIfError(status);
+}
+
 c10::List<std::string> Policies() {
   c10::List<std::string> out;
   for (const std::string& name : PolicyNames()) out.push_back(name);
@@ -147,6 +153,7 @@ TORCH_LIBRARY_FRAGMENT(remat, m) {
   m.def("pin_state(Tensor[] tensors) -> int", &PinState);
   m.def("engine_enabled() -> bool", &EngineEnabled);
   m.def("make_resident(Tensor tensor, bool writable) -> ()", &MakeResidentOp);
+  m.def("storage_will_change(Storage storage) -> ()", &StorageWillChangeOp);
   m.def("policies() -> str[]", &Policies);
   m.def("engine_stats() -> Dict(str, float)", &EngineStatsDict);
 }

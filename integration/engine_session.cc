@@ -204,6 +204,13 @@ absl::Status MakeResident(const at::Tensor& tensor, bool writable) {
   return g_bridge->MakeResident(tensor.storage().unsafeGetStorageImpl(), writable);
 }
 
+absl::Status StorageWillChange(const c10::Storage& storage) {
+  if (!storage) return absl::OkStatus();
+  std::lock_guard<std::mutex> lock(g_mutex);
+  if (g_bridge == nullptr) return absl::OkStatus();
+  return g_bridge->StorageWillChange(storage.unsafeGetStorageImpl());
+}
+
 absl::StatusOr<PagingSetting> ResolvePaging(const std::optional<std::string>& offload,
                                             const std::optional<std::string>& host_budget) {
   // The environment, reduced to the two variables this resolves (a malformed REMAT_BUDGET is not our business).

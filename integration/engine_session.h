@@ -74,6 +74,9 @@ absl::StatusOr<int> PinRematState(const std::vector<at::Tensor>& tensors);
 // back if remat evicted or paged it, and keeps it resident and in place for as long as it lives
 // (EngineBridge::MakeResident; `writable`: the caller may write the bytes too). Nothing to do when remat is off.
 absl::Status MakeResident(const at::Tensor& tensor, bool writable = true);
+// For code that is about to resize or replace a storage outside torch ops (UntypedStorage.resize_): pins what was
+// computed from its current bytes (EngineBridge::StorageWillChange). Nothing to do when remat is off.
+absl::Status StorageWillChange(const c10::Storage& storage);
 // Of the current engine, else of the last one; NotFound before the first EnableRematEngine.
 absl::StatusOr<BridgeStats> GetEngineStats();
 

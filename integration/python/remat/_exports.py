@@ -12,8 +12,10 @@ EngineBridge::MakeResident):
   read-only accesses: ``Tensor.data_ptr()``, ``Tensor.untyped_storage()`` (and through it ``storage()``, pickling,
   ``torch.save``, ``copy.deepcopy``, ``share_memory_()``), ``Tensor.tolist()``.
 
-``share_memory_()`` moves the bytes into shared memory outside the arena; remat is told afterwards. ``pin_memory()``
-is an op and needs nothing here. C++ code calls remat::integration::MakeResident (engine_session.h) itself.
+``share_memory_()`` moves the bytes into shared memory outside the arena; remat is told afterwards.
+``UntypedStorage.resize_`` frees or replaces the bytes (FSDP2 frees and re-gathers parameters so): remat is told
+first (``torch.ops.remat.storage_will_change``) and pins what was computed from them. ``pin_memory()`` is an op
+and needs nothing here. C++ code calls remat::integration::MakeResident (engine_session.h) itself.
 
 Installed once at import; each wrapper costs one Python call and a flag test while remat is off.
 """
@@ -99,6 +101,21 @@ def _share_memory_then_tell_remat(owner):
     owner.share_memory_ = wrapper
 
 
+def _resize_then_tell_remat(owner):
+    """UntypedStorage.resize_ frees or replaces the bytes outside torch's ops (FSDP2 frees an unsharded parameter
+    after use and gathers it again): remat pins what was computed from them first, so no replay reads them after."""
+    original = owner.resize_
+
+    @functools.wraps(original)
+    def wrapper(self, *args, **kwargs):
+        if _active and self.device.type != "meta" and not _dispatch_mode_active():
+            torch.ops.remat.storage_will_change(self)
+        return original(self, *args, **kwargs)
+
+    wrapper.__remat_original__ = original
+    owner.resize_ = wrapper
+
+
 def _install() -> None:
     if getattr(torch.Tensor.numpy, "__remat_original__", None) is not None:
         return  # installed already (the package was reloaded)
@@ -108,6 +125,7 @@ def _install() -> None:
     _wrap_method(tensor, "untyped_storage", writable=False)  # storage(), pickling, torch.save, deepcopy
     _wrap_method(tensor, "tolist", writable=False)
     _share_memory_then_tell_remat(tensor)
+    _resize_then_tell_remat(torch.UntypedStorage)
     # DLPack: Tensor.__dlpack__ calls torch._C._to_dlpack or _to_dlpack_versioned (read_only=...).
     read_only = lambda kwargs: not kwargs.get("read_only", False)  # noqa: E731
     for name in ("_to_dlpack", "_to_dlpack_versioned"):
