@@ -1,0 +1,206 @@
+// Engine: paging to a second tier (EngineOptions::paging): the link timeline, page-out and page-in of storages,
+// prefetch, waiting for inputs, and paging the least recently used constant out (PageLruConstant).
+#include "runtime/engine.h"
+
+#include <algorithm>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "runtime/engine_impl.h"
+
+namespace remat {
+
+std::int64_t Engine::TransferNs(std::int64_t bytes) const {
+  const double bw = options_.paging.bandwidth_bytes_per_s;
+  const double ns = bw > 0 ? static_cast<double>(bytes) * 1e9 / bw : std::numeric_limits<double>::infinity();
+  if (ns >= 1e18) return std::numeric_limits<std::int64_t>::max() / 4;
+  return options_.paging.latency_ns + static_cast<std::int64_t>(std::ceil(ns));
+}
+
+std::int64_t Engine::IssueCopy(std::int64_t bytes, bool in, std::int64_t not_before) {
+  std::int64_t& free = in && options_.paging.duplex ? link_in_free_ : link_free_;
+  const std::int64_t start = std::max({stats_.clock, free, not_before});
+  free = start + TransferNs(bytes);
+  return free;
+}
+
+bool Engine::Paged(StorageIndex s) const { return impl_->storages[s].paged; }
+std::int64_t Engine::ReadyAt(StorageIndex s) const { return impl_->storages[s].ready_at; }
+
+bool Engine::PrefersPaging(StorageIndex s) const {
+  const Impl& m = *impl_;
+  const Impl::Storage& st = m.storages[s];
+  const PagingOptions& p = options_.paging;
+  if (p.mode == OffloadMode::kOff || st.dead) return false;  // nothing can need a dead storage again
+  if (stats_.host_used_bytes > p.host_budget - st.size) return false;
+  if (p.mode == OffloadMode::kAlways) return true;
+  // Recompute cost including the evicted neighbours, as the policy sees them.
+  std::int64_t neighbourhood = m.regions ? RegionCompute(s) : m.eq_classes ? EqClassCompute(s)
+                                                                          : EvictedNeighbourCompute(s);
+  const std::int64_t recompute = st.compute + neighbourhood;
+  const std::int64_t backlog = std::max<std::int64_t>(0, std::max(link_free_, link_in_free_) - stats_.clock);
+  const std::int64_t unhidden = backlog + 2 * TransferNs(st.size);
+  return unhidden < recompute;
+}
+
+absl::Status Engine::Reclaim(StorageIndex s) {
+  if (PrefersPaging(s)) return PageOutStorage(s);
+  return Evict(s);
+}
+
+absl::Status Engine::PageOut(StorageIndex s) {
+  if (s >= impl_->storages.size()) return absl::InvalidArgumentError(absl::StrCat("no storage ", s));
+  if (stats_.host_used_bytes > options_.paging.host_budget - impl_->storages[s].size) {
+    return absl::ResourceExhaustedError(absl::StrCat("storage ", s, " does not fit the host budget"));
+  }
+  return PageOutStorage(s);
+}
+
+absl::Status Engine::PageOutStorage(StorageIndex s) {
+  Impl& m = *impl_;
+  Impl::Storage& st = m.storages[s];
+  const bool pageable = st.material && !st.paged && !st.dead && !st.fixed &&
+                        (st.pinned ? options_.paging.page_constants && st.locks == 1 : st.locks == 0);
+  if (!pageable) return absl::FailedPreconditionError(absl::StrCat("storage ", s, " cannot be paged out"));
+  if (absl::Status x = executor_->PageOut(*this, s); !x.ok()) return x;
+  st.ready_at = IssueCopy(st.size, /*in=*/false, 0);  // when the host copy is complete
+  st.material = false;  // the region state keeps its material bit: a paged storage bounds evicted regions
+  st.paged = true;
+  m.Touch(s);
+  m.PoolRemove(s);
+  for (TensorId t : st.tensors) {
+    m.tensors[t].paged_defined = m.tensors[t].defined;
+    m.tensors[t].defined = false;
+  }
+  st.has_address = false;
+  stats_.used_bytes -= st.size;
+  stats_.host_used_bytes += st.size;
+  stats_.host_peak_bytes = std::max(stats_.host_peak_bytes, stats_.host_used_bytes);
+  ++stats_.page_outs;
+  stats_.paged_out_bytes += st.size;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<bool> Engine::PageInStorage(StorageIndex s, bool prefetch, bool may_reclaim) {
+  Impl& m = *impl_;
+  Impl::Storage& st = m.storages[s];
+  if (!st.paged) return false;
+  if (options_.mode == AccountingMode::kCounter) {
+    if (!may_reclaim) {
+      if (stats_.used_bytes + st.size > options_.budget) return false;
+    } else if (absl::Status r = MakeRoomCounter(st.size, "page-in"); !r.ok()) {
+      if (prefetch && absl::IsResourceExhausted(r)) return false;
+      return r;
+    }
+  }
+  no_reclaim_ = !may_reclaim;
+  NoteAllocation();
+  absl::Status x = executor_->PageIn(*this, s);
+  no_reclaim_ = false;
+  if (!x.ok()) {
+    if (!pending_.ok()) return pending_;
+    if (!absl::IsResourceExhausted(x)) return x;
+    if (prefetch) return false;
+    return WithMemoryReport(x.message(), absl::StrCat(" (paging in storage ", s, ")"));
+  }
+  st.ready_at = IssueCopy(st.size, /*in=*/true, st.ready_at);  // after its own page-out
+  st.paged = false;
+  st.material = true;
+  m.Touch(s);
+  for (TensorId t : st.tensors) m.tensors[t].defined = m.tensors[t].paged_defined;
+  stats_.used_bytes += st.size;
+  stats_.host_used_bytes -= st.size;
+  NotePeak();
+  ++stats_.page_ins;
+  stats_.paged_in_bytes += st.size;
+  if (prefetch) {
+    ++stats_.prefetches;
+    m.SetLastAccess(s, stats_.clock);  // fresh: it is about to be used
+  }
+  if (st.locks == 0) m.PoolAppend(s);
+  return true;
+}
+
+void Engine::DropPagedCopy(StorageIndex s) {
+  Impl::Storage& st = impl_->storages[s];
+  if (!st.paged) return;
+  executor_->DropPaged(*this, s);
+  st.paged = false;
+  impl_->Touch(s);
+  stats_.host_used_bytes -= st.size;
+}
+
+absl::StatusOr<bool> Engine::Prefetch(TensorId t) {
+  Impl& m = *impl_;
+  if (t >= m.tensors.size()) return absl::InvalidArgumentError(absl::StrCat("no tensor ", t));
+  return PageInStorage(m.tensors[t].storage, /*prefetch=*/true, /*may_reclaim=*/false);
+}
+
+absl::StatusOr<int> Engine::PrefetchAhead(std::span<const TensorId> upcoming, bool make_room) {
+  Impl& m = *impl_;
+  pending_ = absl::OkStatus();
+  std::vector<StorageIndex> held;  // what the upcoming ops read and is resident: not a victim meanwhile
+  for (TensorId t : upcoming) {
+    if (t >= m.tensors.size()) return absl::InvalidArgumentError(absl::StrCat("no tensor ", t));
+    StorageIndex s = m.tensors[t].storage;
+    if (m.storages[s].material) {
+      m.Lock(s);
+      held.push_back(s);
+    }
+  }
+  int issued = 0;
+  absl::Status error;
+  for (TensorId t : upcoming) {
+    StorageIndex s = m.tensors[t].storage;
+    if (!m.storages[s].paged) continue;
+    absl::StatusOr<bool> in = PageInStorage(s, /*prefetch=*/true, /*may_reclaim=*/make_room);
+    if (!in.ok()) {
+      error = in.status();
+      break;
+    }
+    if (!*in) break;  // no room: the later ones are needed later still
+    ++issued;
+    m.Lock(s);
+    held.push_back(s);
+  }
+  for (StorageIndex s : held) m.Unlock(s);
+  pending_ = absl::OkStatus();
+  if (!error.ok()) return error;
+  return issued;
+}
+
+void Engine::WaitForInputs(OpId op) {
+  Impl& m = *impl_;
+  std::int64_t ready = stats_.clock;
+  for (TensorId p : m.Inputs(m.ops[op])) ready = std::max(ready, m.storages[m.tensors[p].storage].ready_at);
+  if (ready > stats_.clock) {
+    stats_.stall_ns += ready - stats_.clock;
+    stats_.clock = ready;
+  }
+}
+
+bool Engine::PageLruConstant() {
+  Impl& m = *impl_;
+  const PagingOptions& p = options_.paging;
+  if (p.mode == OffloadMode::kOff || !p.page_constants) return false;
+  StorageIndex best = kNone;
+  for (StorageIndex s = 0; s < m.storages.size(); ++s) {
+    const Impl::Storage& st = m.storages[s];
+    if (!st.pinned || !st.material || st.paged || st.dead || st.fixed || st.locks != 1) continue;
+    // Arena mode: a constant outside the arena (adopted without an address) frees nothing there.
+    if (options_.mode == AccountingMode::kArena && !st.has_address) continue;
+    if (stats_.host_used_bytes > p.host_budget - st.size) continue;
+    if (best == kNone || st.last_access < m.storages[best].last_access) best = s;
+  }
+  if (best == kNone) return false;
+  if (absl::Status s = PageOutStorage(best); !s.ok()) {
+    pending_ = s;
+    return false;
+  }
+  return true;
+}
+
+}  // namespace remat
