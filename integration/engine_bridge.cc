@@ -609,6 +609,15 @@ std::int64_t EngineBridge::HeldReferences(const c10::StorageImpl* storage) {
   return it == entries_.end() ? 0 : it->second.record_refs;
 }
 
+absl::Status EngineBridge::FixEntry(Entry& entry) {
+  if (!engine_->Defined(entry.root) || engine_->Paged(engine_->StorageOf(entry.root))) {
+    if (absl::Status status = engine_->Rematerialize(entry.root); !status.ok()) return status;
+  }
+  PinEntry(entry);
+  engine_->Fix(entry.root);
+  return absl::OkStatus();
+}
+
 absl::Status EngineBridge::MakeResident(c10::StorageImpl* impl, bool writable) {
   std::lock_guard<EngineLock> lock(lock_);
   auto it = entries_.find(impl);
@@ -619,12 +628,8 @@ absl::Status EngineBridge::MakeResident(c10::StorageImpl* impl, bool writable) {
     return absl::OkStatus();  // not remat's: a constant made outside its view keeps its memory anyway
   }
   Entry& entry = it->second;
+  if (absl::Status status = FixEntry(entry); !status.ok()) return status;
   const StorageIndex s = engine_->StorageOf(entry.root);
-  if (!engine_->Defined(entry.root) || engine_->Paged(s)) {
-    if (absl::Status status = engine_->Rematerialize(entry.root); !status.ok()) return status;
-  }
-  PinEntry(entry);
-  engine_->Fix(entry.root);
   // share_memory_() moves the bytes out of the arena: the engine must not take the old address for this storage.
   engine_->SetAddress(s, memory_->Owns(impl->_mutable_data_ptr_no_checks()) ? AddressOf(*impl) : 0);
   if (writable && !entry.exported) {
@@ -639,12 +644,8 @@ absl::Status EngineBridge::StorageWillChange(c10::StorageImpl* impl) {
   auto it = entries_.find(impl);
   if (it == entries_.end() || it->second.released) return absl::OkStatus();
   Entry& entry = it->second;
+  if (absl::Status status = FixEntry(entry); !status.ok()) return status;
   const StorageIndex s = engine_->StorageOf(entry.root);
-  if (!engine_->Defined(entry.root) || engine_->Paged(s)) {
-    if (absl::Status status = engine_->Rematerialize(entry.root); !status.ok()) return status;
-  }
-  PinEntry(entry);
-  engine_->Fix(entry.root);
   engine_->SetAddress(s, 0);  // the block is about to be freed or replaced: the engine must not use its address
   PinDependents(s);
   return absl::OkStatus();

@@ -247,6 +247,9 @@ class EngineBridge final : public OpObserver, public PressureHandler, public Hel
   void Sweep();
   void PinDependents(StorageIndex start);
   void PinEntry(Entry& entry);
+  // Brings entry's storage back if evicted or paged, pins it and fixes it in place (Engine::Fix): for storages whose
+  // bytes or address code outside the dispatcher holds or is about to change (MakeResident, StorageWillChange).
+  absl::Status FixEntry(Entry& entry);
   void CountRecordRefs(const OpRecord& record, int delta = 1);
   void Prune();
   void Unlock();

@@ -118,16 +118,14 @@ MemoryHistory CopyMemoryHistory() {
   return out;
 }
 
-void RecordMemoryEvent(MemoryEventKind kind, std::uint64_t address, std::uint64_t size, std::uint64_t extra,
+void AppendMemoryEvent(MemoryEventKind kind, std::uint64_t address, std::uint64_t size, std::uint64_t extra,
                        std::int16_t device) {
-  if (!MemoryHistoryEnabled()) return;
   Log& log = TheLog();
   std::lock_guard<std::mutex> lock(log.mutex);
   Append(log, kind, address, size, extra, 0, device);
 }
 
-MemoryEventScope::MemoryEventScope(std::string_view label, bool op, bool replay) {
-  if (!MemoryHistoryEnabled()) return;
+void MemoryEventScope::Begin(std::string_view label, bool op, bool replay) {
   Log& log = TheLog();
   std::lock_guard<std::mutex> lock(log.mutex);
   active_ = true;
@@ -139,8 +137,7 @@ MemoryEventScope::MemoryEventScope(std::string_view label, bool op, bool replay)
   if (op_) Append(log, MemoryEventKind::kOpBegin, 0, 0, replay_ ? 1 : 0, label_);
 }
 
-MemoryEventScope::~MemoryEventScope() {
-  if (!active_) return;
+void MemoryEventScope::End() {
   Log& log = TheLog();
   std::lock_guard<std::mutex> lock(log.mutex);
   // Recorded even if the history stopped meanwhile, so that every begin in the ring has its end.

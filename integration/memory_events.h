@@ -82,21 +82,34 @@ void StopMemoryHistory();
 // A copy of what was recorded (while recording or after).
 MemoryHistory CopyMemoryHistory();
 
-// Appends one event with the calling thread's context; nothing when the history is off.
-void RecordMemoryEvent(MemoryEventKind kind, std::uint64_t address, std::uint64_t size, std::uint64_t extra = 0,
-                       std::int16_t device = kHistoryCpu);
+// Appends one event with the calling thread's context (always; callers test MemoryHistoryEnabled()).
+void AppendMemoryEvent(MemoryEventKind kind, std::uint64_t address, std::uint64_t size, std::uint64_t extra,
+                       std::int16_t device);
+
+// Appends one event with the calling thread's context; nothing when the history is off (inline: the allocator and
+// the hook call it on every allocation and op, and pay one relaxed load then).
+inline void RecordMemoryEvent(MemoryEventKind kind, std::uint64_t address, std::uint64_t size,
+                              std::uint64_t extra = 0, std::int16_t device = kHistoryCpu) {
+  if (MemoryHistoryEnabled()) AppendMemoryEvent(kind, address, size, extra, device);
+}
 
 // A label open on this thread for the scope's life: everything recorded meanwhile carries it in its context. With
 // `op` set, also records kOpBegin / kOpEnd around the scope (extra = `replay`). No effect when the history is off
 // at construction.
 class MemoryEventScope {
  public:
-  MemoryEventScope(std::string_view label, bool op, bool replay = false);
-  ~MemoryEventScope();
+  MemoryEventScope(std::string_view label, bool op, bool replay = false) {
+    if (MemoryHistoryEnabled()) Begin(label, op, replay);  // inline: the hook opens one for every recorded op
+  }
+  ~MemoryEventScope() {
+    if (active_) End();
+  }
   MemoryEventScope(const MemoryEventScope&) = delete;
   MemoryEventScope& operator=(const MemoryEventScope&) = delete;
 
  private:
+  void Begin(std::string_view label, bool op, bool replay);
+  void End();
   bool active_ = false;
   bool op_ = false;
   bool replay_ = false;
