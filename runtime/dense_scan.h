@@ -1,4 +1,4 @@
-// The engine's dense victim scan, pass 1 (runtime/engine.cc, Engine::DenseChoice): approximate scores
+// The engine's dense victim scan, pass 1 (runtime/engine_choice.cc, Engine::DenseChoice): approximate scores
 // W / staleness over contiguous arrays (Policy::HasStalenessWeight), and their minimum per chunk of slots.
 #pragma once
 

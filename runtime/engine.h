@@ -304,7 +304,7 @@ class Engine final : public PressureHandler, private StorageView {
   // The policy's victim among the pool: the dense scan when the policy has staleness weights (and no sampling nor
   // small-storage filter), else the pool walk and Policy::Choose. nullopt when the pool is empty.
   std::optional<StorageIndex> ChooseFromPool();
-  // The dense scan (see engine.cc); nullopt when the case is left to the default path.
+  // The dense scan (see engine_choice.cc); nullopt when the case is left to the default path.
   std::optional<StorageIndex> DenseChoice();
   // Recomputes the staleness weights marked dirty.
   void RefreshWeights();
