@@ -12,6 +12,7 @@
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <c10/util/Exception.h>
 #include <torch/csrc/autograd/graph_task.h>
+#include <torch/library.h>
 
 #include <algorithm>
 #include <atomic>
@@ -335,6 +336,38 @@ bool Tracing(c10::DispatchKeySet below) {
   return !(below & kTracing).empty() || below.has_backend(c10::BackendComponent::MetaBit);
 }
 
+// A tensor only a tracer makes: symbolic sizes, meta, or a Python subclass (a FakeTensor) reaching the hook while
+// the Python key is excluded (inside a mode's or subclass's own handler, so the key set below does not show it).
+bool TracedTensor(const at::Tensor& tensor) {
+  return tensor.defined() && (tensor.unsafeGetTensorImpl()->has_symbolic_sizes_strides() || tensor.is_meta() ||
+                              tensor.key_set().has(c10::DispatchKey::Python));
+}
+
+// Arguments that only a tracer passes: a symbolic size (a real tensor's sizes are numbers), the meta device, a
+// traced tensor. They catch what the key set below cannot: factory ops (aten::empty_strided with symbolic sizes,
+// while Dynamo fakes a tensor) have no tensor argument to carry the key of a mode or of meta, and a mode's handler
+// runs ops with the Python key excluded.
+bool TracedArguments(const torch::jit::Stack& stack, std::size_t num_arguments) {
+  auto traced = [](const c10::IValue& value) {
+    return value.isSymInt() || value.isSymFloat() || (value.isDevice() && value.toDevice().is_meta()) ||
+           (value.isTensor() && TracedTensor(value.toTensor()));
+  };
+  for (std::size_t i = stack.size() - num_arguments; i < stack.size(); ++i) {
+    const c10::IValue& value = stack[i];
+    if (traced(value)) return true;
+    if (value.isTensorList()) {
+      for (const at::Tensor& tensor : value.toTensorList()) {
+        if (TracedTensor(tensor)) return true;
+      }
+    } else if (value.isList()) {  // concrete int lists are IntLists; a SymInt[] with a symbol is a generic list
+      for (const c10::IValue& element : value.toListRef()) {
+        if (traced(element)) return true;
+      }
+    }
+  }
+  return false;
+}
+
 // Runs the op below the hook without recording it. A kernel that reads an evicted storage throws remat's
 // evicted-access error; the innermost op the hook passed through is the one that read it: name it.
 void PassThrough(const c10::OperatorHandle& op, c10::DispatchKeySet below, torch::jit::Stack* stack) {
@@ -373,7 +406,8 @@ void Fallback(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch::ji
     return;
   }
   const OpTraits& traits = TraitsOf(op);
-  if (!traits.tracked || Tracing(below) || DecomposesAt(op, traits, below)) {  // remat's own ops: not counted
+  if (!traits.tracked || Tracing(below) || DecomposesAt(op, traits, below) ||
+      TracedArguments(*stack, op.schema().arguments().size())) {  // remat's own ops: not counted
     PassThrough(op, below, stack);
     return;
   }
@@ -642,6 +676,125 @@ absl::StatusOr<int> RestoreOutputs(const OpRecord& record, const c10::Stack& rep
     restored.push_back(target.get());
   }
   return static_cast<int>(restored.size());
+}
+
+// ---- Opaque calls ----
+
+namespace {
+
+struct OpaqueCall {
+  OpaqueCall(c10::OperatorHandle handle, const OpTraits& traits) : record(std::move(handle), traits) {}
+  OpRecord record;
+  OpObserver* observer = nullptr;
+  ObserverCall counted;  // the observer outlives the call (WaitForObserverCalls)
+  MemoryEventScope history{kOpaqueCallOperator, /*op=*/true};
+  // A call that cannot be replayed: its inputs as weak references, as it may free them (the record's strong ones
+  // are dropped after BeforeOp).
+  bool weak = false;
+  std::vector<c10::weak_intrusive_ptr<c10::StorageImpl>> inputs;
+  std::vector<c10::weak_intrusive_ptr<c10::TensorImpl>> written;
+  std::vector<c10::weak_intrusive_ptr<c10::TensorImpl>> read;
+  std::chrono::steady_clock::time_point start;
+};
+
+// One slot per open call on this thread; nullptr for a call that is not recorded (nesting only).
+thread_local std::vector<std::unique_ptr<OpaqueCall>> t_opaque_calls;
+
+// The operator opaque calls are recorded as. Its schema is registered with the hook, so that every binary that can
+// record an opaque call has it; its kernel (for replays) by whoever can run the calls again.
+TORCH_LIBRARY_FRAGMENT(remat, m) { m.def("compiled_graph(Tensor[] written, Tensor[] read, int graph) -> Tensor[]"); }
+
+const c10::OperatorHandle& OpaqueCallHandle() {
+  static const c10::OperatorHandle handle = c10::Dispatcher::singleton().findSchemaOrThrow(kOpaqueCallOperator, "");
+  return handle;
+}
+
+std::vector<c10::weak_intrusive_ptr<c10::TensorImpl>> WeakTensors(const std::vector<at::Tensor>& tensors) {
+  std::vector<c10::weak_intrusive_ptr<c10::TensorImpl>> weak;
+  weak.reserve(tensors.size());
+  for (const at::Tensor& t : tensors) weak.emplace_back(t.getIntrusivePtr());
+  return weak;
+}
+
+c10::List<at::Tensor> LiveTensors(const std::vector<c10::weak_intrusive_ptr<c10::TensorImpl>>& weak) {
+  c10::List<at::Tensor> list;
+  for (const auto& w : weak) {
+    if (c10::intrusive_ptr<c10::TensorImpl> impl = w.lock()) list.push_back(at::Tensor(std::move(impl)));
+  }
+  return list;
+}
+
+// Takes the innermost open call off this thread's stack (nullptr: it was not recorded).
+std::unique_ptr<OpaqueCall> PopOpaqueCall() {
+  TORCH_CHECK(!t_opaque_calls.empty(), "remat: an opaque call ended that was never begun on this thread");
+  std::unique_ptr<OpaqueCall> call = std::move(t_opaque_calls.back());
+  t_opaque_calls.pop_back();
+  if (call != nullptr) --t_depth;
+  return call;
+}
+
+}  // namespace
+
+void BeginOpaqueCall(const std::vector<at::Tensor>& written, const std::vector<at::Tensor>& read,
+                     std::int64_t graph) {
+  if (t_depth != 0 || !HookEnabledOnThisThread() || g_observer.load(std::memory_order_relaxed) == nullptr) {
+    t_opaque_calls.push_back(nullptr);
+    return;
+  }
+  const c10::OperatorHandle& handle = OpaqueCallHandle();
+  auto call = std::make_unique<OpaqueCall>(handle, TraitsOf(handle));
+  call->observer = g_observer.load(std::memory_order_seq_cst);
+  if (call->observer == nullptr) {
+    t_opaque_calls.push_back(nullptr);
+    return;
+  }
+  OpRecord& record = call->record;
+  // The call runs on real tensors even under a Python dispatch mode (AOTAutograd runs a graph's first call under
+  // one that checks aliasing); a replay runs without the mode, which is gone by then.
+  record.tls_keys.included_ =
+      record.tls_keys.included_ - c10::DispatchKeySet({c10::DispatchKey::Python, c10::DispatchKey::PythonTLSSnapshot});
+  record.in_backward = torch::autograd::get_current_graph_task_id() != -1;
+  record.replayable = graph >= 0 && written.empty() && !record.in_backward;
+  call->weak = !record.replayable;
+  record.arguments.push_back(AliasValue(c10::List<at::Tensor>(written), &record.input_storages, &record.replayable));
+  record.arguments.push_back(AliasValue(c10::List<at::Tensor>(read), &record.input_storages, &record.replayable));
+  record.arguments.emplace_back(graph);
+  if (!written.empty()) record.unannotated_writes.push_back(0);  // written on the side: constants from now on
+  call->observer->BeforeOp(record);  // throws (out of memory bringing inputs back): nothing is open
+  if (call->weak) {
+    for (const auto& storage : record.input_storages) call->inputs.emplace_back(storage);
+    call->written = WeakTensors(written);
+    call->read = WeakTensors(read);
+    record.arguments.clear();
+    for (auto& storage : record.input_storages) storage.reset();
+  }
+  ++t_depth;
+  call->start = std::chrono::steady_clock::now();
+  t_opaque_calls.push_back(std::move(call));
+}
+
+void EndOpaqueCall(const std::vector<at::Tensor>& outputs) {
+  std::unique_ptr<OpaqueCall> call = PopOpaqueCall();
+  if (call == nullptr) return;
+  OpRecord& record = call->record;
+  record.duration_ns = static_cast<std::uint64_t>(
+      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - call->start).count());
+  if (call->weak) {  // inputs still alive again, for aliasing (an output that is an input) and the trace's names
+    for (std::size_t k = 0; k < call->inputs.size(); ++k) record.input_storages[k] = call->inputs[k].lock();
+    record.arguments.push_back(LiveTensors(call->written));
+    record.arguments.push_back(LiveTensors(call->read));
+    record.arguments.emplace_back(static_cast<std::int64_t>(-1));
+  }
+  c10::Stack returned;
+  returned.emplace_back(c10::List<at::Tensor>(outputs));
+  CaptureOutputs(record, returned);
+  call->observer->AfterOp(std::move(record));
+}
+
+void OpaqueCallFailed() noexcept {
+  if (t_opaque_calls.empty()) return;
+  std::unique_ptr<OpaqueCall> call = PopOpaqueCall();
+  if (call != nullptr) call->observer->OpFailed(call->record);
 }
 
 }  // namespace remat::integration

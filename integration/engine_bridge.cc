@@ -475,7 +475,12 @@ void EngineBridge::AfterOp(OpRecord&& record) {
     auto it = entries_.find(record.input_storages[k].get());
     reads_export = reads_export || (it != entries_.end() && it->second.exported);
   }
+  // A compiled graph's replay runs the whole graph again and needs its whole working set at once (every buffer of
+  // a block's forward, while the op that wanted one output holds its own inputs): with a second tier, paging its
+  // outputs costs a copy and no transient memory, so they stay constants (pageable); drop-only, they are replayed.
+  const bool compiled_graph_paged = options_.paging.mode != OffloadMode::kOff && traits.name == kOpaqueCallOperator;
   const bool replayable = record.replayable && !reads_export && !ProducesUninitializedMemory(traits.name) &&
+                          !compiled_graph_paged &&
                           !(current_.check_rng && current_.rng_before != DefaultCpuRngFingerprint());
   auto replay = std::make_unique<ReplayOp>(OpRecord(record.op, traits));
   replay->output_storage.assign(record.outputs.size(), kNoIndex);

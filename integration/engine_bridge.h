@@ -68,6 +68,13 @@
 // running kernel cannot move, so where they happen to sit can leave free bytes but no hole, and only a retry gets
 // them out of the way.
 //
+// Compiled graphs (dispatch_hook.h, "Opaque calls"; remat/_compile.py): a call of a torch.compile'd graph is one op,
+// remat::compiled_graph, whose inputs are locked for the call and whose inner ops are not seen. What the engine can
+// do with its outputs: page them (paging on: they are constants, paged out between the forward and the backward),
+// or, drop-only, drop them and replay the graph (a forward graph that writes no input and draws no random numbers).
+// With paging on, outputs are never dropped: a replay needs the graph's whole working set at once, a page-in only
+// the one tensor. Nothing inside a call can be evicted: a graph's own peak is a floor no budget goes below.
+//
 // Threads (engine_lock.h): one EngineLock, held from BeforeOp to AfterOp/OpFailed, serializes the recorded ops of
 // every thread (autograd's engine threads included) and every other entry point. While an op's kernel (or a
 // replay's) runs, the lock is lent: an allocation that needs room on any thread (the kernel's intra-op workers, an

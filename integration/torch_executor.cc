@@ -12,6 +12,7 @@
 #include <utility>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "integration/memory_events.h"
 #include "integration/storage_eviction.h"
@@ -137,6 +138,12 @@ absl::Status TorchExecutor::Execute(Engine& engine, OpId op, bool replay, std::s
   } catch (const c10::Error& e) {
     return absl::InternalError(absl::StrCat("remat: replay failed: ", e.what_without_backtrace()));
   } catch (const std::exception& e) {
+    // A kernel written in Python (remat::compiled_graph's, remat/_compile.py) that ran out of memory throws
+    // pybind11's error_already_set, whose what() is "<Python type>: <message>".
+    constexpr absl::string_view kPythonOutOfMemory = "OutOfMemoryError: ";
+    if (absl::StartsWith(e.what(), kPythonOutOfMemory)) {
+      return absl::ResourceExhaustedError(absl::string_view(e.what()).substr(kPythonOutOfMemory.size()));
+    }
     return absl::InternalError(absl::StrCat("remat: replay failed: ", e.what()));
   }
 }

@@ -94,6 +94,7 @@ _library_path = _load()
 from . import _engine  # noqa: E402  (needs the library loaded)
 from . import _exports  # noqa: E402  (numpy(), data_ptr(), DLPack, torch.save: exports bring evicted bytes back)
 from ._exports import make_resident  # noqa: E402
+from . import _compile  # noqa: E402  (a call of a torch.compile'd graph is one op to remat)
 from . import _threads  # noqa: E402  (threads started while remat is on are tracked)
 from ._threads import track_this_thread  # noqa: E402
 from ._history import dump_snapshot, memory_snapshot, record_memory_history, trace  # noqa: E402  (pictures of a run)
@@ -169,6 +170,7 @@ def enable(budget: Union[int, str], policy: Optional[str] = None, costs: str = "
     nbytes = parse_size(budget)
     name = _engine.enable(nbytes, policy, costs, offload, host_budget, host_tier, page_constants)
     _exports.set_active(True)
+    _compile.set_active(True)
     _threads.track_new_threads(True)
     mode, host_bytes = _engine.resolve_paging(offload, host_budget)
     return _Enabled(nbytes, name, mode, None if host_bytes < 0 else host_bytes, host_tier)
@@ -178,6 +180,7 @@ def disable() -> None:
     """Switches remat off and gives torch back its CPU allocator. Tensors allocated while enabled keep working.
     Raises RuntimeError if remat is not enabled."""
     _exports.set_active(False)
+    _compile.set_active(False)
     _threads.track_new_threads(False)
     if _engine.is_enabled():
         _engine.disable()
