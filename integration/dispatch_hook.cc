@@ -614,10 +614,9 @@ absl::StatusOr<c10::Stack> ReplayWith(const OpRecord& record, c10::Stack argumen
                                                    arguments.size(), " arguments, its schema has ",
                                                    record.op.schema().arguments().size()));
   }
-  // Random ops without a Generator argument draw from the default generator: lend it the captured state for the
-  // replay, then give it back its own, so the user's random stream does not move.
-  const bool swap_default_generator =
-      record.traits->random && record.traits->generator_argument < 0 && record.rng.has_value();
+  // Random ops without a Generator argument, and opaque calls, draw from the default generator: lend it the
+  // captured state for the replay, then give it back its own, so the user's random stream does not move.
+  const bool swap_default_generator = record.traits->generator_argument < 0 && record.rng.has_value();
   std::optional<at::Tensor> saved_state;
   at::Generator default_generator = at::detail::getDefaultCPUGenerator();
   try {
@@ -702,7 +701,9 @@ thread_local std::vector<std::unique_ptr<OpaqueCall>> t_opaque_calls;
 
 // The operator opaque calls are recorded as. Its schema is registered with the hook, so that every binary that can
 // record an opaque call has it; its kernel (for replays) by whoever can run the calls again.
-TORCH_LIBRARY_FRAGMENT(remat, m) { m.def("compiled_graph(Tensor[] written, Tensor[] read, int graph) -> Tensor[]"); }
+TORCH_LIBRARY_FRAGMENT(remat, m) {
+  m.def("compiled_graph(Tensor[] written, Tensor[] read, int graph, Tensor[] snapshot) -> Tensor[]");
+}
 
 const c10::OperatorHandle& OpaqueCallHandle() {
   static const c10::OperatorHandle handle = c10::Dispatcher::singleton().findSchemaOrThrow(kOpaqueCallOperator, "");
@@ -736,7 +737,7 @@ std::unique_ptr<OpaqueCall> PopOpaqueCall() {
 }  // namespace
 
 void BeginOpaqueCall(const std::vector<at::Tensor>& written, const std::vector<at::Tensor>& read,
-                     std::int64_t graph) {
+                     std::int64_t graph, const std::vector<at::Tensor>& snapshot) {
   if (t_depth != 0 || !HookEnabledOnThisThread() || g_observer.load(std::memory_order_relaxed) == nullptr) {
     t_opaque_calls.push_back(nullptr);
     return;
@@ -754,12 +755,20 @@ void BeginOpaqueCall(const std::vector<at::Tensor>& written, const std::vector<a
   record.tls_keys.included_ =
       record.tls_keys.included_ - c10::DispatchKeySet({c10::DispatchKey::Python, c10::DispatchKey::PythonTLSSnapshot});
   record.in_backward = torch::autograd::get_current_graph_task_id() != -1;
-  record.replayable = graph >= 0 && written.empty() && !record.in_backward;
-  call->weak = !record.replayable;
+  record.replayable = graph >= 0 && snapshot.size() == written.size() && !record.in_backward;
   record.arguments.push_back(AliasValue(c10::List<at::Tensor>(written), &record.input_storages, &record.replayable));
   record.arguments.push_back(AliasValue(c10::List<at::Tensor>(read), &record.input_storages, &record.replayable));
   record.arguments.emplace_back(graph);
+  record.arguments.push_back(AliasValue(c10::List<at::Tensor>(snapshot), &record.input_storages, &record.replayable));
   if (!written.empty()) record.unannotated_writes.push_back(0);  // written on the side: constants from now on
+  // A graph may draw from the default generator (inductor's dropout seeds): a replay draws from a copy of its state
+  // now. Only the CPU generator is captured: a graph on another device is not replayed.
+  if (record.replayable && OnCpuOnly(record.arguments)) {
+    record.rng = CopyGenerator(at::detail::getDefaultCPUGenerator());
+  } else {
+    record.replayable = false;
+  }
+  call->weak = !record.replayable;
   call->observer->BeforeOp(record);  // throws (out of memory bringing inputs back): nothing is open
   if (call->weak) {
     for (const auto& storage : record.input_storages) call->inputs.emplace_back(storage);
@@ -784,6 +793,7 @@ void EndOpaqueCall(const std::vector<at::Tensor>& outputs) {
     record.arguments.push_back(LiveTensors(call->written));
     record.arguments.push_back(LiveTensors(call->read));
     record.arguments.emplace_back(static_cast<std::int64_t>(-1));
+    record.arguments.push_back(c10::List<at::Tensor>());
   }
   c10::Stack returned;
   returned.emplace_back(c10::List<at::Tensor>(outputs));

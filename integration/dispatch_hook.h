@@ -240,10 +240,13 @@ OpObserver* GetObserver();
 //     recorded op's nested calls do; its allocations come from remat's arena and may make room.
 //   - End: the outputs the call produced. A replayable call's outputs are evictable like any op's: replaying the
 //     record runs remat::compiled_graph's kernel, which the Python package registers (remat/_compile.py: it calls
-//     the graph `graph` names again on the same inputs). A call is replayable when `graph` >= 0, it writes no
-//     input, it is not part of a backward pass, it moved no random generator and every input is a plain tensor
-//     (and, the bridge decides, paging is off: engine_bridge.h, "Compiled graphs"). Otherwise its outputs are
-//     constants, counted against the budget and pageable with page_constants.
+//     the graph `graph` names again on the same inputs, with fresh copies of `snapshot` in place of the written
+//     ones, so that a replay sees the values the call saw and writes nothing anyone else sees). A call is
+//     replayable when `graph` >= 0, `snapshot` holds a copy of every written input (taken before the call), it is
+//     not part of a backward pass, every input is a plain CPU tensor (a replay draws from a copy of the default CPU
+//     generator's state at Begin, as the call did: inductor's dropout seeds) and, the bridge decides, paging is off
+//     (engine_bridge.h, "Compiled graphs"). Otherwise its outputs are constants, counted
+//     against the budget and pageable with page_constants.
 //   - Failed: the call threw (the engine's locks are released; the exception propagates).
 // A call that cannot be replayed keeps no strong reference to its inputs while it runs: a call that frees an input
 // early (inductor's backward graphs clear their argument list) frees its memory as it would without remat. A
@@ -252,7 +255,7 @@ OpObserver* GetObserver();
 // End do nothing but keep the nesting. Under a Python dispatch mode the call is recorded (it runs on real tensors)
 // and replayed without the mode.
 void BeginOpaqueCall(const std::vector<at::Tensor>& written, const std::vector<at::Tensor>& read,
-                     std::int64_t graph = -1);
+                     std::int64_t graph = -1, const std::vector<at::Tensor>& snapshot = {});
 void EndOpaqueCall(const std::vector<at::Tensor>& outputs);
 void OpaqueCallFailed() noexcept;
 // The operator opaque calls are recorded as; its schema is registered with the hook, its kernel by whoever can

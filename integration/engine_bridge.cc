@@ -387,7 +387,9 @@ void EngineBridge::BeforeOp(OpRecord& record) {
         engine_inputs.push_back(side);
       }
     }
-    current_.check_rng = !traits.random && record.replayable;
+    // An op whose generator state was captured (random ops, opaque calls) replays with it; any other op that moves
+    // the default generator is not replayable.
+    current_.check_rng = !traits.random && !record.rng.has_value() && record.replayable;
     if (current_.check_rng) current_.rng_before = DefaultCpuRngFingerprint();
     absl::StatusOr<OpId> op = engine_->BeginOp(engine_inputs, traits.name);
     if (!op.ok()) Throw(op.status());

@@ -71,7 +71,8 @@
 // Compiled graphs (dispatch_hook.h, "Opaque calls"; remat/_compile.py): a call of a torch.compile'd graph is one op,
 // remat::compiled_graph, whose inputs are locked for the call and whose inner ops are not seen. What the engine can
 // do with its outputs: page them (paging on: they are constants, paged out between the forward and the backward),
-// or, drop-only, drop them and replay the graph (a forward graph that writes no input and draws no random numbers).
+// or, drop-only, drop them and replay the graph (a forward graph on the CPU: its dropout seeds come from a copy of
+// the generator's state, the small inputs it writes, batch norm's running statistics, from a copy taken before it).
 // With paging on, outputs are never dropped: a replay needs the graph's whole working set at once, a page-in only
 // the one tensor. Nothing inside a call can be evicted: a graph's own peak is a floor no budget goes below.
 //

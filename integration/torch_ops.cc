@@ -86,8 +86,9 @@ int64_t RecordStop() {
 std::string TorchVersion() { return absl::StrCat(TORCH_VERSION_MAJOR, ".", TORCH_VERSION_MINOR); }
 
 // A torch.compile'd graph's call, as one op (dispatch_hook.h, "Opaque calls").
-void OpaqueCallBegin(const std::vector<at::Tensor>& written, const std::vector<at::Tensor>& read, int64_t graph) {
-  BeginOpaqueCall(written, read, graph);
+void OpaqueCallBegin(const std::vector<at::Tensor>& written, const std::vector<at::Tensor>& read, int64_t graph,
+                     const std::vector<at::Tensor>& snapshot) {
+  BeginOpaqueCall(written, read, graph, snapshot);
 }
 void OpaqueCallEnd(const std::vector<at::Tensor>& outputs) { EndOpaqueCall(outputs); }
 void OpaqueCallFailedOp() { OpaqueCallFailed(); }
@@ -114,7 +115,7 @@ TORCH_LIBRARY(remat, m) {
   m.def("record_stop() -> int", &RecordStop);
   m.def("torch_version() -> str", &TorchVersion);
   m.def("hook_key() -> str", &HookKeyName);
-  m.def("opaque_call_begin(Tensor[] written, Tensor[] read, int graph=-1) -> ()", &OpaqueCallBegin);
+  m.def("opaque_call_begin(Tensor[] written, Tensor[] read, int graph, Tensor[] snapshot) -> ()", &OpaqueCallBegin);
   m.def("opaque_call_end(Tensor[] outputs) -> ()", &OpaqueCallEnd);
   m.def("opaque_call_failed() -> ()", &OpaqueCallFailedOp);
 }

@@ -107,12 +107,13 @@ TEST(PolicyTest, CostlyOps) {
   for (const char* n : {"convolution", "cudnn_convolution", "convolution_backward", "mm", "bmm", "addmm", "matmul",
                         "linear", "aten::mm", "aten::mm.out", "aten::convolution", "aten::convolution_backward",
                         "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::_convolution", "aten::mkldnn_convolution",
-                        "aten::conv2d", "aten::linear"}) {
+                        "aten::conv2d", "aten::linear", "remat::compiled_graph"}) {
     EXPECT_TRUE(IsCostlyOp(n)) << n;
   }
   for (const char* n : {"relu", "add", "t", "threshold_backward", "batch_norm", "view", "aten::relu", "aten::add.Tensor",
                         "upsample_bilinear2d", "aten::upsample_bilinear2d", "aten::_convert_indices_from_coo_to_csr",
-                        "aten::mul", "aten::native_batch_norm"}) {
+                        "aten::mul", "aten::native_batch_norm", "prims::convert_element_type",
+                        "convert_element_type"}) {
     EXPECT_FALSE(IsCostlyOp(n)) << n;
   }
 }

@@ -1,22 +1,26 @@
 """torch.compile under remat (issue 17, item 1; remat/_compile.py): a call of a compiled graph is one op to remat, its
-inputs brought back and locked for the call, its outputs (the tensors AOTAutograd saves for backward among them)
-constants that paging moves out between the forward and the backward; the eager ops around it are recorded and
-evicted as usual. Every run is compared byte for byte (oracle.py) with the same compiled model trained without
-remat; budgets are fractions of the compiled run's own peak (measured under remat with a budget that never binds).
+inputs brought back and locked for the call; its outputs (the tensors AOTAutograd saves for backward among them) are
+paged between the forward and the backward, or, drop-only, dropped and recomputed by calling a forward graph again;
+the eager ops around it are recorded and evicted as usual. Every run is compared byte for byte (oracle.py) with the
+same compiled model trained without remat; budgets are fractions of the compiled run's own peak (measured under
+remat with a budget that never binds).
 
-  - a small GPT and a small residual CNN with batch norm (its running statistics are mutated inside the compiled
-    graph), compiled per block, train at 0.5 of their compiled peak with paging (offload="auto");
-  - drop-only, the GPT's compiled forward graphs are replayed (they write no input and draw no random numbers):
-    trains at 0.6;
+  - a small GPT with dropout and a small residual CNN with batch norm (its running statistics are mutated inside
+    the compiled graph), compiled per block, train at 0.5 of their compiled peak with paging (offload="auto");
+  - drop-only, the compiled forward graphs are replayed (the GPT's draw dropout seeds, replayed from a copy of the
+    generator's state; the CNN's write batch norm's running statistics, which replays take from a copy): the GPT
+    trains at 0.6, the CNN at 0.5;
   - a whole-model compile trains identically under remat, and under a budget below what its one graph needs it
     stops with remat's out-of-memory error naming the compiled graph (remat cannot lower the peak inside a graph:
     README, "Works with");
-  - tracing passes through remat: a Hugging Face GPT-2 compiles and trains under REMAT's hook, identically.
+  - tracing passes through remat: a Hugging Face GPT-2 compiles and trains under remat's hook, identically.
 
 One intra-op thread: with two, inductor's whole-model GPT is not deterministic even without remat (two runs
 without remat gave different gradients; its embedding backward accumulates with atomic adds), so nothing could be
-compared byte for byte. Inductor's FX graph cache keeps recompiles (torch._dynamo.reset() before every run, so that no run falls back to
-eager after too many recompiles) to a few seconds."""
+compared byte for byte. torch._dynamo.reset() before every run, so that no run falls back to eager after too many
+recompiles; inductor's FX graph cache keeps each recompile to a few seconds."""
+
+import time
 
 import pytest
 import torch
@@ -44,7 +48,7 @@ class Block(torch.nn.Module):
         self.attn = torch.nn.MultiheadAttention(width, heads, batch_first=True)
         self.ln2 = torch.nn.LayerNorm(width)
         self.mlp = torch.nn.Sequential(torch.nn.Linear(width, 4 * width), torch.nn.GELU(),
-                                       torch.nn.Linear(4 * width, width))
+                                       torch.nn.Linear(4 * width, width), torch.nn.Dropout(0.1))
 
     def forward(self, x):
         y = self.ln1(x)
@@ -108,8 +112,11 @@ def cnn():
     return model, inputs, lambda parameters, lr: torch.optim.SGD(parameters, lr=lr, momentum=0.9)
 
 
-def train(builder, compile_mode, budget=None, offload="auto"):
-    """(oracle snapshot, remat stats or None) after STEPS steps of the compiled model."""
+STEP_SECONDS = []  # wall time of each step of the last train() (bench/compile_budgets.py reports them)
+
+
+def train(builder, compile_mode, budget=None, offload="auto", steps=STEPS):
+    """(oracle snapshot, remat stats or None) after `steps` steps of the compiled model."""
     torch._dynamo.reset()
     torch.manual_seed(0)
     model, inputs, make_optimizer = builder()
@@ -122,14 +129,17 @@ def train(builder, compile_mode, budget=None, offload="auto"):
     optimizer = make_optimizer(model.parameters(), lr=1e-3)
     losses, stats = [], None
     scope = remat.enable(budget, costs="estimated", offload=offload) if budget else None
+    STEP_SECONDS.clear()
     try:
-        for _ in range(STEPS):
+        for _ in range(steps):
+            start = time.perf_counter()
             optimizer.zero_grad()
             loss = run(*inputs)
             loss.backward()
             optimizer.step()
             losses.append(loss.detach().clone())
             del loss
+            STEP_SECONDS.append(time.perf_counter() - start)
         if budget:
             stats = remat.stats()
     finally:
@@ -154,14 +164,18 @@ def test_a_model_compiled_per_block_trains_identically_at_half_its_compiled_peak
     assert stats["page_outs"] > 0 and stats["page_ins"] > 0  # the compiled graphs' saved tensors left and came back
 
 
-def test_compiled_forward_graphs_are_replayed_drop_only():
+@pytest.mark.parametrize("builder,fraction", [(gpt, 0.6), (cnn, 0.5)], ids=["gpt", "cnn"])
+def test_compiled_forward_graphs_are_replayed_drop_only(builder, fraction):
     """Without paging, what a compiled forward graph returns (the tensors saved for backward among them) is dropped
-    and recomputed by calling the graph again: the GPT's blocks write no input and draw no random numbers. 0.6, not
-    0.5: at 0.5 the blocks' own buffers, which remat cannot move, leave the free bytes in pieces (README)."""
-    reference, _ = train(gpt, "blocks")
-    budget = int(0.6 * compiled_peak(gpt, "blocks"))
-    got, stats = train(gpt, "blocks", budget, offload="off")
-    oracle.assert_identical(reference, got, "gpt compiled per block, drop-only at 0.6 of its compiled peak")
+    and recomputed by calling the graph again: the GPT's blocks draw dropout seeds from the default generator, which
+    a replay draws again from a copy of its state before the call; the CNN's write batch norm's running statistics,
+    which a replay reads from a copy taken before the call and writes to a fresh one.
+    The GPT at 0.6, not 0.5: at 0.5 a block's own buffers during a replay, which remat cannot move, leave the free
+    bytes in pieces (README, bench/compile_budgets.py)."""
+    reference, _ = train(builder, "blocks")
+    budget = int(fraction * compiled_peak(builder, "blocks"))
+    got, stats = train(builder, "blocks", budget, offload="off")
+    oracle.assert_identical(reference, got, f"{builder.__name__} compiled per block, drop-only at {fraction}")
     assert stats["peak_allocated_bytes"] <= budget
     assert stats["rematerializations"] > 0 and stats["page_outs"] == 0
 

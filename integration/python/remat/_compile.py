@@ -12,9 +12,10 @@ a compiled graph (``CompiledFxGraph.__call__``: a forward or a backward graph) i
     call does not use, and the call frees its inputs early as it would without remat;
   - its outputs (a forward's result and the tensors AOTAutograd saves for backward, a backward's gradients) count
     against the budget. With paging on (``offload``) they are paged out between the forward and the backward and
-    brought back when the next op or call reads them. Drop-only, a forward graph that writes no input and draws no
-    random numbers is replayable: its outputs are dropped and the graph is called again (its kernel below,
-    ``_replay``) when one is needed; other graphs' outputs are kept. The eager ops around compiled graphs are
+    brought back when the next op or call reads them. Drop-only, a forward graph that draws no random numbers and
+    writes no input, or only small ones (batch norm's running statistics: copied before the call, and a replay
+    starts from fresh copies of those copies), is replayable: its outputs are dropped and the graph is called
+    again (its kernel below, ``_replay``) when one is needed; other graphs' outputs are kept. The eager ops around compiled graphs are
     recorded and evicted as usual.
 
 Nothing inside one call can be evicted, so a graph's own peak is a floor: compile per block (``block.compile()``
@@ -56,19 +57,25 @@ def _outputs(result):
     return []
 
 
-# Replays. A replayable call (a forward graph that writes no input and draws no random numbers) is recorded with a
-# key into _replays: the graph and how to rebuild its argument list from the recorded tensors (tensor slots by index
-# into `read`, other inputs as they were). One entry per graph and argument layout, so a training loop adds none
-# after its first step. Entries hold their graph: a record may replay it for as long as remat keeps the record.
+# Replays. A replayable call (a forward graph on the CPU that writes no input or only small ones, such as batch
+# norm's running statistics; dispatch_hook.h, "Opaque calls") is recorded with a key into _replays: the graph and
+# how to rebuild its argument list from the recorded tensors (read tensors by position in `read`, written ones from
+# fresh copies of their snapshot, other inputs as they were). One entry per graph and argument layout, so a training
+# loop adds none after its first step. Entries hold their graph: a record may replay it for as long as remat keeps
+# it.
 _replays: list = []
 _replay_keys: dict = {}
-_TENSOR = object()  # a tensor slot in a layout
+_READ = object()     # layout slots
+_WRITTEN = object()
+# Written inputs are copied before the call (the snapshot a replay starts from) when they add up to no more than
+# this: batch norm's running statistics are a few KiB per layer; a compiled optimizer step's (every parameter and
+# its state) are not copied, and such a graph is not replayed.
+SNAPSHOT_MAX_BYTES = 256 << 10
 
 
-def _replay_key(graph, inputs, written_any: bool) -> int:
-    if written_any:
-        return -1  # never replayed: a replay would write the input again
-    layout = tuple(_TENSOR if isinstance(x, torch.Tensor) else x for x in inputs)
+def _replay_key(graph, inputs, mutated) -> int:
+    layout = tuple(_WRITTEN if i in mutated else _READ if isinstance(x, torch.Tensor) else x
+                   for i, x in enumerate(inputs))
     try:
         key = (id(graph), layout)
         index = _replay_keys.get(key)
@@ -81,12 +88,14 @@ def _replay_key(graph, inputs, written_any: bool) -> int:
     return index
 
 
-def _replay(written, read, graph_index):
-    """remat::compiled_graph's kernel: runs the recorded graph again on the recorded inputs (the hook is off here:
-    the engine replays below it) and returns its tensor outputs, in the order the first run gave them."""
+def _replay(written, read, graph_index, snapshot):
+    """remat::compiled_graph's kernel: runs the recorded graph again on the recorded inputs, written ones replaced by
+    fresh copies of their snapshot (the hook is off here: the engine replays below it), and returns its tensor
+    outputs in the order the first run gave them. `written` (the live tensors) is not touched."""
     graph, layout = _replays[graph_index]
-    tensors = iter(read)
-    inputs = [next(tensors) if slot is _TENSOR else slot for slot in layout]
+    reads, snapshots = iter(read), iter(snapshot)
+    inputs = [next(reads) if slot is _READ else next(snapshots).clone() if slot is _WRITTEN else slot
+              for slot in layout]
     return _outputs(_original_call(graph, inputs))
 
 
@@ -95,14 +104,19 @@ def _wrap_call(call):
     def call_under_remat(self, inputs):
         if not _active:
             return call(self, inputs)
-        mutated = getattr(self, "mutated_input_idxs", ()) or ()
-        written = [inputs[i] for i in mutated if isinstance(inputs[i], torch.Tensor)]
-        read = [x for i, x in enumerate(inputs) if isinstance(x, torch.Tensor) and i not in mutated]
+        mutated = frozenset(getattr(self, "mutated_input_idxs", ()) or ())
+        written = [x for i, x in enumerate(inputs) if i in mutated and isinstance(x, torch.Tensor)]
+        read = [x for i, x in enumerate(inputs) if i not in mutated and isinstance(x, torch.Tensor)]
         constants = getattr(self, "constants", None) or {}
         read += _tensors(constants.values())
-        graph = _replay_key(self, inputs, bool(mutated))
-        torch.ops.remat.opaque_call_begin(written, read, graph)
-        del written, read  # the call may free its inputs early (inductor clears `inputs`): hold no reference
+        graph, snapshot = -1, []
+        if sum(t.nbytes for t in written) <= SNAPSHOT_MAX_BYTES:
+            graph = _replay_key(self, inputs, mutated)
+            with torch.no_grad():
+                snapshot = [t.detach().clone() for t in written]
+        torch.ops.remat.opaque_call_begin(written, read, graph, snapshot)
+        # The call may free its inputs early (inductor clears `inputs`): hold no reference.
+        del written, read, snapshot
         try:
             result = call(self, inputs)
         except BaseException:
