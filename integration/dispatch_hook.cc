@@ -343,25 +343,35 @@ bool TracedTensor(const at::Tensor& tensor) {
                               tensor.key_set().has(c10::DispatchKey::Python));
 }
 
-// Arguments that only a tracer passes: a symbolic size (a real tensor's sizes are numbers), the meta device, a
-// traced tensor. They catch what the key set below cannot: factory ops (aten::empty_strided with symbolic sizes,
-// while Dynamo fakes a tensor) have no tensor argument to carry the key of a mode or of meta, and a mode's handler
-// runs ops with the Python key excluded.
+// Arguments that only a tracer passes: a traced tensor, or, for ops with no tensor argument (factories), a symbolic
+// size (a real tensor's sizes are numbers) or the meta device. They catch what the key set below cannot: a mode's
+// handler runs ops with the Python key excluded, and factory ops (aten::empty_strided with symbolic sizes, while
+// Dynamo fakes a tensor) have no tensor argument to carry the key of a mode or of meta. An op with a real tensor
+// argument is not traced (symbolic sizes only exist where the tensors are fake): no need to look further.
 bool TracedArguments(const torch::jit::Stack& stack, std::size_t num_arguments) {
-  auto traced = [](const c10::IValue& value) {
-    return value.isSymInt() || value.isSymFloat() || (value.isDevice() && value.toDevice().is_meta()) ||
-           (value.isTensor() && TracedTensor(value.toTensor()));
+  bool has_tensor = false;
+  for (std::size_t i = stack.size() - num_arguments; i < stack.size(); ++i) {
+    const c10::IValue& value = stack[i];
+    if (value.isTensor()) {
+      if (TracedTensor(value.toTensor())) return true;
+      has_tensor = true;
+    } else if (value.isTensorList()) {
+      for (const at::Tensor& tensor : value.toTensorList()) {
+        if (TracedTensor(tensor)) return true;
+        has_tensor = true;
+      }
+    }
+  }
+  if (has_tensor) return false;
+  auto symbolic_or_meta = [](const c10::IValue& value) {
+    return value.isSymInt() || value.isSymFloat() || (value.isDevice() && value.toDevice().is_meta());
   };
   for (std::size_t i = stack.size() - num_arguments; i < stack.size(); ++i) {
     const c10::IValue& value = stack[i];
-    if (traced(value)) return true;
-    if (value.isTensorList()) {
-      for (const at::Tensor& tensor : value.toTensorList()) {
-        if (TracedTensor(tensor)) return true;
-      }
-    } else if (value.isList()) {  // concrete int lists are IntLists; a SymInt[] with a symbol is a generic list
+    if (symbolic_or_meta(value)) return true;
+    if (value.isList()) {  // concrete int lists are IntLists; a SymInt[] with a symbol is a generic list
       for (const c10::IValue& element : value.toListRef()) {
-        if (traced(element)) return true;
+        if (symbolic_or_meta(element)) return true;
       }
     }
   }
