@@ -1,9 +1,9 @@
 #include "runtime/byte_size.h"
 
 #include <cctype>
+#include <charconv>
 #include <cmath>
 #include <cstdlib>
-#include <limits>
 #include <string>
 
 #include "absl/status/status.h"
@@ -57,10 +57,17 @@ absl::StatusOr<std::uint64_t> ParseByteSize(std::string_view text) {
   const std::string unit(absl::StripAsciiWhitespace(trimmed.substr(number_end)));
   const double multiplier = UnitMultiplier(unit);
   if (multiplier == 0) return Malformed(text, absl::StrFormat("unknown unit \"%s\"", unit));
-  const double bytes = std::strtod(number.c_str(), nullptr) * multiplier;
-  if (bytes >= static_cast<double>(std::numeric_limits<std::uint64_t>::max())) {
-    return Malformed(text, "too large");
+  const absl::Status too_large = absl::InvalidArgumentError(absl::StrFormat(
+      "byte size \"%s\" is too large: above 8 PiB (2^53 bytes), the largest size remat accepts", text));
+  if (!seen_point) {  // a whole count: exact in integers (a double would round counts above 2^53 into range)
+    std::uint64_t count = 0;
+    const auto [end, error] = std::from_chars(number.data(), number.data() + number.size(), count);
+    const auto scale = static_cast<std::uint64_t>(multiplier);
+    if (error != std::errc() || count > kMaxQuantity / scale) return too_large;
+    return count * scale;
   }
+  const double bytes = std::strtod(number.c_str(), nullptr) * multiplier;
+  if (bytes > static_cast<double>(kMaxQuantity)) return too_large;
   if (bytes != std::floor(bytes)) return Malformed(text, "not a whole number of bytes");
   return static_cast<std::uint64_t>(bytes);
 }

@@ -17,6 +17,13 @@
 
 namespace remat {
 
+// The largest count of bytes, and in traces of nanoseconds, remat accepts: 2^53 (8 PiB; 104 days). Anything larger
+// is an error where it is read (ParseByteSize, the trace reader), never a silent substitution: below it, sums of a
+// trace's values stay far from int64's range and convert to double exactly, so peaks, clocks and ratios neither
+// wrap nor round.
+inline constexpr std::uint64_t kMaxQuantity = std::uint64_t{1} << 53;
+
+// InvalidArgument above kMaxQuantity too.
 absl::StatusOr<std::uint64_t> ParseByteSize(std::string_view text);
 std::string FormatBytes(std::uint64_t bytes);
 

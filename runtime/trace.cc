@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cctype>
 #include <charconv>
+#include <cmath>
 #include <fstream>
 #include <sstream>
 
@@ -13,6 +14,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
+#include "runtime/byte_size.h"
 
 namespace remat {
 namespace {
@@ -129,7 +131,8 @@ bool ToInt(absl::string_view text, std::int64_t& out) {
   // Some recorders write floats ("123.0"); accept integral values.
   double d = 0;
   auto [p2, ec2] = std::from_chars(text.data(), end, d);
-  if (ec2 != std::errc() || p2 != end || d != static_cast<double>(static_cast<std::int64_t>(d))) return false;
+  if (ec2 != std::errc() || p2 != end || !(std::fabs(d) < 0x1p63)) return false;  // the cast below is defined
+  if (d != static_cast<double>(static_cast<std::int64_t>(d))) return false;
   out = static_cast<std::int64_t>(d);
   return true;
 }
@@ -218,6 +221,25 @@ class Builder {
     return absl::OkStatus();
   }
 
+  // A MEMORY or TIME value: an integer from 0 to kMaxQuantity, added to `total` (all of the trace's MEMORY values,
+  // or its TIME values), which must stay within kMaxQuantity too: then no peak or clock can wrap.
+  absl::Status NeedQuantity(int line, const std::vector<Field>& fields, absl::string_view key, std::int64_t& out,
+                            std::int64_t& total) {
+    if (absl::Status s = NeedInt(line, fields, key, out); !s.ok()) return s;
+    if (out < 0) return Error(line, absl::StrCat("negative ", key));
+    constexpr auto kMax = static_cast<std::int64_t>(kMaxQuantity);
+    if (out > kMax) {
+      return Error(line, absl::StrCat(key, " ", out, " is above 2^53 (", key == "TIME" ? "104 days in ns" : "8 PiB",
+                                      "), the largest value remat accepts"));
+    }
+    if (total > kMax - out) {
+      return Error(line, absl::StrCat("the trace's ", key, " values add up to more than 2^53 here; remat accepts "
+                                      "traces whose sums stay below, so that no peak or clock can wrap"));
+    }
+    total += out;
+    return absl::OkStatus();
+  }
+
   absl::Status Defined(int line, absl::string_view name, absl::string_view what, TraceName& out) {
     out = Lookup(name);
     if (out < 0) return Error(line, absl::StrCat("unknown name '", name, "' in ", what));
@@ -249,8 +271,8 @@ class Builder {
       absl::string_view name;
       if (absl::Status s = NeedName(line, fields, "NAME", name); !s.ok()) return s;
       op.op_name = std::string(name);
-      if (absl::Status s = NeedInt(line, fields, "TIME", op.time_ns); !s.ok()) return s;
-      if (op.time_ns < 0) return Error(line, "negative TIME");
+      std::int64_t& total_time = trace_.total_time_ns;
+      if (absl::Status s = NeedQuantity(line, fields, "TIME", op.time_ns, total_time); !s.ok()) return s;
       const Value* args = Find(fields, "ARGS");
       if (args == nullptr || !args->is_array) return Error(line, "missing ARGS array");
       for (absl::string_view a : args->items) {
@@ -259,7 +281,6 @@ class Builder {
         op.args.push_back(id);
       }
       trace_.call_count++;
-      trace_.total_time_ns += op.time_ns;
       if (kind == "MUTATE") {
         op.kind = TraceOpKind::kMutate;
         const Value* m = Find(fields, "MUTATE");
@@ -332,8 +353,7 @@ class Builder {
         return Error(line, absl::StrCat("MEMORY for '", name, "' but the CONSTANT was '", trace_.names[op.name],
                                         "'"));
       }
-      if (absl::Status s = NeedInt(line, fields, "MEMORY", op.bytes); !s.ok()) return s;
-      if (op.bytes < 0) return Error(line, "negative MEMORY");
+      if (absl::Status s = NeedQuantity(line, fields, "MEMORY", op.bytes, memory_total_); !s.ok()) return s;
       defined_[op.name] = true;
       pending_ = Pending::kNone;
       return absl::OkStatus();
@@ -349,8 +369,7 @@ class Builder {
       if (name != expect) {
         return Error(line, absl::StrCat("MEMORY for '", name, "' but the next CALL result is '", expect, "'"));
       }
-      if (absl::Status s = NeedInt(line, fields, "MEMORY", r.bytes); !s.ok()) return s;
-      if (r.bytes < 0) return Error(line, "negative MEMORY");
+      if (absl::Status s = NeedQuantity(line, fields, "MEMORY", r.bytes, memory_total_); !s.ok()) return s;
       pending_ = Pending::kCallAlias;
       return absl::OkStatus();
     }
@@ -386,6 +405,7 @@ class Builder {
   Pending pending_ = Pending::kNone;
   std::size_t pending_index_ = 0;
   int pending_line_ = 0;
+  std::int64_t memory_total_ = 0;  // every MEMORY value so far (NeedQuantity)
 };
 
 }  // namespace

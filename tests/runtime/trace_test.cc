@@ -60,6 +60,29 @@ TEST(TraceTest, ErrorsNameFileLineAndReason) {
   EXPECT_THAT(std::string(ReadTrace("/nonexistent/t.log").status().message()), HasSubstr("/nonexistent/t.log"));
 }
 
+// Sizes and times that would make a peak or a clock wrap are errors at the line that reads them (issue 22): three
+// 2^62-byte constants used to give a baseline peak of 2^62, a TIME of 2^62 a "thrash" row.
+TEST(TraceTest, ValuesAndSumsAbove2To53AreErrorsAtTheirLine) {
+  auto err = [](const std::string& text) { return std::string(ParseTrace(text, "big.log").status().message()); };
+  auto constant = [](const std::string& name, const std::string& bytes) {
+    return "{\"INSTRUCTION\":\"CONSTANT\",\"NAME\":\"" + name + "\"}\n{\"INSTRUCTION\":\"MEMORY\",\"MEMORY\":\"" +
+           bytes + "\",\"NAME\":\"" + name + "\"}\n";
+  };
+  const std::string two_to_62 = "4611686018427387904";
+  EXPECT_THAT(err(constant("a", two_to_62)), HasSubstr("big.log:2: MEMORY 4611686018427387904 is above 2^53"));
+  const std::string half = "4503599627370496";  // 2^52: two fit exactly, a third does not
+  EXPECT_TRUE(ParseTrace(constant("a", half) + constant("b", half), "ok.log").ok());
+  EXPECT_THAT(err(constant("a", half) + constant("b", half) + constant("c", "1")),
+              HasSubstr("big.log:6: the trace's MEMORY values add up to more than 2^53"));
+  const std::string call = "{\"INSTRUCTION\":\"CALL\",\"NAME\":\"f\",\"ARGS\":[],\"RESULT\":[],\"TIME\":\"";
+  EXPECT_THAT(err(call + two_to_62 + "\"}\n"), HasSubstr("big.log:1: TIME 4611686018427387904 is above 2^53"));
+  EXPECT_THAT(err(call + half + "\"}\n" + call + half + "\"}\n" + call + "1\"}\n"),
+              HasSubstr("big.log:3: the trace's TIME values add up to more than 2^53"));
+  // Out of int64's range altogether, as an integer or as a float: not an integer (no undefined conversion).
+  EXPECT_THAT(err(constant("a", "99999999999999999999")), HasSubstr("big.log:2: MEMORY is not an integer"));
+  EXPECT_THAT(err(constant("a", "1e300")), HasSubstr("big.log:2: MEMORY is not an integer"));
+}
+
 TEST(TraceTest, ReadsTheSharedTraces) {
   const char* env = std::getenv("REMAT_SHARED_DIR");
   std::string dir = std::string(env != nullptr ? env : "/work/main/../shared") + "/traces/dtr/";

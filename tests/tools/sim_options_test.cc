@@ -201,6 +201,9 @@ TEST(SimOptionsTest, MalformedBudgets) {
   EXPECT_THAT(message, HasSubstr("4XB"));
   EXPECT_THAT(Error({"a.log", "--budgets", "0"}), HasSubstr("zero bytes"));
   EXPECT_THAT(Error({"a.log", "--budgets", "1GiB,1024MiB"}), HasSubstr("repeats a budget"));
+  // It used to wrap to a negative budget and run at the trace's peak while the ratio column said 916,728,735.
+  EXPECT_THAT(Error({"a.log", "--budgets", "9223372036854775807"}), HasSubstr("above 8 PiB"));
+  EXPECT_THAT(Error({"a.log", "--host-budget", "9223372036854775807"}), HasSubstr("above 8 PiB"));
 }
 
 TEST(SimOptionsTest, RatiosAndBudgetsExcludeEachOther) {
