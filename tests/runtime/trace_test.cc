@@ -1,6 +1,7 @@
 #include "runtime/trace.h"
 
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <random>
 #include <string>
@@ -112,10 +113,22 @@ TEST(TraceFuzzTest, MangledTracesNeverCrash) {
     std::vector<std::string> m = lines;
     for (int k = 0; k < 3; ++k) {
       std::size_t i = rng() % m.size();
-      switch (rng() % 4) {
+      switch (rng() % 5) {
         case 0: m.erase(m.begin() + static_cast<std::ptrdiff_t>(i)); break;
         case 1: m.insert(m.begin() + static_cast<std::ptrdiff_t>(i), m[rng() % m.size()]); break;
         case 2: m[i] = m[i].substr(0, rng() % (m[i].size() + 1)); break;
+        case 3: {  // a size or a time near or past what remat accepts (2^53), or past int64
+          static const char* kHuge[] = {"9007199254740992", "9007199254740993", "4611686018427387904",
+                                        "9223372036854775807", "99999999999999999999", "1e300"};
+          for (const char* key : {"\"MEMORY\":\"", "\"TIME\":\""}) {
+            const std::size_t at = m[i].find(key);
+            if (at == std::string::npos) continue;
+            const std::size_t from = at + std::strlen(key);
+            const std::size_t to = m[i].find('"', from);
+            if (to != std::string::npos) m[i].replace(from, to - from, kHuge[rng() % 6]);
+          }
+          break;
+        }
         default:
           if (!m[i].empty()) m[i][rng() % m[i].size()] = "x\"{}[],:0-"[rng() % 10];
       }
