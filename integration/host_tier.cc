@@ -31,6 +31,16 @@ std::int64_t RoundUp(std::size_t nbytes) {
   return (n + kExtentAlignment - 1) / kExtentAlignment * kExtentAlignment;
 }
 
+// strerror, and what a full disk means for the file tier.
+std::string IoError(int error) {
+  std::string text = std::strerror(error);
+  if (error == ENOSPC || error == EDQUOT) {
+    absl::StrAppend(&text, " (the disk holding the host tier file is full: free space there, or set TMPDIR to a "
+                           "directory on a disk with room)");
+  }
+  return text;
+}
+
 }  // namespace
 
 absl::StatusOr<HostTierKind> ParseHostTierKind(std::string_view text) {
@@ -83,7 +93,7 @@ absl::StatusOr<std::int64_t> HostTier::AllocateExtent(std::size_t nbytes) {
   const std::int64_t offset = stats_.file_bytes;
   if (ftruncate(fd_, offset + length) != 0) {
     return absl::ResourceExhaustedError(absl::StrCat("remat: cannot grow the host tier file ", path_, " to ",
-                                                     offset + length, " bytes: ", std::strerror(errno)));
+                                                     offset + length, " bytes: ", IoError(errno)));
   }
   stats_.file_bytes = offset + length;
   return offset;
@@ -134,7 +144,7 @@ absl::Status HostTier::Store(std::uint32_t key, const void* data, std::size_t nb
         const int error = errno;
         FreeExtent(*offset, nbytes);
         return absl::ResourceExhaustedError(absl::StrCat("remat: writing ", n, " bytes to the host tier file ", path_,
-                                                         ": ", w < 0 ? std::strerror(error) : "nothing written"));
+                                                         ": ", w < 0 ? IoError(error) : "nothing written"));
       }
       done += static_cast<std::size_t>(w);
     }

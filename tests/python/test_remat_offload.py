@@ -114,3 +114,33 @@ def test_bad_offload_variables_are_value_errors_naming_the_variable(monkeypatch)
                          env=env)
     assert bad.returncode != 0
     assert "ImportError" in bad.stderr and "REMAT_OFFLOAD=\"sideways\" is not valid" in bad.stderr
+
+
+FAILING_WRITE = r"""
+import resource, signal, torch, remat
+# Files of this process may not grow past 1 MiB: the file tier's writes beyond that fail (EFBIG), as on a full disk.
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 20, resource.getrlimit(resource.RLIMIT_FSIZE)[1]))
+torch.manual_seed(0)
+weights = [torch.randn(256, 256, requires_grad=True) for _ in range(8)]
+x = torch.randn(512, 256)
+with remat.enable("3MiB", offload="always", host_tier="file"):
+    for _ in range(3):
+        h = x
+        for w in weights:
+            h = (h @ w).tanh()
+        h.sum().backward()
+"""
+
+
+def test_a_host_tier_write_that_fails_is_named_in_the_error():
+    """A page-out whose write to the file tier fails (here: the process may not grow files past 1 MiB; a full disk
+    fails the same way) used to end in a bare "budget exhausted ... Raise the budget": the error now says which
+    write failed and why (issue 22, item 3)."""
+    cwd = str(Path(remat.__file__).resolve().parents[1])
+    result = subprocess.run([sys.executable, "-c", FAILING_WRITE], capture_output=True, text=True, cwd=cwd,
+                            timeout=300, env=os.environ)
+    assert result.returncode != 0
+    assert "OutOfMemoryError" in result.stderr
+    assert "making room failed: remat:" in result.stderr and "host tier file" in result.stderr
+    assert "File too large" in result.stderr
