@@ -42,6 +42,9 @@ function(remat_test name)
   remat_apply_warnings(${name})
   gtest_discover_tests(${name}
     DISCOVERY_MODE PRE_TEST
+    # A hung test (a deadlock) fails after 15 minutes instead of eating CI's 90; the slowest test takes seconds
+    # (minutes under the sanitizers).
     PROPERTIES LABELS "${ARG_LABELS}"
-               ENVIRONMENT "REMAT_SHARED_DIR=${REMAT_SHARED_DIR}")
+               ENVIRONMENT "REMAT_SHARED_DIR=${REMAT_SHARED_DIR}"
+               TIMEOUT 900)
 endfunction()

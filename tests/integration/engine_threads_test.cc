@@ -138,6 +138,11 @@ TEST(EngineThreads, AForkedChildStartsWithNoLockHeldAndReadsWhatTheParentEvicted
   at::manual_seed(3);
   std::vector<at::Tensor> ys = Chain(x, 20);  // most of them evicted now
   ASSERT_GT(GetEngineStats()->engine.evictions, 0);
+  // What the busy thread and the child run is set up once before the fork: a first use registers static destructors
+  // (__cxa_atexit, under a libc lock), and a fork while the busy thread held that lock left the child waiting for it
+  // forever (seen once: the child in at::set_num_threads creating its thread pool).
+  (void)at::sum(at::mul(x, 2.0));
+  at::set_num_threads(at::get_num_threads());
   std::atomic<bool> stop{false};
   std::thread busy([&] {  // another thread in ops and allocations while the fork happens
     while (!stop.load()) (void)at::sum(at::mul(x, 2.0));
