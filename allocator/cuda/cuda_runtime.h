@@ -1,9 +1,9 @@
 // CudaRuntime: the narrow seam between remat's CUDA code and the CUDA runtime (DESIGN.md, "allocator/": cuda).
 //
 // Every CUDA runtime call that remat's allocator, pinned host pool and pager make goes through this interface, so
-// that all of their logic runs in CI against a test double over host memory (fake_cuda_runtime.h): there is no
-// GPU on our machines. The real implementation (MakeCudaRuntime, cudart_runtime.cc) is one line per call and holds
-// no logic.
+// that all of their logic runs in CI against a test double over host memory (tests/cuda/fake_cuda_runtime.h):
+// there is no GPU on our machines. The real implementation (MakeCudaRuntime, cudart_runtime.cc) is one line per
+// call and holds no logic.
 //
 // Contract (mirrors the CUDA runtime; only what remat needs):
 //   - Handles are CUDA's own types (cudaStream_t, cudaEvent_t) so that streams torch hands us pass through

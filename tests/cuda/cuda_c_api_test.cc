@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "allocator/cuda/fake_cuda_runtime.h"
+#include "tests/cuda/fake_cuda_runtime.h"
 #include "integration/cuda/cuda_allocator.h"
 #include "integration/engine_session.h"
 

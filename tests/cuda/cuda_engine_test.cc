@@ -27,7 +27,7 @@
 #include <string>
 #include <vector>
 
-#include "allocator/cuda/fake_cuda_runtime.h"
+#include "tests/cuda/fake_cuda_runtime.h"
 #include "integration/engine_session.h"
 #include "tests/integration/arena_layout_workload.h"
 #include "tests/integration/chain_workload.h"

@@ -3,7 +3,7 @@
 
 #include <gtest/gtest.h>
 
-#include "allocator/cuda/fake_cuda_runtime.h"
+#include "tests/cuda/fake_cuda_runtime.h"
 
 namespace remat::cuda {
 namespace {

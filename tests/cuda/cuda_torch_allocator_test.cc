@@ -17,7 +17,7 @@
 #include <string>
 #include <vector>
 
-#include "allocator/cuda/fake_cuda_runtime.h"
+#include "tests/cuda/fake_cuda_runtime.h"
 #include "integration/memory_events.h"
 
 namespace remat::integration {

@@ -10,7 +10,7 @@
 #include <thread>
 #include <vector>
 
-#include "allocator/cuda/fake_cuda_runtime.h"
+#include "tests/cuda/fake_cuda_runtime.h"
 
 namespace remat::cuda {
 namespace {

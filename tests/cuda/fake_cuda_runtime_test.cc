@@ -1,6 +1,6 @@
 // The test double itself: stream order, holds, events, waits and copy checking, since every other CUDA test
 // leans on it behaving like the runtime.
-#include "allocator/cuda/fake_cuda_runtime.h"
+#include "tests/cuda/fake_cuda_runtime.h"
 
 #include <gtest/gtest.h>
 

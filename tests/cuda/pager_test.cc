@@ -8,7 +8,7 @@
 #include <cstring>
 #include <vector>
 
-#include "allocator/cuda/fake_cuda_runtime.h"
+#include "tests/cuda/fake_cuda_runtime.h"
 
 namespace remat::cuda {
 namespace {

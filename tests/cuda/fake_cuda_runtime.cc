@@ -2,7 +2,7 @@
 //
 // Handles are pointers to the double's own Stream/Event objects, cast to CUDA's opaque handle types; they are
 // never dereferenced as CUDA objects. A work item is a copy or kernel (a function), an event record, or a wait.
-#include "allocator/cuda/fake_cuda_runtime.h"
+#include "tests/cuda/fake_cuda_runtime.h"
 
 #include <algorithm>
 #include <cstdlib>
