@@ -12,7 +12,8 @@ of the steps after the first (which compiles, from inductor's cache after the fi
 model without remat measured in the same process just before ("remat, unbound": under remat with the budget that
 never binds, the cost of recording alone).
 
-Prints a markdown table: per configuration and fraction, "identical" with the run's arena peak, page-outs,
+Prints a markdown table: per configuration and fraction, "identical" with the run's arena peak and the host tier's
+peak beside it (on a CPU both are the same RAM: paging moves memory there, it does not save it), page-outs,
 rematerializations and step time, or "oom" with the first words of the message, or "DIFFERS". Exits 1 if any run
 differs.
 """
@@ -72,7 +73,8 @@ def main() -> int:
                             differs = True
                             result = "DIFFERS: " + str(error)[:70]
                         else:
-                            result = (f"identical; peak {stats['peak_allocated_bytes'] / 2**20:.1f} MiB, "
+                            result = (f"identical; peak {stats['peak_allocated_bytes'] / 2**20:.1f} MiB "
+                                      f"+ host tier {stats['host_peak_bytes'] / 2**20:.1f} MiB, "
                                       f"{stats['page_outs']} page-outs, {stats['rematerializations']} remats, "
                                       f"step {step * 1e3:.0f} ms = {step / base:.2f}x")
                     print(f"{name} {mode} offload={offload} {fraction}: {result}", file=sys.stderr, flush=True)
