@@ -61,6 +61,20 @@ def test_the_host_budget_is_respected_and_what_does_not_fit_is_dropped(monkeypat
     assert stats["evictions"] > stats["page_outs"], stats  # victims that did not fit were dropped
 
 
+def test_stats_show_the_process_peak_resident_memory_beside_the_arena_and_the_host_tier():
+    """On a CPU the arena and a memory host tier are the same RAM: remat.stats() shows the process's peak resident
+    memory so that what paging did not save is visible (issue 21, item 3)."""
+    with remat.enable("8MiB", offload="always", costs="estimated"):
+        x = torch.randn(256, 256)
+        kept = []
+        for _ in range(64):  # 16 MiB made under an 8 MiB budget: half of it goes to the host tier
+            x = (x @ x).tanh()
+            kept.append(x)
+        stats = remat.stats()
+    assert stats["host_peak_bytes"] > 0
+    assert stats["process_peak_rss_bytes"] >= stats["peak_allocated_bytes"] + stats["host_peak_bytes"]
+
+
 def test_offload_off_pages_nothing(monkeypatch):
     monkeypatch.setenv("REMAT_OFFLOAD", "off")
     peak = train("gpt", "sgd", budget=HUGE)[1]["peak_allocated_bytes"]

@@ -31,6 +31,7 @@ from __future__ import annotations
 import atexit
 import os
 import re
+import resource
 from pathlib import Path
 from typing import Dict, Optional, Union
 
@@ -205,9 +206,12 @@ def stats() -> Dict[str, Union[int, float]]:
     pinned_state (optimizer state pinned after a step) and the bridge's other counts (engine_stats() in _engine.py);
     paging: page_outs, page_ins, prefetches, paged_out_bytes, paged_in_bytes, host_used_bytes, host_peak_bytes,
     stall_ns (the link model's wait for page-ins, in the engine's clock), page_out_wall_ns and page_in_wall_ns
-    (measured copy time), host_tier_file_bytes (the file tier's size).
+    (measured copy time), host_tier_file_bytes (the file tier's size); process_peak_rss_bytes (the process's peak
+    resident memory so far, getrusage: on a CPU the arena and a memory host tier are both in it, so it shows what
+    paging did not save).
     The arena's and engine's keys are absent before the first enable()."""
     out: Dict[str, Union[int, float]] = dict(torch.ops.remat.stats())
+    out["process_peak_rss_bytes"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
     engine = _engine.engine_stats()
     if engine:
         out["arena_search_ns"] = out.get("search_ns", 0)
