@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "integration/op_cost.h"
 #include "integration/op_effects.h"
+#include "integration/opaque_call.h"
 #include "integration/storage_eviction.h"
 #include "policies/registry.h"
 

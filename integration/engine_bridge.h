@@ -68,7 +68,7 @@
 // running kernel cannot move, so where they happen to sit can leave free bytes but no hole, and only a retry gets
 // them out of the way.
 //
-// Compiled graphs (dispatch_hook.h, "Opaque calls"; remat/_compile.py): a call of a torch.compile'd graph is one op,
+// Compiled graphs (opaque_call.h; remat/_compile.py): a call of a torch.compile'd graph is one op,
 // remat::compiled_graph, whose inputs are locked for the call and whose inner ops are not seen. What the engine can
 // do with its outputs: page them (paging on: they are constants, paged out between the forward and the backward),
 // or, drop-only, drop them and replay the graph (a forward graph on the CPU: its dropout seeds come from a copy of

@@ -16,6 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "integration/cpu_allocator.h"
 #include "integration/dispatch_hook.h"
+#include "integration/opaque_call.h"
 #include "integration/session.h"
 #include "runtime/config.h"
 
@@ -85,7 +86,7 @@ int64_t RecordStop() {
 
 std::string TorchVersion() { return absl::StrCat(TORCH_VERSION_MAJOR, ".", TORCH_VERSION_MINOR); }
 
-// A torch.compile'd graph's call, as one op (dispatch_hook.h, "Opaque calls").
+// A torch.compile'd graph's call, as one op (opaque_call.h).
 void OpaqueCallBegin(const std::vector<at::Tensor>& written, const std::vector<at::Tensor>& read, int64_t graph,
                      const std::vector<at::Tensor>& snapshot) {
   BeginOpaqueCall(written, read, graph, snapshot);

@@ -1,4 +1,4 @@
-// Opaque calls (dispatch_hook.h): code remat cannot see into (a torch.compile'd graph) runs as one op whose inputs
+// Opaque calls (opaque_call.h): code remat cannot see into (a torch.compile'd graph) runs as one op whose inputs
 // are brought back and locked for the length of the call, whose inner ops are not recorded, whose outputs are
 // constants, and whose written inputs are treated as writes to constants.
 #include <ATen/core/Tensor.h>
@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "integration/dispatch_hook.h"
+#include "integration/opaque_call.h"
 #include "integration/engine_session.h"
 #include "integration/same_bytes.h"
 #include "integration/storage_eviction.h"

@@ -3,7 +3,7 @@
 Inductor's generated kernels read and write tensors through raw pointers, and the ATen kernels a compiled graph
 calls see buffers those kernels wrote: remat can neither see inside a call nor replay one part of it. So a call of
 a compiled graph (``CompiledFxGraph.__call__``: a forward or a backward graph) is recorded as one op,
-``remat::compiled_graph`` (integration/dispatch_hook.h, "Opaque calls"):
+``remat::compiled_graph`` (integration/opaque_call.h):
 
   - before it runs, every tensor it reads (its inputs and the graph's constants) is brought back (paged in,
     rematerialized) and locked for the length of the call; the inputs inductor says it mutates (batch norm's running
@@ -58,11 +58,10 @@ def _outputs(result):
 
 
 # Replays. A replayable call (a forward graph on the CPU that writes no input or only small ones, such as batch
-# norm's running statistics; dispatch_hook.h, "Opaque calls") is recorded with a key into _replays: the graph and
-# how to rebuild its argument list from the recorded tensors (read tensors by position in `read`, written ones from
-# fresh copies of their snapshot, other inputs as they were). One entry per graph and argument layout, so a training
-# loop adds none after its first step. Entries hold their graph: a record may replay it for as long as remat keeps
-# it.
+# norm's running statistics; integration/opaque_call.h) is recorded with a key into _replays: the graph and how to
+# rebuild its argument list from the recorded tensors (read tensors by position in `read`, written ones from fresh
+# copies of their snapshot, other inputs as they were). One entry per graph and argument layout, so a training loop
+# adds none after its first step. Entries hold their graph: a record may replay it for as long as remat keeps it.
 _replays: list = []
 _replay_keys: dict = {}
 _READ = object()     # layout slots

@@ -1,0 +1,44 @@
+// What the dispatch hook captures of an op, shared with the code that records ops whose body runs outside a kernel
+// (opaque_call.cc). Implemented in dispatch_hook.cc, next to the hook's own capture; not an API for other layers.
+#pragma once
+
+#include <ATen/core/Generator.h>
+#include <ATen/core/ivalue.h>
+#include <ATen/core/stack.h>
+#include <c10/core/StorageImpl.h>
+#include <c10/util/intrusive_ptr.h>
+
+#include <vector>
+
+#include "integration/dispatch_hook.h"
+
+namespace remat::integration {
+
+// A copy of `value` in which every plain tensor is a detached alias over the same storage; notes tensor storages in
+// `storages` when set; clears `replayable` for a tensor that is not plain (sparse, a Python subclass).
+c10::IValue AliasValue(const c10::IValue& value, std::vector<c10::intrusive_ptr<c10::StorageImpl>>* storages,
+                       bool* replayable);
+// Fills record.outputs from the op's returns, the top of `stack`.
+void CaptureOutputs(OpRecord& record, const c10::Stack& stack);
+// No tensor or device argument is off the CPU.
+bool OnCpuOnly(const c10::Stack& arguments);
+// A private copy of the generator's state, taken under its lock.
+at::Generator CopyGenerator(const at::Generator& generator);
+
+// Counts a call into the observer in flight, so that SetObserver(nullptr) + WaitForObserverCalls() can tell when the
+// old observer may be destroyed. Construct it before reading the observer (the count is sequentially consistent: a
+// thread that reads a non-null observer was counted before SetObserver(nullptr) returned).
+class ObserverCall {
+ public:
+  ObserverCall();
+  ~ObserverCall();
+  ObserverCall(const ObserverCall&) = delete;
+  ObserverCall& operator=(const ObserverCall&) = delete;
+};
+
+// While inside a recorded op on this thread, every op passes through unrecorded (its nested calls are part of it).
+void EnterRecordedOp();
+void LeaveRecordedOp();
+bool InsideRecordedOp();
+
+}  // namespace remat::integration
