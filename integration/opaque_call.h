@@ -39,7 +39,7 @@ void BeginOpaqueCall(const std::vector<at::Tensor>& written, const std::vector<a
                      std::int64_t graph = -1, const std::vector<at::Tensor>& snapshot = {});
 void EndOpaqueCall(const std::vector<at::Tensor>& outputs);
 void OpaqueCallFailed() noexcept;
-// The operator opaque calls are recorded as; its schema is registered with the hook, its kernel by whoever can
+// The operator opaque calls are recorded as; its schema is registered by opaque_call.cc, its kernel by whoever can
 // replay the calls (remat/_compile.py for torch.compile's graphs).
 inline constexpr const char* kOpaqueCallOperator = "remat::compiled_graph";
 
