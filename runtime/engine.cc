@@ -42,16 +42,17 @@ absl::StatusOr<TensorId> Engine::Constant(std::int64_t bytes, std::string_view n
 
 OpId Engine::NewOp(std::span<const TensorId> inputs, std::int64_t cost, std::string_view name) {
   Impl& m = *impl_;
-  Impl::Op op;
+  const OpId id = m.NewOpSlot();
+  Impl::Op& op = m.ops[id];
   op.cost = cost;
   op.name = m.Name(name);
   op.costly = IsCostlyOp(name);
   op.in_begin = static_cast<std::uint32_t>(m.op_inputs.size());
   op.in_count = static_cast<std::uint32_t>(inputs.size());
   m.op_inputs.insert(m.op_inputs.end(), inputs.begin(), inputs.end());
+  for (const TensorId p : inputs) ++m.tensors[p].consumers;
   op.out_begin = static_cast<std::uint32_t>(m.op_outputs.size());
-  m.ops.push_back(op);
-  return static_cast<OpId>(m.ops.size() - 1);
+  return id;
 }
 
 absl::Status Engine::AddOutputs(OpId op_id, std::span<const OutputSpec> outputs) {
@@ -68,7 +69,7 @@ absl::Status Engine::AddOutputs(OpId op_id, std::span<const OutputSpec> outputs)
   op.out_count = static_cast<std::uint32_t>(outputs.size());
   for (std::size_t i = 0; i < outputs.size(); ++i) {
     const OutputSpec& spec = outputs[i];
-    TensorId t = static_cast<TensorId>(m.tensors.size());
+    const TensorId t = m.NewTensorSlot();
     Impl::Tensor tensor;
     tensor.op = op_id;
     tensor.index = static_cast<std::uint32_t>(i);
@@ -79,21 +80,11 @@ absl::Status Engine::AddOutputs(OpId op_id, std::span<const OutputSpec> outputs)
       tensor.alias = true;
       tensor.size = 0;
     } else {
-      s = static_cast<StorageIndex>(m.storages.size());
-      m.storages.emplace_back();
-      m.storages.back().size = spec.bytes;
+      s = m.NewStorageSlot();
+      m.storages[s].size = spec.bytes;
       tensor.size = spec.bytes;
       op.total_size += spec.bytes;
-      m.storage_parents.emplace_back();
-      m.storage_children.emplace_back();
-      m.state.push_back(0);
-      m.costs.push_back(0);
-      m.weight_mark.push_back(Impl::kOut);
-      if (m.regions) {
-        m.fwd.emplace_back();
-        m.rev.emplace_back();
-      }
-      if (m.eq_classes) m.storages.back().ecn = m.EqAdd(s, 0);  // placeholder until first computed
+      if (m.eq_classes) m.storages[s].ecn = m.EqAdd(s, 0);  // placeholder until first computed
     }
     tensor.storage = s;
     Impl::Storage& st = m.storages[s];
@@ -105,7 +96,7 @@ absl::Status Engine::AddOutputs(OpId op_id, std::span<const OutputSpec> outputs)
     }
     st.tensors.push_back(t);
     st.ext_refs += 1;
-    m.tensors.push_back(std::move(tensor));
+    m.tensors[t] = tensor;
     m.op_outputs.push_back(t);
   }
   {
@@ -146,6 +137,7 @@ TensorId Engine::AdoptConstant(std::int64_t bytes, std::uintptr_t address, std::
   if (address != 0) SetAddress(s, address);
   m.storages[s].locks = 1;
   m.storages[s].pinned = true;
+  m.settled.push_back(s);
   m.storages[s].constant = true;
   m.constant_bytes += bytes;
   stats_.used_bytes += bytes;
@@ -165,6 +157,7 @@ absl::StatusOr<std::span<const TensorId>> Engine::Call(std::span<const TensorId>
     for (TensorId p : m.Inputs(m.ops[op_id])) m.SetLastAccess(m.tensors[p].storage, stats_.clock);
     stats_.clock += cost;
     stats_.model_compute += cost;
+    m.recycle_ops.push_back(op_id);  // nothing to recompute: inert at once
     return outs;
   }
   m.stack.push_back({outs[0], op_id, false, 0, 0, 0, 0});  // a first execution, driven like a replay
@@ -177,15 +170,19 @@ absl::StatusOr<OpId> Engine::BeginOp(std::span<const TensorId> inputs, std::stri
   Impl& m = *impl_;
   OpId op_id = NewOp(inputs, 0, name);
   m.stack.push_back({kNone, op_id, false, 0, 0, 0, 0});  // gather and lock the inputs only
-  if (absl::Status run = RunFrames(); !run.ok()) return run;
+  if (absl::Status run = RunFrames(); !run.ok()) {
+    m.recycle_ops.push_back(op_id);  // never ran: nothing can recompute from it
+    return run;
+  }
   running_kernel_ = op_id;  // the caller runs it now
+  m.open_op = op_id;
   return op_id;
 }
 
 absl::StatusOr<std::span<const TensorId>> Engine::EndOp(OpId op_id, std::span<const OutputSpec> outputs,
                                                         std::int64_t cost) {
   Impl& m = *impl_;
-  if (op_id + 1 != m.ops.size() || m.ops[op_id].out_count != 0) {
+  if (op_id != m.open_op || m.ops[op_id].out_count != 0) {
     return absl::FailedPreconditionError("EndOp must close the most recent BeginOp");
   }
   m.ops[op_id].cost = cost;
@@ -204,6 +201,7 @@ absl::StatusOr<std::span<const TensorId>> Engine::EndOp(OpId op_id, std::span<co
     spec.address = old.address;
   }
   if (absl::Status s = AddOutputs(op_id, specs); !s.ok()) return s;
+  m.open_op = kNone;
   std::span<const TensorId> outs = m.Outputs(m.ops[op_id]);
   // Recomputable in-place: the written storage's bytes (and address) now hold the new value, a fresh storage made
   // by this op; the old value becomes a memory-less evicted storage that keeps its producer.
@@ -220,6 +218,7 @@ absl::StatusOr<std::span<const TensorId>> Engine::EndOp(OpId op_id, std::span<co
       stats_.used_bytes -= st.size;
       st.has_address = false;
       st.dead = true;
+      m.settled.push_back(old);
       m.Touch(old);
       m.state[old] |= kRegionDead;
       m.constant_bytes -= st.size;
@@ -252,8 +251,10 @@ absl::StatusOr<std::span<const TensorId>> Engine::EndOp(OpId op_id, std::span<co
     m.storages[c].pinned = true;
     m.storages[c].constant = true;
     m.constant_bytes += m.storages[c].size;
+    m.settled.push_back(c);
     if (options_.free_dead) newly_pinned_.push_back(c);
   }
+  if (outs.empty()) m.recycle_ops.push_back(op_id);
   for (TensorId p : m.Inputs(m.ops[op_id])) m.Unlock(m.tensors[p].storage);
   for (TensorId t : outs) m.SetLastAccess(m.tensors[t].storage, stats_.clock);
   return outs;
@@ -262,7 +263,9 @@ absl::StatusOr<std::span<const TensorId>> Engine::EndOp(OpId op_id, std::span<co
 void Engine::AbortOp(OpId op_id) {
   Impl& m = *impl_;
   running_kernel_ = kNoKernel;
+  if (m.open_op == op_id) m.open_op = kNone;
   for (TensorId p : m.Inputs(m.ops[op_id])) m.Unlock(m.tensors[p].storage);
+  m.recycle_ops.push_back(op_id);  // produced nothing
 }
 
 void Engine::Retain(TensorId t) {
@@ -325,6 +328,7 @@ void Engine::FreeDead(StorageIndex start) {
       m.SetMaterial(x, false);
     }
     st.dead = true;
+    m.settled.push_back(x);
     m.Touch(x);
     m.state[x] |= kRegionDead;
     ++stats_.freed_storages;
@@ -402,6 +406,7 @@ void Engine::Pin(TensorId t) {
   if (m.storages[s].pinned) return;
   m.Lock(s);
   m.storages[s].pinned = true;
+  m.settled.push_back(s);
   if (options_.free_dead) newly_pinned_.push_back(s);
 }
 
@@ -767,5 +772,9 @@ bool Engine::OpCostly(OpId op) const { return impl_->ops[op].costly; }
 std::int64_t Engine::OpCost(OpId op) const { return impl_->ops[op].cost; }
 std::size_t Engine::storage_count() const { return impl_->storages.size(); }
 std::size_t Engine::tensor_count() const { return impl_->tensors.size(); }
+EngineTables Engine::tables() const {
+  const Impl& m = *impl_;
+  return {m.ops.size(), m.tensors.size(), m.storages.size(), m.eq.size(), m.op_inputs.size() + m.op_outputs.size()};
+}
 
 }  // namespace remat

@@ -50,6 +50,16 @@
 //   - A paged storage whose last reference dies loses its host copy and becomes evicted (recomputable), as a
 //     resident one would; one that is recomputed (a sibling output of a replayed op) loses its host copy too.
 //
+// Recycling (bounded state: a run of millions of ops keeps only what is live). An op is inert once none of its
+// outputs can ever be recomputed by it: each is dead (free_dead) or pinned (never recomputed), or it has none. An
+// inert op no longer needs its inputs. Recycle() frees, for reuse by later ops, the inert ops whose every output
+// tensor is of a dead storage, has no external reference and is read by no op that is not inert, together with
+// those tensors, and the storages left with no tensor (they leave the adjacency and the union-find). Their ids then
+// name new ops, tensors and storages: the caller must drop every reference it holds to the ids Recycle returns
+// (records, maps). Recycle also compacts what grows with the run: the ops' input/output lists, the union-find
+// (rebuilt with the same classes and values: no score changes), the deferred reserve. Nothing is recycled
+// without a call (the simulator's prototype model has no dead storages and never calls it).
+//
 // Policies are consulted through a read-only StorageView; the engine maintains the incremental structures a policy
 // asks for (PolicyFeatures): forward/backward evicted regions (e*) and union-find classes of evicted storages.
 // Not thread-safe: one engine per thread (PyTorch ops on one device are serialized by the integration).
@@ -155,9 +165,27 @@ struct EngineStats {
   std::int64_t deferred_releases = 0;  // choices made among the deferred storages (the pool was empty)
   std::int64_t compactions = 0;        // runs compacted
   std::int64_t compacted_bytes = 0;    // bytes slid by compactions
+  std::int64_t recycled_ops = 0;       // op slots freed for reuse (Recycle)
+  std::int64_t recycled_storages = 0;  // storage slots freed for reuse
 };
 
 using StorageIndex = std::uint32_t;
+
+// Sizes of the engine's tables: slots (live or free for reuse), so what the engine's host memory grows with.
+struct EngineTables {
+  std::size_t op_slots = 0;
+  std::size_t tensor_slots = 0;
+  std::size_t storage_slots = 0;
+  std::size_t union_find_nodes = 0;
+  std::size_t op_io_entries = 0;  // the ops' input and output lists, flattened
+};
+
+// What Recycle freed: ids that will name other ops, tensors and storages from now on.
+struct RecycledIds {
+  std::vector<std::uint32_t> ops;
+  std::vector<std::uint32_t> tensors;
+  std::vector<std::uint32_t> storages;
+};
 
 class Engine final : public PressureHandler, private StorageView {
  public:
@@ -247,6 +275,12 @@ class Engine final : public PressureHandler, private StorageView {
   std::int64_t OpCost(OpId op) const;
   std::size_t storage_count() const;
   std::size_t tensor_count() const;
+  EngineTables tables() const;
+  // Recycling (see the contract above). Call between ops (inside a call it frees nothing).
+  RecycledIds Recycle();
+  // Whether no output of `op` can ever be recomputed by it (each dead or pinned, or none; an op whose kernel runs
+  // now is not inert). A recycled op is inert.
+  bool OpInert(OpId op) const;
   // Evicts a specific storage now (tests, integration); it must be evictable.
   absl::Status Evict(StorageIndex s);
   // The read-only view the policies score (benchmarks, tests, custom drivers).
@@ -316,6 +350,11 @@ class Engine final : public PressureHandler, private StorageView {
   absl::Status AddOutputs(OpId op, std::span<const OutputSpec> outputs);
   void AfterCompute();
   void FreeDead(StorageIndex s);
+  // Recycling (engine_recycle.cc).
+  void FreeOp(OpId op, RecycledIds& out);
+  void FreeStorage(StorageIndex s, RecycledIds& out);
+  void CompactOpLists();
+  void CompactEqClasses();
   // A pinned storage with no reference left gives up its bytes, resident or paged (it is never recomputed).
   void DropPinnedBytes(StorageIndex s);
   // Raises stats_.peak_bytes to what is allocated now: the arena's peak in arena mode, else the engine's count.

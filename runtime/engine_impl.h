@@ -50,6 +50,9 @@ struct Engine::Impl {
     std::uint32_t out_begin = 0, out_count = 0;
     std::uint32_t name = 0;  // index into names
     bool costly = false;
+    // No output can ever be recomputed by it (each is dead or pinned): its input list is dropped (Recycle).
+    bool inert = false;
+    bool free = false;  // recycled: the slot waits for reuse
   };
   struct Tensor {
     OpId op = 0;
@@ -60,6 +63,8 @@ struct Engine::Impl {
     bool defined = false;
     bool alias = false;
     bool paged_defined = false;  // defined when its storage was paged out (restored on page-in)
+    std::int32_t consumers = 0;  // ops (not inert) that list it as an input
+    bool free = false;           // recycled: the slot waits for reuse
   };
   struct Storage {
     std::int64_t size = 0;
@@ -79,6 +84,7 @@ struct Engine::Impl {
     bool constant = false;  // no producer (Constant, AdoptConstant, in-place write of a constant)
     bool deferred = false;  // Defer: kept out of the pool (in deferred_list) until the pool runs dry
     bool fixed = false;     // Fix: its address is known outside the engine; never moved, paged out or evicted
+    bool free = false;      // recycled (also dead): the slot waits for reuse
     std::int64_t ready_at = 0;  // paged in: when the copy ends
     std::uintptr_t address = 0;
     std::int32_t ecn = -1;  // union-find node, -1 = none (resident)
@@ -119,6 +125,61 @@ struct Engine::Impl {
   bool regions = false;
   bool eq_classes = false;
   std::int64_t constant_bytes = 0;
+
+  // Recycling (engine_recycle.cc): slots of recycled ops, tensors and storages, reused before the tables grow;
+  // storages that became dead or pinned and ops that may have become inert since the last Recycle; entries of
+  // op_inputs/op_outputs no op uses any more (compacted when they outnumber the used ones).
+  std::vector<OpId> free_ops;
+  std::vector<TensorId> free_tensors;
+  std::vector<StorageIndex> free_storages;
+  std::vector<StorageIndex> settled;
+  std::vector<OpId> recycle_ops;
+  std::size_t io_garbage = 0;
+  OpId open_op = kNone;  // between BeginOp and EndOp/AbortOp
+  // A new op's slot (reused if one is free), its record reset.
+  OpId NewOpSlot() {
+    if (free_ops.empty()) {
+      ops.emplace_back();
+      return static_cast<OpId>(ops.size() - 1);
+    }
+    const OpId o = free_ops.back();
+    free_ops.pop_back();
+    ops[o] = Op{};
+    return o;
+  }
+  TensorId NewTensorSlot() {
+    if (free_tensors.empty()) {
+      tensors.emplace_back();
+      return static_cast<TensorId>(tensors.size() - 1);
+    }
+    const TensorId t = free_tensors.back();
+    free_tensors.pop_back();
+    tensors[t] = Tensor{};
+    return t;
+  }
+  // A new storage's slot with every per-storage array reset (FreeStorage left them cleared).
+  StorageIndex NewStorageSlot() {
+    if (free_storages.empty()) {
+      storages.emplace_back();
+      storage_parents.emplace_back();
+      storage_children.emplace_back();
+      state.push_back(0);
+      costs.push_back(0);
+      weight_mark.push_back(kOut);
+      if (regions) {
+        fwd.emplace_back();
+        rev.emplace_back();
+      }
+      return static_cast<StorageIndex>(storages.size() - 1);
+    }
+    const StorageIndex s = free_storages.back();
+    free_storages.pop_back();
+    storages[s] = Storage{};
+    state[s] = 0;
+    costs[s] = 0;
+    weight_mark[s] = kOut;
+    return s;
+  }
 
   std::span<const TensorId> Inputs(const Op& op) const { return {op_inputs.data() + op.in_begin, op.in_count}; }
   std::span<const TensorId> Outputs(const Op& op) const {

@@ -23,6 +23,7 @@ class EqClasses {
   std::int64_t& Value(std::int32_t node) { return nodes_[Find(node)].value; }
   // The value of a class given its root (a result of Find), without another Find.
   std::int64_t RootValue(std::int32_t root) const { return nodes_[root].value; }
+  std::size_t size() const { return nodes_.size(); }
 
  private:
   struct Node {
