@@ -246,10 +246,8 @@ void EngineBridge::Prune() {
   for (const OpId op : kept_ops_) {
     const ReplayOp* replay = executor_.Op(op);
     if (replay == nullptr) continue;
-    bool needed = false;
-    for (const StorageIndex s : replay->output_storage) needed = needed || (s != kNoIndex && !engine_->Dead(s));
-    for (const auto& [k, s] : replay->in_place) needed = needed || !engine_->Dead(s);
-    if (needed) {
+    // Needed while the engine may replay the op: some output neither dead nor pinned (Engine::OpInert).
+    if (!engine_->OpInert(op)) {
       kept_ops_[kept++] = op;
       continue;
     }
@@ -262,7 +260,7 @@ void EngineBridge::Prune() {
     ++stats_.pruned_records;
   }
   kept_ops_.resize(kept);
-  std::sort(dropped_ops.begin(), dropped_ops.end());  // already ascending (op ids grow); cheap to make sure
+  std::sort(dropped_ops.begin(), dropped_ops.end());  // op ids are recycled: not in creation order
   std::sort(read_storages.begin(), read_storages.end());
   read_storages.erase(std::unique(read_storages.begin(), read_storages.end()), read_storages.end());
   for (const StorageIndex s : read_storages) {
@@ -292,6 +290,30 @@ void EngineBridge::Prune() {
     entries_.erase(it++);
     ++stats_.pruned_entries;
   }
+  Recycle();
+}
+
+// The engine recycles what nothing can need (Engine::Recycle); the ids it frees will name other ops and storages,
+// so every reference the bridge and the executor keep under them goes. A records's op is recycled only once it is
+// inert, and Prune has dropped those records just before.
+void EngineBridge::Recycle() {
+  const RecycledIds ids = engine_->Recycle();
+  if (ids.storages.empty() && ids.ops.empty()) return;
+  const absl::flat_hash_set<TensorId> tensors(ids.tensors.begin(), ids.tensors.end());
+  for (const StorageIndex s : ids.storages) {
+    readers_.erase(s);
+    auto owner = owner_.find(s);
+    if (owner == owner_.end()) continue;
+    auto entry = entries_.find(owner->second);
+    // A released entry whose StorageImpl has not gone yet: its engine storage is gone, so it goes too.
+    if (entry != entries_.end() && tensors.contains(entry->second.root)) {
+      TORCH_CHECK(entry->second.released, "remat: the engine recycled a storage a live tensor holds");
+      entries_.erase(entry);
+      ++stats_.pruned_entries;
+    }
+    owner_.erase(owner);
+  }
+  executor_.Forget(ids);
 }
 
 void EngineBridge::BeforeOp(OpRecord& record) {
@@ -708,6 +730,7 @@ BridgeStats EngineBridge::Stats() {
   std::lock_guard<EngineLock> lock(lock_);
   BridgeStats stats = stats_;
   stats.engine = engine_->stats();
+  stats.engine_tables = engine_->tables();
   stats.executor = executor_.stats();
   if (tier_ != nullptr) stats.host_tier = tier_->stats();
   stats.kept_records = static_cast<std::int64_t>(kept_ops_.size());

@@ -156,6 +156,7 @@ inline constexpr std::int64_t kCpuTierLatencyNs = 1'000;
 
 struct BridgeStats {
   EngineStats engine;
+  EngineTables engine_tables;
   ExecutorStats executor;
   std::int64_t ops = 0;             // ops given to the engine
   std::int64_t constants = 0;       // storages adopted as constants
@@ -260,6 +261,7 @@ class EngineBridge final : public OpObserver, public PressureHandler, public Hel
   absl::Status FixEntry(Entry& entry);
   void CountRecordRefs(const OpRecord& record, int delta = 1);
   void Prune();
+  void Recycle();
   void Unlock();
 
   BridgeOptions options_;

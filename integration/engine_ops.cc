@@ -136,6 +136,12 @@ c10::Dict<std::string, double> EngineStatsDict() {
   put("host_tier_file_bytes", s->host_tier.file_bytes);
   put("shadows", s->executor.shadows);
   put("empty_evictions", s->executor.empty_evictions);
+  // Slots of the engine's tables (live or free for reuse): what its host memory grows with.
+  put("engine_op_slots", s->engine_tables.op_slots);
+  put("engine_tensor_slots", s->engine_tables.tensor_slots);
+  put("engine_storage_slots", s->engine_tables.storage_slots);
+  put("engine_union_find_nodes", s->engine_tables.union_find_nodes);
+  put("engine_op_io_entries", s->engine_tables.op_io_entries);
   return out;
 }
 

@@ -420,4 +420,16 @@ void TorchExecutor::Clear() {
   shadows_.clear();
 }
 
+void TorchExecutor::Forget(const RecycledIds& ids) {
+  for (const OpId op : ids.ops) {
+    if (op < ops_.size()) ops_[op].reset();
+  }
+  for (const StorageIndex s : ids.storages) {
+    if (s >= homes_.size()) continue;
+    homes_[s] = c10::weak_intrusive_ptr<c10::StorageImpl>(c10::intrusive_ptr<c10::StorageImpl>());
+    shadows_[s].reset();
+    paged_evictable_[s] = true;
+  }
+}
+
 }  // namespace remat::integration

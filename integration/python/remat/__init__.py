@@ -208,7 +208,8 @@ def stats() -> Dict[str, Union[int, float]]:
     stall_ns (the link model's wait for page-ins, in the engine's clock), page_out_wall_ns and page_in_wall_ns
     (measured copy time), host_tier_file_bytes (the file tier's size); process_peak_rss_bytes (the process's peak
     resident memory so far, getrusage: on a CPU the arena and a memory host tier are both in it, so it shows what
-    paging did not save).
+    paging did not save); engine_op_slots, engine_tensor_slots, engine_storage_slots, engine_union_find_nodes,
+    engine_op_io_entries (the engine's table sizes, slots live or free for reuse: bounded over a long run).
     The arena's and engine's keys are absent before the first enable()."""
     out: Dict[str, Union[int, float]] = dict(torch.ops.remat.stats())
     out["process_peak_rss_bytes"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
