@@ -1,0 +1,68 @@
+// Engine: the out-of-memory report (MemoryReport, WithMemoryReport): budget, bytes in use, locked by the running
+// ops, constant and pinned bytes, where it ran out (the op and the replay chain) and, in arena mode, the largest run
+// of free or evictable blocks.
+#include <algorithm>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "runtime/engine.h"
+#include "runtime/engine_impl.h"
+
+namespace remat {
+
+// The executor's out-of-memory message, `context`, and the memory report, unless the message has it already (in
+// arena mode the engine is the arena's pressure handler, and the arena adds DescribeMemory when it gives up).
+absl::Status Engine::WithMemoryReport(absl::string_view message, absl::string_view context) const {
+  if (absl::StrContains(message, kMemoryReportMarker)) {
+    return absl::ResourceExhaustedError(absl::StrCat(message, context));
+  }
+  return absl::ResourceExhaustedError(absl::StrCat(message, context, "; ", MemoryReport()));
+}
+
+// Budget, bytes in use, locked and constant bytes, and in arena mode the largest run of free or evictable blocks
+// (the largest window any eviction could have made).
+std::string Engine::MemoryReport() const {
+  const Impl& m = *impl_;
+  std::int64_t locked = 0, pinned = 0, constant_in_arena = 0;
+  for (const Impl::Storage& st : m.storages) {
+    if (!st.material) continue;
+    if (st.locks > 0 && !st.pinned) locked += st.size;
+    if (st.pinned && !st.constant) pinned += st.size;
+    if (st.constant && st.has_address) constant_in_arena += st.size;
+  }
+  std::string report = absl::StrFormat("budget %d, in use %d (%s %d, constant %d", options_.budget,
+                                       stats_.used_bytes, kMemoryReportMarker, locked, m.constant_bytes);
+  // Arena mode: constants made outside the arena (parameters made before remat) count in use but take no block;
+  // results pinned for good (gradients and optimizer state once written) take blocks remat cannot evict.
+  if (options_.arena != nullptr) absl::StrAppend(&report, " of which ", constant_in_arena, " in the arena");
+  absl::StrAppend(&report, ", pinned results ", pinned, ")");
+  // Where it happened: the op the caller runs and, when it ran out while replaying, the innermost replay; or the
+  // kernel running between BeginOp and EndOp.
+  if (m.stack.empty() && running_kernel_ != kNoKernel && running_kernel_ < m.ops.size()) {
+    absl::StrAppend(&report, ", running '", m.names[m.ops[running_kernel_].name], "'");
+  }
+  if (!m.stack.empty()) {
+    absl::StrAppend(&report, ", running '", m.names[m.ops[m.stack.front().op].name], "'");
+    const auto replays = std::count_if(m.stack.begin(), m.stack.end(), [](const Impl::Frame& f) { return f.remat; });
+    if (replays > 0 && m.stack.back().remat) {
+      absl::StrAppend(&report, " and replaying '", m.names[m.ops[m.stack.back().op].name], "' for it (", replays,
+                      " replay(s) deep)");
+    }
+  }
+  if (options_.arena != nullptr) {
+    std::size_t run = 0, largest = 0;
+    options_.arena->ForEachBlock([&](const BlockInfo& b) {
+      bool usable = b.free || (b.owner != kNoOwner && b.owner - 1 < m.storages.size() && m.storages[b.owner - 1].in_pool);
+      run = usable ? run + b.size : 0;
+      largest = std::max(largest, run);
+    });
+    absl::StrAppend(&report, ", largest window of free or evictable blocks ", largest, " bytes");
+  }
+  // Why the last attempt to make room stopped, when something failed rather than ran out (a page-out that could not
+  // write to the host tier: the disk is full): the real cause of this out-of-memory report.
+  if (!pending_.ok()) absl::StrAppend(&report, "; making room failed: ", pending_.message());
+  return report;
+}
+
+}  // namespace remat
