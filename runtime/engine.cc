@@ -5,6 +5,7 @@
 // (runtime/README.md).
 #include "runtime/engine.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "absl/cleanup/cleanup.h"
