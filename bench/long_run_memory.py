@@ -4,8 +4,9 @@ and storages the bridge keeps, and the process's resident memory; then the growt
 
     PYTHONPATH=integration/python REMAT_BUILD_DIR=build python bench/long_run_memory.py --steps 60
 
-What it shows: whether what remat keeps grows with the number of steps (records and tracked storages should not;
-the engine's tables do, by the bytes per op printed last). Exits 1 if the records kept grew by more than one
+What it shows: whether what remat keeps grows with the number of steps (records, tracked storages and, since the
+engine recycles dead ids, host memory should not: the bytes per op printed last stay near 0). bench/soak.py does the
+same over tens of thousands of steps under a binding budget. Exits 1 if the records kept grew by more than one
 pruning interval (1024) between the two marks.
 """
 

@@ -3,7 +3,8 @@
 Trains a small MLP with Adam for many steps under a budget that binds (drop-only, evictions and replays every
 step), and after a warm-up reports, per 1,000 steps, the slope of the process's resident memory and of the wall
 time per recorded op (a least-squares line through one point per window of --window steps), with the engine's
-table sizes (op, tensor and storage slots, union-find nodes) at the first and last marks.
+table sizes (op, tensor and storage slots; op lists and union-find nodes, compacted) at the first and last marks
+and their largest after the warm-up.
 
     PYTHONPATH=integration/python REMAT_BUILD_DIR=build python bench/soak.py --steps 20000
 
