@@ -467,12 +467,17 @@ absl::StatusOr<std::uintptr_t> Arena::Allocate(std::size_t bytes, OwnerId owner,
       ++s.handler_calls;
     }
     // Without the lock: the handler evicts through Free.
-    const bool progress = handler->MakeRoom(*this, *aligned);
+    const absl::StatusOr<bool> progress = handler->MakeRoom(*this, *aligned);
     ++rounds;
     {
       std::lock_guard<std::mutex> lock(s.mu);
       s.EndHandlerCall();
-      if (progress && (s.frees != frees_before || s.moves != moves_before)) continue;
+      if (!progress.ok()) {
+        return absl::Status(progress.status().code(),
+                            absl::StrCat("remat arena: making room for ", bytes, " bytes failed: ",
+                                         progress.status().message()));
+      }
+      if (*progress && (s.frees != frees_before || s.moves != moves_before)) continue;
       if (Node* b = s.PlaceOrGrow(*aligned, owner, placement)) return b->address;  // freed by another thread
       handler = s.handler;
       if (handler != nullptr) ++s.handler_calls;

@@ -92,8 +92,9 @@ class PressureHandler {
  public:
   virtual ~PressureHandler() = default;
   // `bytes` (aligned) could not be placed. Free memory (Arena::Free) and return true if anything was freed;
-  // false gives up and fails the allocation.
-  virtual bool MakeRoom(Arena& arena, std::size_t bytes) = 0;
+  // false gives up and fails the allocation (ResourceExhausted). An error is a failure to make room that is not a
+  // lack of memory (a page-out that could not write its copy): the allocation fails with it, its code and message.
+  virtual absl::StatusOr<bool> MakeRoom(Arena& arena, std::size_t bytes) = 0;
   // After MakeRoom gave up: what holds the memory it could not free (locked, constant, pinned bytes), for the
   // out-of-memory error. Called without the arena's lock held; empty when the handler has nothing to say.
   virtual std::string DescribeMemory() { return {}; }

@@ -150,6 +150,12 @@ class ArenaCpuAllocator final : public c10::Allocator {
         Unref(live);
         return Forward(bytes);
       }
+      if (!absl::IsResourceExhausted(address.status())) {
+        // Making room failed for another reason than memory (a page-out whose write to the host tier failed): that
+        // reason is the error, not an out-of-memory one.
+        Unref(live);
+        TORCH_CHECK(false, "remat: allocating ", bytes, " bytes failed: ", std::string(address.status().message()));
+      }
       const std::string message = OutOfMemoryMessage(*live, bytes, address.status());
       if (MemoryHistoryEnabled()) {
         RecordMemoryEvent(MemoryEventKind::kOutOfMemory, 0, AlignedSize(bytes), live->arena->Stats().free_bytes);

@@ -467,7 +467,14 @@ void RecordOp(const c10::OperatorHandle& op, const OpTraits& traits, c10::Dispat
       op.redispatchBoxed(below, stack);
       break;
     } catch (const c10::OutOfMemoryError&) {
-      if (!retryable || retries == kMaxOutOfMemoryRetries || !observer->RetryAfterOutOfMemory(record)) {
+      bool retry = false;
+      try {
+        retry = retryable && retries < kMaxOutOfMemoryRetries && observer->RetryAfterOutOfMemory(record);
+      } catch (...) {  // making the hole failed otherwise than for room (a failed move): that error, not the OOM
+        observer->OpFailed(record);
+        throw;
+      }
+      if (!retry) {
         observer->OpFailed(record);
         throw;
       }

@@ -209,7 +209,8 @@ class OpObserver {
   // The op's kernel threw c10::OutOfMemoryError. It writes none of its arguments, draws no random numbers and has
   // no other side effect (OpTraits), so it can run again on the same arguments with the same result: return true to
   // have it run again (the observer has made room that was not there), false to let the error propagate (OpFailed
-  // follows). Asked at most kMaxOutOfMemoryRetries times per op.
+  // follows). Asked at most kMaxOutOfMemoryRetries times per op. An exception it throws (making room failed for
+  // another reason than memory) propagates instead of the out-of-memory error, OpFailed first.
   virtual bool RetryAfterOutOfMemory(OpRecord& record) { return false; }
 };
 

@@ -606,14 +606,15 @@ bool EngineBridge::RetryAfterOutOfMemory(OpRecord& record) {
   if (current_.check_rng && current_.rng_before != DefaultCpuRngFingerprint()) return false;
   lock_.EndLend();
   executor_.SetRunningOp(nullptr);  // its kernel has unwound: nothing reads its inputs until it runs again
-  const bool retry = engine_->MakeHoleForRetry();
+  const absl::StatusOr<bool> retry = engine_->MakeHoleForRetry();
   executor_.SetRunningOp(&record);
   lock_.BeginLend();
-  if (retry) ++stats_.retried_ops;
-  return retry;
+  if (!retry.ok()) Throw(retry.status());  // a failed move, not the out-of-memory it was for (the hook cleans up)
+  if (*retry) ++stats_.retried_ops;
+  return *retry;
 }
 
-bool EngineBridge::MakeRoom(Arena& arena, std::size_t bytes) {
+absl::StatusOr<bool> EngineBridge::MakeRoom(Arena& arena, std::size_t bytes) {
   if (retired_.load(std::memory_order_acquire)) return false;
   EngineLock::RoomAccess access(lock_);  // waits unless this thread holds the lock or may borrow it (header)
   if (retired_.load(std::memory_order_acquire)) return false;

@@ -187,7 +187,7 @@ class EngineBridge final : public OpObserver, public PressureHandler, public Hel
   // Compacts the arena with the op's inputs movable (Engine::MakeHoleForRetry); true when the request that failed
   // fits now.
   bool RetryAfterOutOfMemory(OpRecord& record) override;
-  bool MakeRoom(Arena& arena, std::size_t bytes) override;
+  absl::StatusOr<bool> MakeRoom(Arena& arena, std::size_t bytes) override;
   // The engine's report (Engine::DescribeMemory); empty when another thread is inside an op.
   std::string DescribeMemory() override;
   // References the kept records hold on `storage` (held_references.h).

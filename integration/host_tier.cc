@@ -92,8 +92,9 @@ absl::StatusOr<std::int64_t> HostTier::AllocateExtent(std::size_t nbytes) {
   }
   const std::int64_t offset = stats_.file_bytes;
   if (ftruncate(fd_, offset + length) != 0) {
-    return absl::ResourceExhaustedError(absl::StrCat("remat: cannot grow the host tier file ", path_, " to ",
-                                                     offset + length, " bytes: ", IoError(errno)));
+    // Unavailable, not ResourceExhausted: the file system failed, not remat's memory (no "raise the budget").
+    return absl::UnavailableError(absl::StrCat("remat: cannot grow the host tier file ", path_, " to ",
+                                               offset + length, " bytes: ", IoError(errno)));
   }
   stats_.file_bytes = offset + length;
   return offset;
@@ -143,8 +144,8 @@ absl::Status HostTier::Store(std::uint32_t key, const void* data, std::size_t nb
       if (w <= 0) {
         const int error = errno;
         FreeExtent(*offset, nbytes);
-        return absl::ResourceExhaustedError(absl::StrCat("remat: writing ", n, " bytes to the host tier file ", path_,
-                                                         ": ", w < 0 ? IoError(error) : "nothing written"));
+        return absl::UnavailableError(absl::StrCat("remat: writing ", n, " bytes to the host tier file ", path_,
+                                                   ": ", w < 0 ? IoError(error) : "nothing written"));
       }
       done += static_cast<std::size_t>(w);
     }

@@ -218,7 +218,9 @@ absl::Status TorchExecutor::ExecuteOrThrow(Engine& engine, OpId op, bool replay,
     in_use_.clear();
     for (auto& h : holders) h.reset();
     for (auto& c : scratch) c.reset();
-    if (!engine.MakeHoleForRetry()) break;
+    absl::StatusOr<bool> hole = engine.MakeHoleForRetry();
+    if (!hole.ok()) return hole.status();  // a failed move: the cause, not the out-of-memory it was for
+    if (!*hole) break;
     ++stats_.retried_replays;
   }
   if (!result.ok()) return result.status();

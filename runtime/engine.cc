@@ -187,7 +187,6 @@ absl::StatusOr<std::span<const TensorId>> Engine::EndOp(OpId op_id, std::span<co
   m.ops[op_id].cost = cost;
   // The kernel has run, but its inputs and outputs keep their addresses until EndOp has registered them.
   absl::Cleanup kernel_done = [this] { running_kernel_ = kNoKernel; };
-  pending_ = absl::OkStatus();
   std::vector<OutputSpec> specs(outputs.begin(), outputs.end());  // in-place outputs get their bytes and address
   std::span<const TensorId> ins = m.Inputs(m.ops[op_id]);
   for (OutputSpec& spec : specs) {

@@ -22,6 +22,9 @@
 //   - No memory: the call fails with ResourceExhausted naming requested, budget, used, locked and constant bytes
 //     and (arena) the largest window. A failed call releases the locks it took and leaves the engine usable: what
 //     it replayed stays resident, the failed op's outputs stay unproduced (a later use replays them).
+//   - Making room that fails otherwise than for lack of victims (a page-out the executor could not write, a move
+//     that failed) fails the call with that error, its code and cause; as a pressure handler, MakeRoom returns it
+//     to the arena, which fails the allocation with it. No error is kept aside for later.
 //
 // Paging (DESIGN.md "Offloading"; off by default, and then nothing below changes the engine's behaviour):
 //   - A storage is resident, evicted (recomputable), or paged: its bytes are on a second tier (host memory) of
@@ -236,7 +239,9 @@ class Engine final : public PressureHandler, private StorageView {
   void NoteAllocation() { pressure_sampled_ = false; }
 
   // PressureHandler (arena mode): evicts one storage, or one window for window policies.
-  bool MakeRoom(Arena& arena, std::size_t bytes) override;
+  // An error when making room failed otherwise than for lack of victims (a page-out that could not write its copy,
+  // a move that failed): the arena fails the allocation with it.
+  absl::StatusOr<bool> MakeRoom(Arena& arena, std::size_t bytes) override;
   // MemoryReport(): budget, bytes in use, locked by running ops, constant, pinned, where it ran out, largest window.
   std::string DescribeMemory() override { return MemoryReport(); }
   // Arena mode, after MakeRoom gave up on a kernel's allocation (the op's own kernel between BeginOp and EndOp, or a
@@ -245,7 +250,7 @@ class Engine final : public PressureHandler, private StorageView {
   // (nothing uses them until the retry): all free bytes into one hole when no barrier splits them (the kernel may
   // need more than the request it failed on), else enough for that request. Returns whether the request MakeRoom
   // gave up on fits in one hole now (and false when there is nothing to retry for).
-  bool MakeHoleForRetry();
+  absl::StatusOr<bool> MakeHoleForRetry();
 
   // Introspection (tests, executors, integration).
   const EngineStats& stats() const { return stats_; }
@@ -376,15 +381,16 @@ class Engine final : public PressureHandler, private StorageView {
   bool ReleaseDeferred();
   void RedeferUnchosen();
   // MakeRoom without the bookkeeping of failed requests.
-  bool MakeRoomOnce(Arena& arena, std::size_t bytes);
+  absl::StatusOr<bool> MakeRoomOnce(Arena& arena, std::size_t bytes);
   // Counter mode: reclaims until `bytes` more fit in the budget.
   absl::Status MakeRoomCounter(std::int64_t bytes, std::string_view what);
   // page_constants: pages the least recently used constant held only by its pin. False if none fits.
-  bool PageLruConstant();
+  absl::StatusOr<bool> PageLruConstant();
+  absl::StatusOr<bool> PageLruConstantStep(Arena&, std::size_t) { return PageLruConstant(); }  // MakeRoom's steps
   // Relocation of idle unevictable storages (EngineOptions::relocate); true when something moved.
-  bool RelocateIdle(Arena& arena, std::size_t bytes);
+  absl::StatusOr<bool> RelocateIdle(Arena& arena, std::size_t bytes);
   // Compaction (EngineOptions::relocate) of the cheapest run that can hold `bytes`; true when something moved.
-  bool Compact(Arena& arena, std::size_t bytes);
+  absl::StatusOr<bool> Compact(Arena& arena, std::size_t bytes);
   // Whether s is an input or a resident output of the kernel running now (a replay inside Execute, or the op
   // between BeginOp and EndOp/AbortOp): its memory must not move.
   bool UsedByRunningKernel(StorageIndex s) const;
@@ -404,7 +410,6 @@ class Engine final : public PressureHandler, private StorageView {
   static constexpr OpId kNoKernel = ~OpId{0};
   OpId running_kernel_ = kNoKernel;  // see UsedByRunningKernel
   std::size_t failed_request_ = 0;   // the last request MakeRoom gave up on (MakeHoleForRetry)
-  absl::Status pending_;     // an executor error met inside MakeRoom (which can only answer bool)
   std::vector<StorageIndex> newly_pinned_;  // free_dead: pinned since the last CollectDead
   std::vector<StorageIndex> released_;      // deferred storages in the pool for one choice (ReleaseDeferred)
 };

@@ -35,12 +35,7 @@ absl::Status Engine::RunFrames() {
   const std::size_t base = m.stack.size() - 1;
   const std::size_t scratch_begin = m.scratch.size();
   const std::size_t log_begin = m.lock_log.size();
-  pending_ = absl::OkStatus();
   absl::Status status = RunFramesFrom(base);
-  if (!status.ok() && !pending_.ok()) {  // an executor's paging error inside MakeRoom is the real cause
-    status = pending_;
-  }
-  pending_ = absl::OkStatus();
   if (!status.ok()) {
     // Leave the engine usable (a caught OOM must not poison it): release the locks the unfinished frames hold.
     for (std::size_t i = m.lock_log.size(); i > log_begin; --i) m.Unlock(m.lock_log[i - 1]);

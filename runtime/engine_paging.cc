@@ -101,8 +101,7 @@ absl::StatusOr<bool> Engine::PageInStorage(StorageIndex s, bool prefetch, bool m
   absl::Status x = executor_->PageIn(*this, s);
   no_reclaim_ = false;
   if (!x.ok()) {
-    if (!pending_.ok()) return pending_;
-    if (!absl::IsResourceExhausted(x)) return x;
+    if (!absl::IsResourceExhausted(x)) return x;  // the allocation's MakeRoom failed (a page-out), or the copy
     if (prefetch) return false;
     return WithMemoryReport(x.message(), absl::StrCat(" (paging in storage ", s, ")"));
   }
@@ -141,7 +140,6 @@ absl::StatusOr<bool> Engine::Prefetch(TensorId t) {
 
 absl::StatusOr<int> Engine::PrefetchAhead(std::span<const TensorId> upcoming, bool make_room) {
   Impl& m = *impl_;
-  pending_ = absl::OkStatus();
   std::vector<StorageIndex> held;  // what the upcoming ops read and is resident: not a victim meanwhile
   for (TensorId t : upcoming) {
     if (t >= m.tensors.size()) return absl::InvalidArgumentError(absl::StrCat("no tensor ", t));
@@ -167,7 +165,6 @@ absl::StatusOr<int> Engine::PrefetchAhead(std::span<const TensorId> upcoming, bo
     held.push_back(s);
   }
   for (StorageIndex s : held) m.Unlock(s);
-  pending_ = absl::OkStatus();
   if (!error.ok()) return error;
   return issued;
 }
@@ -182,7 +179,7 @@ void Engine::WaitForInputs(OpId op) {
   }
 }
 
-bool Engine::PageLruConstant() {
+absl::StatusOr<bool> Engine::PageLruConstant() {
   Impl& m = *impl_;
   const PagingOptions& p = options_.paging;
   if (p.mode == OffloadMode::kOff || !p.page_constants) return false;
@@ -196,10 +193,7 @@ bool Engine::PageLruConstant() {
     if (best == kNone || st.last_access < m.storages[best].last_access) best = s;
   }
   if (best == kNone) return false;
-  if (absl::Status s = PageOutStorage(best); !s.ok()) {
-    pending_ = s;
-    return false;
-  }
+  if (absl::Status s = PageOutStorage(best); !s.ok()) return s;
   return true;
 }
 

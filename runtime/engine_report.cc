@@ -59,9 +59,6 @@ std::string Engine::MemoryReport() const {
     });
     absl::StrAppend(&report, ", largest window of free or evictable blocks ", largest, " bytes");
   }
-  // Why the last attempt to make room stopped, when something failed rather than ran out (a page-out that could not
-  // write to the host tier: the disk is full): the real cause of this out-of-memory report.
-  if (!pending_.ok()) absl::StrAppend(&report, "; making room failed: ", pending_.message());
   return report;
 }
 

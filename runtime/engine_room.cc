@@ -16,15 +16,16 @@
 
 namespace remat {
 
-bool Engine::MakeRoom(Arena& arena, std::size_t bytes) {
-  const bool made = MakeRoomOnce(arena, bytes);
-  failed_request_ = made ? 0 : bytes;
+absl::StatusOr<bool> Engine::MakeRoom(Arena& arena, std::size_t bytes) {
+  const absl::StatusOr<bool> made = MakeRoomOnce(arena, bytes);
+  // Only a lack of room is worth a retry (MakeHoleForRetry); a failed page-out or move is the caller's error.
+  failed_request_ = made.ok() && !*made ? bytes : 0;
   return made;
 }
 
-bool Engine::MakeHoleForRetry() {
+absl::StatusOr<bool> Engine::MakeHoleForRetry() {
   Arena* arena = options_.arena;
-  if (arena == nullptr || failed_request_ == 0 || !pending_.ok()) return false;
+  if (arena == nullptr || failed_request_ == 0) return false;
   const std::size_t bytes = failed_request_;
   failed_request_ = 0;
   const OpId kernel = running_kernel_;
@@ -33,14 +34,16 @@ bool Engine::MakeHoleForRetry() {
   // stands in the way, else as many as the request needs.
   const std::size_t alignment = arena->alignment();
   const std::size_t all_free = arena->Stats().free_bytes / alignment * alignment;
-  if (!(all_free > bytes && Compact(*arena, all_free))) Compact(*arena, bytes);
+  absl::StatusOr<bool> compacted = all_free > bytes ? Compact(*arena, all_free) : false;
+  if (compacted.ok() && !*compacted) compacted = Compact(*arena, bytes);
   running_kernel_ = kernel;
+  if (!compacted.ok()) return compacted.status();
   return arena->Stats().largest_free_block >= bytes;
 }
 
-bool Engine::MakeRoomOnce(Arena& arena, std::size_t bytes) {
+absl::StatusOr<bool> Engine::MakeRoomOnce(Arena& arena, std::size_t bytes) {
   Impl& m = *impl_;
-  if (no_reclaim_ || !pending_.ok()) return false;
+  if (no_reclaim_) return false;
   if (!pressure_sampled_) {
     pressure_sampled_ = true;
     ArenaStats s = arena.Stats();
@@ -51,38 +54,39 @@ bool Engine::MakeRoomOnce(Arena& arena, std::size_t bytes) {
   }
   std::int64_t start = NowNs();
   absl::Cleanup redefer = [this] { RedeferUnchosen(); };  // after the choice's victims are evicted
-  // When the policy has nothing left: page a constant, or move memory; deferred storages (gradients) go last.
-  auto last_resort = [&] { return PageLruConstant() || RelocateIdle(arena, bytes) || Compact(arena, bytes); };
+  // When the policy has nothing left: page a constant, or move memory; deferred storages (gradients) go last. Each
+  // step answers whether it made room, or why it failed (a page-out that could not write, a failed move).
+  auto last_resort = [&]() -> absl::StatusOr<bool> {
+    for (auto step : {&Engine::PageLruConstantStep, &Engine::RelocateIdle, &Engine::Compact}) {
+      absl::StatusOr<bool> made = (this->*step)(arena, bytes);
+      if (!made.ok() || *made) return made;
+    }
+    return false;
+  };
   if (options_.policy->UsesWindows()) {
     std::optional<Window> window = ChooseWindow(arena, bytes);
     stats_.search_ns += NowNs() - start;
     if (!window || window->owners.empty()) {
-      if (last_resort()) return true;
+      if (absl::StatusOr<bool> made = last_resort(); !made.ok() || *made) return made;
       if (!ReleaseDeferred()) return false;
       window = ChooseWindow(arena, bytes);
       if (!window || window->owners.empty()) return false;
     }
     for (OwnerId o : window->owners) {
-      if (absl::Status s = Reclaim(static_cast<StorageIndex>(o - 1)); !s.ok()) {
-        pending_ = s;
-        return false;
-      }
+      if (absl::Status s = Reclaim(static_cast<StorageIndex>(o - 1)); !s.ok()) return s;
     }
     return true;
   }
   if (m.pool_size == 0) {
     stats_.search_ns += NowNs() - start;
-    if (last_resort()) return true;
+    if (absl::StatusOr<bool> made = last_resort(); !made.ok() || *made) return made;
     if (!ReleaseDeferred()) return false;
     start = NowNs();
   }
   std::optional<StorageIndex> pick = ChooseFromPool();
   stats_.search_ns += NowNs() - start;
   if (!pick) return false;
-  if (absl::Status s = Reclaim(*pick); !s.ok()) {
-    pending_ = s;
-    return false;
-  }
+  if (absl::Status s = Reclaim(*pick); !s.ok()) return s;
   return true;
 }
 
@@ -99,9 +103,9 @@ bool Engine::UsedByRunningKernel(StorageIndex s) const {
   return false;
 }
 
-bool Engine::RelocateIdle(Arena& arena, std::size_t bytes) {
+absl::StatusOr<bool> Engine::RelocateIdle(Arena& arena, std::size_t bytes) {
   Impl& m = *impl_;
-  if (!options_.relocate || !pending_.ok()) return false;
+  if (!options_.relocate) return false;
   // Resident storages the policy cannot evict (constants, pinned results, inputs locked by an op still gathering
   // the others) that no running kernel touches, by address.
   absl::flat_hash_map<std::uintptr_t, StorageIndex> movable;
@@ -129,10 +133,7 @@ bool Engine::RelocateIdle(Arena& arena, std::size_t bytes) {
   bool moved = false;
   for (const auto& [address, s] : inside) {
     absl::StatusOr<bool> relocated = executor_->Relocate(*this, s, avoid);
-    if (!relocated.ok()) {
-      pending_ = relocated.status();
-      return false;
-    }
+    if (!relocated.ok()) return relocated.status();
     if (!*relocated) break;  // no hole outside the window holds it
     moved = true;
     ++stats_.relocations;
@@ -143,9 +144,9 @@ bool Engine::RelocateIdle(Arena& arena, std::size_t bytes) {
   return moved;
 }
 
-bool Engine::Compact(Arena& arena, std::size_t bytes) {
+absl::StatusOr<bool> Engine::Compact(Arena& arena, std::size_t bytes) {
   Impl& m = *impl_;
-  if (!options_.relocate || !pending_.ok()) return false;
+  if (!options_.relocate) return false;
   // Blocks in address order; `storage` is kNoStorage for a barrier (unknown to the engine, or in use now).
   constexpr StorageIndex kNoStorage = ~StorageIndex{0};
   struct Block {
@@ -194,10 +195,7 @@ bool Engine::Compact(Arena& arena, std::size_t bytes) {
     const Block& b = blocks[i];
     if (b.free) continue;
     absl::StatusOr<bool> slid = executor_->Slide(*this, b.storage, to);
-    if (!slid.ok()) {
-      pending_ = slid.status();
-      return false;
-    }
+    if (!slid.ok()) return slid.status();
     if (!*slid) break;  // the executor cannot move it: what moved so far still joined some holes
     moved = true;
     stats_.compacted_bytes += static_cast<std::int64_t>(b.size);
@@ -210,7 +208,11 @@ bool Engine::Compact(Arena& arena, std::size_t bytes) {
 absl::Status Engine::MakeRoomCounter(std::int64_t bytes, std::string_view what) {
   Impl& m = *impl_;
   while (stats_.used_bytes + bytes > options_.budget) {
-    if (m.pool_size == 0 && PageLruConstant()) continue;
+    if (m.pool_size == 0) {
+      absl::StatusOr<bool> paged = PageLruConstant();
+      if (!paged.ok()) return paged.status();
+      if (*paged) continue;
+    }
     absl::Cleanup redefer = [this] { RedeferUnchosen(); };  // after this round's victim is evicted
     if (m.pool_size == 0 && !ReleaseDeferred()) {
       std::int64_t locked = 0;

@@ -55,7 +55,7 @@ struct DeviceArena::State {
   class Reclaimer final : public PressureHandler {
    public:
     explicit Reclaimer(State* state) : state_(state) {}
-    bool MakeRoom(Arena& arena, std::size_t bytes) override { return state_->MakeRoom(arena, bytes); }
+    absl::StatusOr<bool> MakeRoom(Arena& arena, std::size_t bytes) override { return state_->MakeRoom(arena, bytes); }
     std::string DescribeMemory() override {
       PressureHandler* user = state_->handler.load(std::memory_order_acquire);
       return user == nullptr ? std::string() : user->DescribeMemory();
@@ -318,21 +318,26 @@ struct DeviceArena::State {
     return reclaimed;
   }
 
-  bool MakeRoom(Arena& target, std::size_t bytes) {
+  // A failed synchronization (an event that cannot be waited on) or the user handler's error is no lack of memory:
+  // returned as is, the allocation fails with it.
+  absl::StatusOr<bool> MakeRoom(Arena& target, std::size_t bytes) {
     {
       std::lock_guard<std::mutex> lock(mu);
       absl::StatusOr<std::size_t> completed = ReclaimLocked(/*synchronize=*/false);
       if (completed.ok() && *completed > 0) return true;
       absl::StatusOr<std::size_t> waited = ReclaimLocked(/*synchronize=*/true);
-      if (waited.ok() && *waited > 0) return true;
+      if (!waited.ok()) return waited.status();
+      if (*waited > 0) return true;
     }
     PressureHandler* user = handler.load(std::memory_order_acquire);
     if (user == nullptr) return false;
-    const bool evicted = user->MakeRoom(target, bytes);
+    const absl::StatusOr<bool> evicted = user->MakeRoom(target, bytes);
     // Frees made by the handler in multi-stream mode are pending: wait for them so the arena sees them.
     std::lock_guard<std::mutex> lock(mu);
     absl::StatusOr<std::size_t> after = ReclaimLocked(/*synchronize=*/true);
-    return evicted || (after.ok() && *after > 0);
+    if (!evicted.ok()) return evicted;
+    if (!after.ok()) return after.status();
+    return *evicted || *after > 0;
   }
 
   std::string ExhaustedMessage(std::size_t bytes, cudaStream_t stream, const absl::Status& status) {

@@ -59,11 +59,12 @@ struct PinnedHostPool::State final : public PressureHandler {
     return reclaimed;
   }
 
-  bool MakeRoom(Arena&, std::size_t) override {
+  absl::StatusOr<bool> MakeRoom(Arena&, std::size_t) override {
     absl::StatusOr<std::size_t> done = Reclaim(false);
     if (done.ok() && *done > 0) return true;
     done = Reclaim(true);
-    return done.ok() && *done > 0;
+    if (!done.ok()) return done.status();  // a failed synchronization is no lack of memory: the allocation says so
+    return *done > 0;
   }
 };
 

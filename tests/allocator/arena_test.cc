@@ -268,7 +268,7 @@ TEST(ArenaTest, FailureWithoutHandlerNamesTheNumbers) {
 class FreeingHandler : public PressureHandler {
  public:
   explicit FreeingHandler(std::vector<std::uintptr_t> victims) : victims_(std::move(victims)) {}
-  bool MakeRoom(Arena& arena, std::size_t bytes) override {
+  absl::StatusOr<bool> MakeRoom(Arena& arena, std::size_t bytes) override {
     ++calls;
     last_bytes = bytes;
     // The arena's lock is not held: calling back in must not deadlock.
@@ -338,7 +338,7 @@ TEST(ArenaTest, RequestLargerThanTheArenaDoesNotCallTheHandler) {
 // Claims progress but frees nothing: the arena must not spin forever.
 class LyingHandler : public PressureHandler {
  public:
-  bool MakeRoom(Arena&, std::size_t) override {
+  absl::StatusOr<bool> MakeRoom(Arena&, std::size_t) override {
     ++calls;
     return true;
   }
@@ -354,10 +354,36 @@ TEST(ArenaTest, HandlerClaimingProgressWithoutFreeingStops) {
   EXPECT_EQ(handler.calls, 1);
 }
 
+// Fails to make room for another reason than memory (a page-out whose write failed): the allocation fails with
+// that error, its code kept, not as an out-of-memory one, and the arena is usable afterwards.
+class FailingHandler : public PressureHandler {
+ public:
+  absl::StatusOr<bool> MakeRoom(Arena&, std::size_t) override {
+    ++calls;
+    return absl::UnavailableError("writing the copy failed: No space left on device");
+  }
+  int calls = 0;
+};
+
+TEST(ArenaTest, AHandlersErrorFailsTheAllocationWithIt) {
+  auto arena = MakeArena(2 * kA);
+  auto a = arena->Allocate(2 * kA, 1);
+  ASSERT_TRUE(a.ok());
+  FailingHandler handler;
+  arena->SetPressureHandler(&handler);
+  auto r = arena->Allocate(kA, 2);
+  ASSERT_EQ(r.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(std::string(r.status().message()), HasSubstr("making room for"));
+  EXPECT_THAT(std::string(r.status().message()), HasSubstr("No space left on device"));
+  EXPECT_EQ(handler.calls, 1);
+  ASSERT_TRUE(arena->Free(*a).ok());
+  EXPECT_TRUE(arena->Allocate(kA, 2).ok());
+}
+
 // Frees nothing and says what holds the memory; reads the arena while saying it, as the engine's report does.
 class DescribingHandler : public PressureHandler {
  public:
-  bool MakeRoom(Arena&, std::size_t) override { return false; }
+  absl::StatusOr<bool> MakeRoom(Arena&, std::size_t) override { return false; }
   std::string DescribeMemory() override {
     std::size_t blocks = 0;
     arena->ForEachBlock([&](const BlockInfo&) { ++blocks; });
@@ -534,7 +560,7 @@ TEST(ArenaTest, ConcurrentAllocateAndFree) {
 // never fail: when the pool is empty at most two blocks (being freed by the others) are allocated.
 class PoolHandler : public PressureHandler {
  public:
-  bool MakeRoom(Arena& arena, std::size_t) override {
+  absl::StatusOr<bool> MakeRoom(Arena& arena, std::size_t) override {
     const std::optional<std::uintptr_t> victim = Take();
     if (!victim.has_value()) return false;
     ++evictions;

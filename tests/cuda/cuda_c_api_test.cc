@@ -103,7 +103,7 @@ TEST_F(CudaCApi, InstallReportsErrorsAsTextAndStatusCodes) {
 // The runtime's side of eviction: a handler set through the C entry frees what it evicts with remat_free.
 class FreeLast final : public PressureHandler {
  public:
-  bool MakeRoom(Arena&, std::size_t bytes) override {
+  absl::StatusOr<bool> MakeRoom(Arena&, std::size_t bytes) override {
     ++calls;
     requests.push_back(bytes);
     if (victims.empty()) return false;

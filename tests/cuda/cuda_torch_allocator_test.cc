@@ -177,7 +177,7 @@ TEST(CudaTorchAllocator, OutOfBudgetRaisesOutOfMemoryErrorNamingTheRequest) {
 class EvictOne final : public PressureHandler {
  public:
   explicit EvictOne(std::vector<c10::DataPtr>* victims) : victims_(victims) {}
-  bool MakeRoom(Arena& arena, std::size_t bytes) override {
+  absl::StatusOr<bool> MakeRoom(Arena& arena, std::size_t bytes) override {
     ++calls;
     last_arena = &arena;
     last_request = bytes;

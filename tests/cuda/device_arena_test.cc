@@ -184,7 +184,7 @@ TEST(CudaDeviceArena, WithoutAHandlerFailsNamingTheRequest) {
 class FreeingHandler final : public PressureHandler {
  public:
   FreeingHandler(DeviceArena* arena, std::vector<std::uintptr_t> victims) : arena_(arena), victims_(victims) {}
-  bool MakeRoom(Arena&, std::size_t bytes) override {
+  absl::StatusOr<bool> MakeRoom(Arena&, std::size_t bytes) override {
     ++calls;
     last_request = bytes;
     if (victims_.empty()) return false;

@@ -127,7 +127,7 @@ TEST_F(CpuAllocatorTest, ExceedingTheBudgetRaisesOutOfMemoryNamingTheRequest) {
 class ReleasingHandler : public PressureHandler {
  public:
   explicit ReleasingHandler(at::Tensor* victim) : victim_(victim) {}
-  bool MakeRoom(Arena& arena, std::size_t bytes) override {
+  absl::StatusOr<bool> MakeRoom(Arena& arena, std::size_t bytes) override {
     ++calls;
     if (!victim_->defined()) return false;
     victim_->reset();  // frees through our deleter, which calls Arena::Free

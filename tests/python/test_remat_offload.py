@@ -149,12 +149,13 @@ with remat.enable("3MiB", offload="always", host_tier="file"):
 
 def test_a_host_tier_write_that_fails_is_named_in_the_error():
     """A page-out whose write to the file tier fails (here: the process may not grow files past 1 MiB; a full disk
-    fails the same way) used to end in a bare "budget exhausted ... Raise the budget": the error now says which
-    write failed and why (issue 22, item 3)."""
+    fails the same way) used to end in a bare "budget exhausted ... Raise the budget": the error is now that write's
+    failure, a RuntimeError naming the file and why, not an out-of-memory error (issue 22, item 3)."""
     cwd = str(Path(remat.__file__).resolve().parents[1])
     result = subprocess.run([sys.executable, "-c", FAILING_WRITE], capture_output=True, text=True, cwd=cwd,
                             timeout=300, env=os.environ)
     assert result.returncode != 0
-    assert "OutOfMemoryError" in result.stderr
-    assert "making room failed: remat:" in result.stderr and "host tier file" in result.stderr
+    assert "OutOfMemoryError" not in result.stderr and "Raise the budget" not in result.stderr, result.stderr
+    assert "RuntimeError: remat: allocating" in result.stderr, result.stderr
+    assert "making room for" in result.stderr and "host tier file" in result.stderr
     assert "File too large" in result.stderr

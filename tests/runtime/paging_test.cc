@@ -329,6 +329,59 @@ class NoPagingExecutor : public Executor {
   int evictions = 0;
 };
 
+// Places outputs in the arena (whose pressure handler is the engine) and cannot write page-outs: a full disk.
+class FullDiskExecutor : public Executor {
+ public:
+  explicit FullDiskExecutor(Arena* arena) : arena_(arena) {}
+  absl::Status Execute(Engine& e, OpId, bool, std::span<const std::uint32_t> fresh) override {
+    for (std::uint32_t s : fresh) {
+      e.NoteAllocation();
+      absl::StatusOr<std::uintptr_t> a = arena_->Allocate(e.StorageBytes(s), OwnerId{s} + 1);
+      if (!a.ok()) return a.status();
+      e.SetAddress(s, *a);
+    }
+    return absl::OkStatus();
+  }
+  void Evict(Engine& e, std::uint32_t s) override { (void)arena_->Free(e.StorageAddress(s)); }
+  absl::Status PageOut(Engine&, std::uint32_t) override {
+    return absl::UnavailableError("writing the page-out failed: No space left on device");
+  }
+
+ private:
+  Arena* arena_;
+};
+
+// A page-out that cannot be written is the error of the op that needed the room, with its cause and code: not an
+// out-of-memory error (there was a victim), and nothing is lost (the victim stays resident).
+TEST(PagingTest, AFailedPageOutIsTheOpsErrorWithItsCause) {
+  std::unique_ptr<Policy> policy = *MakePolicy("dtr-eq");
+  ArenaOptions ao;
+  ao.alignment = 8;
+  ao.capacity = 2000;
+  std::unique_ptr<Arena> arena = *Arena::Create(MakeVirtualProvider(), ao);
+  FullDiskExecutor ex(arena.get());
+  EngineOptions o;
+  o.policy = policy.get();
+  o.mode = AccountingMode::kArena;
+  o.budget = 2000;
+  o.arena = arena.get();
+  o.paging.mode = OffloadMode::kAlways;
+  Engine e(o, &ex);
+  arena->SetPressureHandler(&e);
+  OutputSpec out{1000, -1};
+  const TensorId a = (*e.Call({}, {&out, 1}, 10, "a"))[0];
+  const TensorId b = (*e.Call({}, {&out, 1}, 10, "b"))[0];
+  absl::StatusOr<std::span<const TensorId>> r = e.Call({}, {&out, 1}, 10, "c");
+  ASSERT_EQ(r.status().code(), absl::StatusCode::kUnavailable) << r.status();
+  EXPECT_THAT(std::string(r.status().message()), testing::HasSubstr("No space left on device"));
+  EXPECT_TRUE(e.Resident(e.StorageOf(a)));
+  EXPECT_TRUE(e.Resident(e.StorageOf(b)));
+  EXPECT_EQ(e.stats().page_outs, 0);
+  // The engine goes on: once b is released (evicted), c fits.
+  e.Release(b);
+  EXPECT_TRUE(e.Call({}, {&out, 1}, 10, "c").ok());
+}
+
 TEST(PagingTest, AnExecutorWithoutPagingFailsLoudly) {
   std::unique_ptr<Policy> policy = *MakePolicy("dtr-eq");
   for (AccountingMode mode : {AccountingMode::kCounter, AccountingMode::kArena}) {

@@ -164,21 +164,21 @@ TEST(RelocateTest, AFailedKernelsInputsMoveForItsRetry) {
   e.engine->Release(a);
   e.engine->Release(b);
   ASSERT_EQ(e.AddressOf(x), e.base + 128);  // holes of 64 and 832 bytes on either side
-  EXPECT_FALSE(e.engine->MakeHoleForRetry());  // nothing has failed yet
+  EXPECT_FALSE(*e.engine->MakeHoleForRetry());  // nothing has failed yet
   const std::vector<TensorId> from_x = {x};
   absl::StatusOr<OpId> op = e.engine->BeginOp(from_x, "kernel");
   ASSERT_TRUE(op.ok()) << op.status();
   absl::StatusOr<std::uintptr_t> first = e.arena->Allocate(896, OwnerId{0});
   ASSERT_FALSE(first.ok());  // x is in use: it cannot move
   EXPECT_EQ(e.AddressOf(x), e.base + 128);
-  ASSERT_TRUE(e.engine->MakeHoleForRetry());
+  ASSERT_TRUE(*e.engine->MakeHoleForRetry());
   EXPECT_EQ(e.AddressOf(x), e.base + 64);
   EXPECT_EQ(e.engine->stats().compactions, 1);
   absl::StatusOr<std::uintptr_t> second = e.arena->Allocate(896, OwnerId{0});
   ASSERT_TRUE(second.ok()) << second.status();
   const std::vector<OutputSpec> out = {{896, -1, *second}};
   ASSERT_TRUE(e.engine->EndOp(*op, out, 10).ok());
-  EXPECT_FALSE(e.engine->MakeHoleForRetry());  // the request it was for is served
+  EXPECT_FALSE(*e.engine->MakeHoleForRetry());  // the request it was for is served
 }
 
 }  // namespace
