@@ -396,6 +396,8 @@ absl::StatusOr<std::uintptr_t> DeviceArena::Allocate(std::size_t bytes, cudaStre
   std::lock_guard<std::mutex> lock(s.mu);
   --s.inflight;
   if (!address.ok()) {
+    // Making room failed for another reason than memory (a page-out that could not be written): that error.
+    if (!absl::IsResourceExhausted(address.status())) return address.status();
     ++s.stats.ooms;
     return absl::ResourceExhaustedError(s.ExhaustedMessage(bytes, stream, address.status()));
   }
