@@ -1,5 +1,6 @@
 // What the dispatch hook captures of an op, shared with the code that records ops whose body runs outside a kernel
-// (opaque_call.cc). Implemented in dispatch_hook.cc, next to the hook's own capture; not an API for other layers.
+// (opaque_call.cc). Implemented in dispatch_hook.cc, next to the hook's own capture (the traits in op_traits.cc); not an
+// API for other layers.
 #pragma once
 
 #include <ATen/core/Generator.h>
@@ -8,11 +9,17 @@
 #include <c10/core/StorageImpl.h>
 #include <c10/util/intrusive_ptr.h>
 
+#include <mutex>
 #include <vector>
 
 #include "integration/dispatch_hook.h"
 
 namespace remat::integration {
+
+// The traits of `op`'s schema, computed at its first use and shared by every thread (op_traits.cc).
+const OpTraits* SharedTraits(const c10::OperatorHandle& op);
+// Guards SharedTraits' table (the hook holds it across fork()).
+std::mutex& TraitsMutex();
 
 // A copy of `value` in which every plain tensor is a detached alias over the same storage; notes tensor storages in
 // `storages` when set; clears `replayable` for a tensor that is not plain (sparse, a Python subclass).
