@@ -358,6 +358,7 @@ class Engine final : public PressureHandler, private StorageView {
   // Recycling (engine_recycle.cc).
   void FreeOp(OpId op, RecycledIds& out);
   void FreeStorage(StorageIndex s, RecycledIds& out);
+  void DetachFreedStorages(std::span<const StorageIndex> freed);
   void CompactOpLists();
   void CompactEqClasses();
   // A pinned storage with no reference left gives up its bytes, resident or paged (it is never recomputed).

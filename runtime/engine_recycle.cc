@@ -59,6 +59,7 @@ RecycledIds Engine::Recycle() {
     }
     if (freeable) FreeOp(o, out);
   }
+  DetachFreedStorages(out.storages);
   CompactOpLists();
   CompactEqClasses();
   // Deferred storages join the reserve each time they would join the pool; duplicates and storages that left it
@@ -97,18 +98,11 @@ void Engine::FreeOp(OpId o, RecycledIds& out) {
   out.ops.push_back(o);
 }
 
-// s is dead and has no tensor left: it leaves the graph's adjacency and the union-find, and its slot is cleared.
+// s is dead and has no tensor left: it leaves the union-find and its slot is cleared, but for its adjacency lists,
+// which DetachFreedStorages clears once every storage of this Recycle is freed.
 void Engine::FreeStorage(StorageIndex s, RecycledIds& out) {
   Impl& m = *impl_;
   if (m.eq_classes) m.LeaveNode(s);
-  for (const StorageIndex p : m.storage_parents[s]) {
-    if (p != s) std::erase(m.storage_children[p], s);
-  }
-  for (const StorageIndex c : m.storage_children[s]) {
-    if (c != s) std::erase(m.storage_parents[c], s);
-  }
-  std::vector<StorageIndex>().swap(m.storage_parents[s]);
-  std::vector<StorageIndex>().swap(m.storage_children[s]);
   if (m.regions) {
     m.fwd[s] = Region();
     m.rev[s] = Region();
@@ -121,6 +115,33 @@ void Engine::FreeStorage(StorageIndex s, RecycledIds& out) {
   m.weight_mark[s] = Impl::kOut;
   m.free_storages.push_back(s);
   out.storages.push_back(s);
+}
+
+// The freed storages leave their neighbours' adjacency lists: one pass per neighbour, whatever the number of freed
+// storages it lists (a weight read by every op of the run lists each of them: erasing them one by one would be
+// quadratic).
+void Engine::DetachFreedStorages(std::span<const StorageIndex> freed) {
+  Impl& m = *impl_;
+  std::vector<StorageIndex> touched;
+  for (const StorageIndex s : freed) {
+    for (const StorageIndex p : m.storage_parents[s]) {
+      if (!m.storages[p].free) touched.push_back(p);
+    }
+    for (const StorageIndex c : m.storage_children[s]) {
+      if (!m.storages[c].free) touched.push_back(c);
+    }
+  }
+  std::sort(touched.begin(), touched.end());
+  touched.erase(std::unique(touched.begin(), touched.end()), touched.end());
+  auto freed_slot = [&](StorageIndex x) { return m.storages[x].free; };
+  for (const StorageIndex n : touched) {
+    std::erase_if(m.storage_parents[n], freed_slot);
+    std::erase_if(m.storage_children[n], freed_slot);
+  }
+  for (const StorageIndex s : freed) {
+    std::vector<StorageIndex>().swap(m.storage_parents[s]);
+    std::vector<StorageIndex>().swap(m.storage_children[s]);
+  }
 }
 
 // The ops' input and output lists live in two flat arrays; a freed op (or an inert op's inputs) leaves a hole.
