@@ -44,27 +44,4 @@ class Coop final : public Policy {
 std::unique_ptr<Policy> MakeDtePolicy() { return std::make_unique<Dte>(); }
 std::unique_ptr<Policy> MakeCoopPolicy() { return std::make_unique<Coop>(); }
 
-bool IsCostlyOp(std::string_view name) {
-  // Qualified ("aten::mm.out") or not ("mm", as in the DTR traces): compare the base name.
-  if (const std::size_t ns = name.rfind("::"); ns != std::string_view::npos) name.remove_prefix(ns + 2);
-  if (const std::size_t dot = name.find('.'); dot != std::string_view::npos) name = name.substr(0, dot);
-  static constexpr std::string_view kCostly[] = {
-      "mm", "bmm", "addmm", "addbmm", "baddbmm", "_addmm_activation", "matmul", "linear", "mkldnn_linear",
-      "_convolution", "_convolution_double_backward", "cudnn_convolution", "cudnn_convolution_backward",
-      "cudnn_convolution_transpose", "cudnn_convolution_transpose_backward", "mkldnn_convolution",
-      "miopen_convolution", "_slow_conv2d_forward", "_slow_conv2d_backward", "slow_conv3d", "slow_conv_transpose2d",
-      "_nnpack_spatial_convolution", "thnn_conv2d",
-      // remat::compiled_graph: a call of a torch.compile'd graph (a block's whole forward when replayed)
-      "compiled_graph"};
-  for (std::string_view costly : kCostly) {
-    if (name == costly) return true;
-  }
-  // conv1d/2d/3d, conv_transpose*, conv_tbc, convolution, convolution_backward, convolution_overrideable, and the
-  // backward ops of the above ("mm_mat1_backward" style names some traces use).
-  // Not convert_element_type (prims' dtype cast) nor the aten::_convert_* family (a leading underscore).
-  return (name.starts_with("conv") && !name.starts_with("convert")) || name.starts_with("mm_") ||
-         name.starts_with("bmm_") ||
-         name.starts_with("addmm_") || name.starts_with("matmul_") || name.starts_with("linear_");
-}
-
 }  // namespace remat

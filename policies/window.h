@@ -10,6 +10,7 @@
 
 #include <memory>
 
+#include "policies/costly_ops.h"
 #include "policies/policy.h"
 
 namespace remat {
@@ -17,8 +18,7 @@ namespace remat {
 std::unique_ptr<Policy> MakeDtePolicy();
 std::unique_ptr<Policy> MakeCoopPolicy();
 
-// Coop's cheap-tensor partitioning: true for outputs of costly ops (convolution, matmul/mm, bmm, addmm, linear,
-// and their backward ops), which go at the low end of a free block; all others go at the high end.
-bool IsCostlyOp(std::string_view op_name);
+// Coop's cheap-tensor partitioning puts the outputs of costly ops (policies/costly_ops.h) at the low end of a free
+// block and all others at the high end.
 
 }  // namespace remat

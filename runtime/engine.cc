@@ -10,7 +10,7 @@
 
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
-#include "policies/window.h"
+#include "policies/costly_ops.h"
 #include "runtime/engine_impl.h"
 
 namespace remat {
