@@ -120,13 +120,19 @@ absl::Status Engine::RunFramesFrom(std::size_t base) {
     for (TensorId u : outs) {
       if (u != t && m.tensors[u].defined) m.dup.push_back(u);
     }
-    // A paged pinned sibling keeps its host copy: a storage pinned for good may no longer be reproducible.
-    auto paged_pinned = [&](TensorId u) {
+    // Siblings the replay does not bring back (the executor drops their results): a paged pinned one keeps its
+    // host copy (a storage pinned for good may no longer be reproducible), and a dead one is needed by nothing (its
+    // slot may be recycled: it must hold no memory).
+    auto kept_out = [&](TensorId u) {
       const Impl::Storage& us = m.storages[m.tensors[u].storage];
-      return us.paged && us.pinned;
+      return (us.paged && us.pinned) || us.dead;
     };
+    std::int64_t kept_out_bytes = 0;
     for (TensorId u : outs) {
-      if (u != t && !m.storages[m.tensors[u].storage].material && !paged_pinned(u)) {
+      if (u == t || m.storages[m.tensors[u].storage].material) continue;
+      if (kept_out(u)) {
+        kept_out_bytes += m.tensors[u].size;
+      } else {
         m.remat_storages.push_back(m.tensors[u].storage);
       }
     }
@@ -172,7 +178,7 @@ absl::Status Engine::RunFramesFrom(std::size_t base) {
     m.storages[m.tensors[t].storage].computed = true;
     m.tensors[t].defined = true;
     for (TensorId u : outs) {
-      if (u == t || m.tensors[u].defined || paged_pinned(u)) continue;
+      if (u == t || m.tensors[u].defined || kept_out(u)) continue;
       m.SetMaterial(m.tensors[u].storage, true);
       m.storages[m.tensors[u].storage].computed = true;
       m.tensors[u].defined = true;
@@ -184,6 +190,7 @@ absl::Status Engine::RunFramesFrom(std::size_t base) {
     }
     if (options_.mode == AccountingMode::kCounter) {
       for (TensorId u : m.dup) stats_.used_bytes -= m.tensors[u].size;
+      stats_.used_bytes -= kept_out_bytes;
     }
     AfterCompute();
     for (TensorId p : m.Inputs(m.ops[op_id])) m.Unlock(m.tensors[p].storage);

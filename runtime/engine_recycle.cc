@@ -55,7 +55,11 @@ RecycledIds Engine::Recycle() {
     bool freeable = true;
     for (const TensorId u : m.Outputs(op)) {
       const Impl::Tensor& tu = m.tensors[u];
-      freeable = freeable && tu.consumers == 0 && tu.ext_refs == 0 && m.storages[tu.storage].dead;
+      const Impl::Storage& st = m.storages[tu.storage];
+      // A dead storage holds no memory (a replay never brings one back), so its slot can go; the guard keeps one
+      // that would (memory, a host copy, a place in the pool) rather than lose track of it.
+      freeable = freeable && tu.consumers == 0 && tu.ext_refs == 0 && st.dead && !st.material && !st.paged &&
+                 !st.in_pool;
     }
     if (freeable) FreeOp(o, out);
   }

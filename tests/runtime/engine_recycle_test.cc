@@ -186,5 +186,34 @@ TEST(EngineRecycleTest, RegionsPolicyReplaysTheSameValues) {
   EXPECT_LE(tight.tables.back().storage_slots, tight.tables[20].storage_slots);
 }
 
+// A replay of a two-output op for its live output does not bring the dead one back (nothing needs it, and a slot
+// that held memory could not be recycled); the op and both storages are recycled once the live one dies too.
+TEST(EngineRecycleTest, AReplayLeavesADeadSiblingOutAndEverythingIsRecycledAfter) {
+  std::unique_ptr<Policy> policy = *MakePolicy("dtr-eq");
+  ValueExecutor ex;
+  EngineOptions o;
+  o.policy = policy.get();
+  o.free_dead = true;
+  Engine e(o, &ex);
+  const TensorId x = *e.Constant(10, "x");
+  const OutputSpec outs[] = {{100, -1}, {1000, -1}};
+  absl::StatusOr<std::span<const TensorId>> r = e.Call(std::vector<TensorId>{x}, outs, 5, "split");
+  ASSERT_TRUE(r.ok());
+  const TensorId kept = (*r)[0], dropped = (*r)[1];
+  e.Release(dropped);
+  ASSERT_TRUE(e.Dead(e.StorageOf(dropped)));
+  ASSERT_TRUE(e.Evict(e.StorageOf(kept)).ok());
+  ASSERT_TRUE(e.Rematerialize(kept).ok());
+  EXPECT_TRUE(e.Resident(e.StorageOf(kept)));
+  EXPECT_FALSE(e.Resident(e.StorageOf(dropped)));
+  EXPECT_EQ(e.stats().used_bytes, 10 + 100);  // the constant and the live output, not the dead one
+  EXPECT_TRUE(e.Recycle().ops.empty());        // the op may still replay `kept`
+  e.Release(kept);
+  const RecycledIds freed = e.Recycle();
+  EXPECT_EQ(freed.ops.size(), 1u);
+  EXPECT_EQ(freed.storages.size(), 2u);
+  EXPECT_EQ(e.stats().used_bytes, 10);
+}
+
 }  // namespace
 }  // namespace remat
