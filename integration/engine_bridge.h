@@ -261,6 +261,7 @@ class EngineBridge final : public OpObserver, public PressureHandler, public Hel
   absl::Status FixEntry(Entry& entry);
   void CountRecordRefs(const OpRecord& record, int delta = 1);
   void Prune();
+  void DropInertRecords();
   void Recycle();
   void Unlock();
 

@@ -141,38 +141,7 @@ void EngineBridge::CountRecordRefs(const OpRecord& record, int delta) {
 
 void EngineBridge::Prune() {
   engine_->CollectDead();
-  std::size_t kept = 0;
-  // Dropped records leave their inputs' reader lists in one pass per list afterwards: a constant every op reads
-  // has a list as long as the records kept since the last prune.
-  std::vector<OpId> dropped_ops;
-  std::vector<StorageIndex> read_storages;
-  for (const OpId op : kept_ops_) {
-    const ReplayOp* replay = executor_.Op(op);
-    if (replay == nullptr) continue;
-    // Needed while the engine may replay the op: some output neither dead nor pinned (Engine::OpInert).
-    if (!engine_->OpInert(op)) {
-      kept_ops_[kept++] = op;
-      continue;
-    }
-    std::unique_ptr<ReplayOp> dropped = executor_.TakeOp(op);
-    CountRecordRefs(dropped->record, -1);
-    for (const TensorId t : dropped->inputs) {
-      if (t != kNoIndex) read_storages.push_back(engine_->StorageOf(t));
-    }
-    dropped_ops.push_back(op);
-    ++stats_.pruned_records;
-  }
-  kept_ops_.resize(kept);
-  std::sort(dropped_ops.begin(), dropped_ops.end());  // op ids are recycled: not in creation order
-  std::sort(read_storages.begin(), read_storages.end());
-  read_storages.erase(std::unique(read_storages.begin(), read_storages.end()), read_storages.end());
-  for (const StorageIndex s : read_storages) {
-    auto readers = readers_.find(s);
-    if (readers == readers_.end()) continue;
-    std::erase_if(readers->second,
-                  [&](OpId op) { return std::binary_search(dropped_ops.begin(), dropped_ops.end(), op); });
-    if (readers->second.empty()) readers_.erase(readers);
-  }
+  DropInertRecords();
   for (auto it = entries_.begin(); it != entries_.end();) {
     Entry& entry = it->second;
     if (!entry.released || entry.record_refs > 0) {
@@ -193,14 +162,51 @@ void EngineBridge::Prune() {
     entries_.erase(it++);
     ++stats_.pruned_entries;
   }
+  DropInertRecords();  // releasing kept constants above may have made more ops inert
   Recycle();
 }
 
+// Drops the records of ops the engine can no longer replay (Engine::OpInert: each output dead or pinned), with the
+// references they hold and their places in the reader lists.
+void EngineBridge::DropInertRecords() {
+  std::size_t kept = 0;
+  // Dropped records leave their inputs' reader lists in one pass per list afterwards: a constant every op reads
+  // has a list as long as the records kept since the last prune.
+  std::vector<OpId> dropped_ops;
+  std::vector<StorageIndex> read_storages;
+  for (const OpId op : kept_ops_) {
+    if (executor_.Op(op) == nullptr) continue;
+    if (!engine_->OpInert(op)) {
+      kept_ops_[kept++] = op;
+      continue;
+    }
+    std::unique_ptr<ReplayOp> dropped = executor_.TakeOp(op);
+    CountRecordRefs(dropped->record, -1);
+    for (const TensorId t : dropped->inputs) {
+      if (t != kNoIndex) read_storages.push_back(engine_->StorageOf(t));
+    }
+    dropped_ops.push_back(op);
+    ++stats_.pruned_records;
+  }
+  kept_ops_.resize(kept);
+  if (dropped_ops.empty()) return;
+  std::sort(dropped_ops.begin(), dropped_ops.end());  // op ids are recycled: not in creation order
+  std::sort(read_storages.begin(), read_storages.end());
+  read_storages.erase(std::unique(read_storages.begin(), read_storages.end()), read_storages.end());
+  for (const StorageIndex s : read_storages) {
+    auto readers = readers_.find(s);
+    if (readers == readers_.end()) continue;
+    std::erase_if(readers->second,
+                  [&](OpId op) { return std::binary_search(dropped_ops.begin(), dropped_ops.end(), op); });
+    if (readers->second.empty()) readers_.erase(readers);
+  }
+}
+
 // The engine recycles what nothing can need (Engine::Recycle); the ids it frees will name other ops and storages,
-// so every reference the bridge and the executor keep under them goes. A records's op is recycled only once it is
-// inert, and Prune has dropped those records just before.
+// so every reference the bridge and the executor keep under them goes. Prune has dropped the records of inert ops
+// just before; an op whose record is still kept is not recycled (it waits for the next prune).
 void EngineBridge::Recycle() {
-  const RecycledIds ids = engine_->Recycle();
+  const RecycledIds ids = engine_->Recycle([&](OpId op) { return executor_.Op(op) != nullptr; });
   if (ids.storages.empty() && ids.ops.empty()) return;
   const absl::flat_hash_set<TensorId> tensors(ids.tensors.begin(), ids.tensors.end());
   for (const StorageIndex s : ids.storages) {

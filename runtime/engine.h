@@ -78,6 +78,7 @@
 #include <vector>
 
 #include "absl/container/flat_hash_set.h"
+#include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
@@ -281,8 +282,9 @@ class Engine final : public PressureHandler, private StorageView {
   std::size_t storage_count() const;
   std::size_t tensor_count() const;
   EngineTables tables() const;
-  // Recycling (see the contract above). Call between ops (inside a call it frees nothing).
-  RecycledIds Recycle();
+  // Recycling (see the contract above). Call between ops (inside a call it frees nothing). Ops for which `held`
+  // answers true (the caller still keeps something under their ids) are not freed now.
+  RecycledIds Recycle(absl::FunctionRef<bool(OpId)> held = [](OpId) { return false; });
   // Whether no output of `op` can ever be recomputed by it (each dead or pinned, or none; an op whose kernel runs
   // now is not inert). A recycled op is inert.
   bool OpInert(OpId op) const;

@@ -29,7 +29,7 @@ bool Engine::OpInert(OpId op_id) const {
   return true;
 }
 
-RecycledIds Engine::Recycle() {
+RecycledIds Engine::Recycle(absl::FunctionRef<bool(OpId)> held) {
   Impl& m = *impl_;
   RecycledIds out;
   if (!m.stack.empty()) return out;  // inside a call: frames hold ids
@@ -38,6 +38,7 @@ RecycledIds Engine::Recycle() {
     for (const TensorId u : m.storages[s].tensors) m.recycle_ops.push_back(m.tensors[u].op);
   }
   m.settled.clear();
+  std::vector<OpId> still_held;
   while (!m.recycle_ops.empty()) {
     const OpId o = m.recycle_ops.back();
     m.recycle_ops.pop_back();
@@ -61,8 +62,14 @@ RecycledIds Engine::Recycle() {
       freeable = freeable && tu.consumers == 0 && tu.ext_refs == 0 && st.dead && !st.material && !st.paged &&
                  !st.in_pool;
     }
-    if (freeable) FreeOp(o, out);
+    if (!freeable) continue;
+    if (held(o)) {
+      still_held.push_back(o);  // tried again at the next call
+    } else {
+      FreeOp(o, out);
+    }
   }
+  m.recycle_ops.swap(still_held);
   DetachFreedStorages(out.storages);
   CompactOpLists();
   CompactEqClasses();

@@ -209,6 +209,8 @@ TEST(EngineRecycleTest, AReplayLeavesADeadSiblingOutAndEverythingIsRecycledAfter
   EXPECT_EQ(e.stats().used_bytes, 10 + 100);  // the constant and the live output, not the dead one
   EXPECT_TRUE(e.Recycle().ops.empty());        // the op may still replay `kept`
   e.Release(kept);
+  // An op the caller still keeps something under (a record) waits: nothing is freed, and it is tried again later.
+  EXPECT_TRUE(e.Recycle([](OpId) { return true; }).ops.empty());
   const RecycledIds freed = e.Recycle();
   EXPECT_EQ(freed.ops.size(), 1u);
   EXPECT_EQ(freed.storages.size(), 2u);
