@@ -19,16 +19,9 @@ import torch
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "python"))
 import remat  # noqa: E402
 import test_remat_training as models  # noqa: E402
+from rss import resident_kib  # noqa: E402  (bench/ is on the path of a script run from it)
 
 PRUNE_INTERVAL = 1024
-
-
-def resident_kib():
-    with open("/proc/self/status") as status:
-        for line in status:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1])
-    raise RuntimeError("no VmRSS in /proc/self/status")
 
 
 def main():

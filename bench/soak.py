@@ -22,20 +22,13 @@ import time
 import torch
 
 import remat
+from rss import resident_kib  # bench/ is on the path of a script run from it
 
 # Slots: must not grow after the warm-up. Compacted tables (a sawtooth: rebuilt when their garbage outnumbers what
 # is used): their largest size after the warm-up is printed.
 SLOTS = ("engine_op_slots", "engine_tensor_slots", "engine_storage_slots")
 COMPACTED = ("engine_op_io_entries", "engine_union_find_nodes")
 TABLES = SLOTS + COMPACTED
-
-
-def resident_kib():
-    with open("/proc/self/status") as status:
-        for line in status:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1])
-    raise RuntimeError("no VmRSS in /proc/self/status")
 
 
 def build(width, depth, batch):

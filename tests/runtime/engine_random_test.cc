@@ -14,16 +14,10 @@
 #include "gtest/gtest.h"
 #include "policies/registry.h"
 #include "runtime/engine.h"
+#include "tests/runtime/value_hash.h"
 
 namespace remat {
 namespace {
-
-std::uint64_t Mix(std::uint64_t a, std::uint64_t b) {
-  std::uint64_t x = a ^ (b + 0x9e3779b97f4a7c15ULL + (a << 6) + (a >> 2));
-  x ^= x >> 31;
-  x *= 0xbf58476d1ce4e5b9ULL;
-  return x ^ (x >> 29);
-}
 
 class HashExecutor : public Executor {
  public:
