@@ -1,4 +1,6 @@
-// Arena implementation (contract in arena.h).
+// Arena implementation (contract in arena.h). One file of about 800 lines on purpose: every operation below works on
+// the same private State under its one lock (placement, coalescing, growth, windows, moves), and splitting it would
+// put that State in a header for no reader's benefit.
 //
 // Data structures, all guarded by one mutex (the critical sections are a few hundred nanoseconds at most, so a
 // plain lock beats anything cleverer at the thread counts PyTorch uses: the caller's thread plus autograd's):

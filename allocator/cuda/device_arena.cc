@@ -1,4 +1,5 @@
-// DeviceArena: see device_arena.h for the contract.
+// DeviceArena: see device_arena.h for the contract. About 670 lines on purpose: the stream-ordered bookkeeping below
+// (live and pending blocks, events, the single-to-multi-stream barrier) is one state under one lock.
 //
 // State under one mutex: live blocks (address -> size, requested size, stream, recorded streams), pending blocks
 // (freed, waiting for their events), the streams seen, the single-to-multi-stream barrier event, a pool of
