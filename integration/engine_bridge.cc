@@ -92,85 +92,10 @@ void EngineBridge::BeforeOp(OpRecord& record) {
       ops_since_prune_ = 0;
       Prune();
     }
+    const std::vector<bool> covered = NoteWrites(record);
+    DetachOverwrittenBlanks(record, covered);
+    const std::vector<TensorId> engine_inputs = GatherEngineInputs(record);
     const OpTraits& traits = *record.traits;
-    const std::size_t n = record.input_storages.size();
-    current_.inputs.assign(n, kNoIndex);
-    current_.written.assign(n, false);
-    current_.written_returned.assign(n, false);
-    current_.overwrite.assign(n, false);
-    std::vector<bool> covered(n, false);
-    // What the op writes (op_effects.h): the schema's written arguments, then the writes it does not declare (never
-    // returned: written on the side).
-    const std::size_t annotated = traits.written_arguments.size();
-    for (std::size_t w = 0; w < annotated + record.unannotated_writes.size(); ++w) {
-      const bool declared = w < annotated;
-      const int a = declared ? traits.written_arguments[w] : record.unannotated_writes[w - annotated];
-      const bool returned = declared && std::find(traits.return_aliases.begin(), traits.return_aliases.end(), a) !=
-                                            traits.return_aliases.end();
-      const bool overwrites =
-          declared && (traits.out_argument[w] || (a == 0 && OverwritesSelf(record.op.schema().name())));
-      ForEachTensor(record.arguments[a], [&](const at::Tensor& t) {
-        if (!t.defined() || !t.has_storage()) return;
-        for (std::size_t k = 0; k < n; ++k) {
-          if (record.input_storages[k].get() != t.storage().unsafeGetStorageImpl()) continue;
-          current_.written[k] = true;
-          current_.written_returned[k] = current_.written_returned[k] || returned;
-          covered[k] = covered[k] || (overwrites && returned && CoversStorage(t));
-        }
-      });
-    }
-    // A blank constant overwritten entirely: its old value leaves the engine now (nothing can read garbage), the
-    // new one is registered by AfterOp as a fresh output. Only when the storage is passed once (not also read).
-    for (std::size_t k = 0; k < n; ++k) {
-      if (!covered[k]) continue;
-      auto it = entries_.find(record.input_storages[k].get());
-      if (it == entries_.end() || !it->second.blank || it->second.released) continue;
-      int uses = 0;
-      for (const c10::IValue& value : record.arguments) {
-        ForEachTensor(value, [&](const at::Tensor& t) {
-          uses += t.defined() && t.has_storage() && t.storage().unsafeGetStorageImpl() == record.input_storages[k].get();
-        });
-      }
-      if (uses != 1) continue;
-      Entry& entry = it->second;
-      const StorageIndex old = engine_->StorageOf(entry.root);
-      if (engine_->Paged(old)) {  // its memory comes back for the op to write into
-        if (absl::Status status = engine_->Rematerialize(entry.root); !status.ok()) Throw(status);
-      }
-      if (entry.record_refs > 0) PinDependents(old);
-      executor_.ClearHome(old);
-      owner_.erase(old);
-      engine_->Release(entry.root);
-      entry.blank = false;
-      entry.pinned = false;
-      current_.overwrite[k] = true;
-    }
-    std::vector<StorageIndex> overwritten;  // constants this op writes
-    std::vector<TensorId> engine_inputs;
-    engine_inputs.reserve(n);
-    for (std::size_t k = 0; k < n; ++k) {
-      Entry& entry = EntryFor(record.input_storages[k].get());
-      if (current_.overwrite[k] || !current_.written[k]) continue;
-      // Written on the side (running stats): a constant, replayed on a copy. Like any constant written, whatever
-      // a replay could compute from its old value is pinned first (an eval-mode batch norm read the running stats).
-      if (!current_.written_returned[k]) PinEntry(entry);
-      if (entry.pinned) overwritten.push_back(engine_->StorageOf(entry.root));
-    }
-    for (const StorageIndex s : overwritten) PinDependents(s);
-    for (std::size_t k = 0; k < n; ++k) {
-      if (current_.overwrite[k] || (current_.written[k] && !current_.written_returned[k])) continue;
-      current_.inputs[k] = entries_.at(record.input_storages[k].get()).root;
-      engine_inputs.push_back(current_.inputs[k]);
-    }
-    // Constants written on the side go last (EndOp's in_place_of positions count the ones above): BeginOp pages
-    // them in if they are paged and locks them while the kernel runs. Replays do not read them through the engine.
-    for (std::size_t k = 0; k < n; ++k) {
-      if (current_.overwrite[k] || !current_.written[k] || current_.written_returned[k]) continue;
-      const TensorId side = entries_.at(record.input_storages[k].get()).root;
-      if (std::find(engine_inputs.begin(), engine_inputs.end(), side) == engine_inputs.end()) {
-        engine_inputs.push_back(side);
-      }
-    }
     // An op whose generator state was captured (random ops, opaque calls) replays with it; any other op that moves
     // the default generator is not replayable.
     current_.check_rng = !traits.random && !record.rng.has_value() && record.replayable;
@@ -193,29 +118,114 @@ void EngineBridge::BeforeOp(OpRecord& record) {
   }
 }
 
-void EngineBridge::AfterOp(OpRecord&& record) {
-  lock_.EndLend();
-  struct Release {
-    EngineBridge* self;
-    ~Release() { self->Unlock(); }
-  } release{this};
-  if (options_.next != nullptr) {
-    OpRecord copy = record;
-    options_.next->AfterOp(std::move(copy));
-  }
-  if (!current_.active) return;
-  current_.active = false;
-  if (policy_->UsesWindows()) memory_->SetPlacementForThisThread(Placement::kLow);
-  ++stats_.ops;
+// What the op writes (op_effects.h) into current_: per input storage, written, and written and returned; returns
+// per input storage whether the op overwrites all of it (a fill or out= argument covering the storage).
+std::vector<bool> EngineBridge::NoteWrites(const OpRecord& record) {
   const OpTraits& traits = *record.traits;
+  const std::size_t n = record.input_storages.size();
+  current_.inputs.assign(n, kNoIndex);
+  current_.written.assign(n, false);
+  current_.written_returned.assign(n, false);
+  current_.overwrite.assign(n, false);
+  std::vector<bool> covered(n, false);
+  // The schema's written arguments, then the writes it does not declare (never returned: written on the side).
+  const std::size_t annotated = traits.written_arguments.size();
+  for (std::size_t w = 0; w < annotated + record.unannotated_writes.size(); ++w) {
+    const bool declared = w < annotated;
+    const int a = declared ? traits.written_arguments[w] : record.unannotated_writes[w - annotated];
+    const bool returned = declared && std::find(traits.return_aliases.begin(), traits.return_aliases.end(), a) !=
+                                          traits.return_aliases.end();
+    const bool overwrites =
+        declared && (traits.out_argument[w] || (a == 0 && OverwritesSelf(record.op.schema().name())));
+    ForEachTensor(record.arguments[a], [&](const at::Tensor& t) {
+      if (!t.defined() || !t.has_storage()) return;
+      for (std::size_t k = 0; k < n; ++k) {
+        if (record.input_storages[k].get() != t.storage().unsafeGetStorageImpl()) continue;
+        current_.written[k] = true;
+        current_.written_returned[k] = current_.written_returned[k] || returned;
+        covered[k] = covered[k] || (overwrites && returned && CoversStorage(t));
+      }
+    });
+  }
+  return covered;
+}
+
+// Blank constants (aten::empty results nobody wrote) the op overwrites entirely leave the engine now: nothing can
+// read their garbage, and AfterOp registers the new value as a fresh output (current_.overwrite).
+void EngineBridge::DetachOverwrittenBlanks(const OpRecord& record, const std::vector<bool>& covered) {
+  const std::size_t n = record.input_storages.size();
+  for (std::size_t k = 0; k < n; ++k) {  // only a storage passed once (not also read)
+    if (!covered[k]) continue;
+    auto it = entries_.find(record.input_storages[k].get());
+    if (it == entries_.end() || !it->second.blank || it->second.released) continue;
+    int uses = 0;
+    for (const c10::IValue& value : record.arguments) {
+      ForEachTensor(value, [&](const at::Tensor& t) {
+        uses += t.defined() && t.has_storage() && t.storage().unsafeGetStorageImpl() == record.input_storages[k].get();
+      });
+    }
+    if (uses != 1) continue;
+    Entry& entry = it->second;
+    const StorageIndex old = engine_->StorageOf(entry.root);
+    if (engine_->Paged(old)) {  // its memory comes back for the op to write into
+      if (absl::Status status = engine_->Rematerialize(entry.root); !status.ok()) Throw(status);
+    }
+    if (entry.record_refs > 0) PinDependents(old);
+    executor_.ClearHome(old);
+    owner_.erase(old);
+    engine_->Release(entry.root);
+    entry.blank = false;
+    entry.pinned = false;
+    current_.overwrite[k] = true;
+  }
+}
+
+// The engine inputs of the op, in the order EndOp's in_place_of positions count (current_.inputs maps each input
+// storage to its engine tensor): constants written on the side are pinned with what a replay could compute from
+// them, and go last.
+std::vector<TensorId> EngineBridge::GatherEngineInputs(const OpRecord& record) {
+  const std::size_t n = record.input_storages.size();
+  std::vector<StorageIndex> overwritten;  // constants this op writes
+  std::vector<TensorId> engine_inputs;
+  engine_inputs.reserve(n);
+  for (std::size_t k = 0; k < n; ++k) {
+    Entry& entry = EntryFor(record.input_storages[k].get());
+    if (current_.overwrite[k] || !current_.written[k]) continue;
+    // Written on the side (running stats): a constant, replayed on a copy. Like any constant written, whatever
+    // a replay could compute from its old value is pinned first (an eval-mode batch norm read the running stats).
+    if (!current_.written_returned[k]) PinEntry(entry);
+    if (entry.pinned) overwritten.push_back(engine_->StorageOf(entry.root));
+  }
+  for (const StorageIndex s : overwritten) PinDependents(s);
+  for (std::size_t k = 0; k < n; ++k) {
+    if (current_.overwrite[k] || (current_.written[k] && !current_.written_returned[k])) continue;
+    current_.inputs[k] = entries_.at(record.input_storages[k].get()).root;
+    engine_inputs.push_back(current_.inputs[k]);
+  }
+  // Constants written on the side go last (EndOp's in_place_of positions count the ones above): BeginOp pages
+  // them in if they are paged and locks them while the kernel runs. Replays do not read them through the engine.
+  for (std::size_t k = 0; k < n; ++k) {
+    if (current_.overwrite[k] || !current_.written[k] || current_.written_returned[k]) continue;
+    const TensorId side = entries_.at(record.input_storages[k].get()).root;
+    if (std::find(engine_inputs.begin(), engine_inputs.end(), side) == engine_inputs.end()) {
+      engine_inputs.push_back(side);
+    }
+  }
+  return engine_inputs;
+}
+
+// What EndOp registers for the op: its fresh output storages, the blank storages it overwrote (fresh values in old
+// StorageImpls) and its in-place writes of engine inputs, each with the StorageImpl that holds it.
+EngineBridge::OutputPlan EngineBridge::PlanOutputs(const OpRecord& record) {
   const std::size_t n = record.input_storages.size();
   std::vector<int> engine_position(n, -1);
   for (std::size_t k = 0, p = 0; k < n; ++k) {
     if (current_.inputs[k] != kNoIndex) engine_position[k] = static_cast<int>(p++);
   }
-  std::vector<OutputSpec> specs;
-  std::vector<int> spec_output;  // index into record.outputs, or -1 - k for an in-place write of input k
-  std::vector<c10::intrusive_ptr<c10::StorageImpl>> spec_impl;
+  OutputPlan plan;
+  std::vector<OutputSpec>& specs = plan.specs;
+  std::vector<int>& spec_output = plan.spec_output;
+  std::vector<c10::intrusive_ptr<c10::StorageImpl>>& spec_impl = plan.spec_impl;
   for (std::size_t i = 0; i < record.outputs.size(); ++i) {
     const CapturedOutput& out = record.outputs[i];
     if (out.input_storage >= 0) continue;  // a view of an input (or an input written in place: below)
@@ -249,11 +259,12 @@ void EngineBridge::AfterOp(OpRecord&& record) {
     spec_output.push_back(-1 - static_cast<int>(k));
     spec_impl.push_back(record.input_storages[k]);
   }
-  const std::int64_t cost = std::max<std::int64_t>(
-      1, options_.estimated_costs ? EstimatedCostNs(record) : static_cast<std::int64_t>(record.duration_ns));
-  absl::StatusOr<std::span<const TensorId>> outs = engine_->EndOp(current_.op, specs, cost);
-  if (!outs.ok()) Throw(outs.status());
-  const std::vector<TensorId> out_tensors(outs->begin(), outs->end());
+  return plan;
+}
+
+// Whether a replay of the op would give its outputs back (after its kernel ran: the generator check needs it).
+bool EngineBridge::Replayable(const OpRecord& record) {
+  const std::size_t n = record.input_storages.size();
   // An op that read an exported storage (MakeResident, writable) may have read bytes written behind remat's back,
   // which a replay would not see again.
   bool reads_export = false;
@@ -264,10 +275,37 @@ void EngineBridge::AfterOp(OpRecord&& record) {
   // A compiled graph's replay runs the whole graph again and needs its whole working set at once (every buffer of
   // a block's forward, while the op that wanted one output holds its own inputs): with a second tier, paging its
   // outputs costs a copy and no transient memory, so they stay constants (pageable); drop-only, they are replayed.
-  const bool compiled_graph_paged = options_.paging.mode != OffloadMode::kOff && traits.name == kOpaqueCallOperator;
-  const bool replayable = record.replayable && !reads_export && !ProducesUninitializedMemory(traits.name) &&
-                          !compiled_graph_paged &&
-                          !(current_.check_rng && current_.rng_before != DefaultCpuRngFingerprint());
+  const bool compiled_graph_paged =
+      options_.paging.mode != OffloadMode::kOff && record.traits->name == kOpaqueCallOperator;
+  return record.replayable && !reads_export && !ProducesUninitializedMemory(record.traits->name) &&
+         !compiled_graph_paged && !(current_.check_rng && current_.rng_before != DefaultCpuRngFingerprint());
+}
+
+void EngineBridge::AfterOp(OpRecord&& record) {
+  lock_.EndLend();
+  struct Release {
+    EngineBridge* self;
+    ~Release() { self->Unlock(); }
+  } release{this};
+  if (options_.next != nullptr) {
+    OpRecord copy = record;
+    options_.next->AfterOp(std::move(copy));
+  }
+  if (!current_.active) return;
+  current_.active = false;
+  if (policy_->UsesWindows()) memory_->SetPlacementForThisThread(Placement::kLow);
+  ++stats_.ops;
+  const OpTraits& traits = *record.traits;
+  OutputPlan plan = PlanOutputs(record);
+  const std::vector<OutputSpec>& specs = plan.specs;
+  const std::vector<int>& spec_output = plan.spec_output;
+  const std::vector<c10::intrusive_ptr<c10::StorageImpl>>& spec_impl = plan.spec_impl;
+  const std::int64_t cost = std::max<std::int64_t>(
+      1, options_.estimated_costs ? EstimatedCostNs(record) : static_cast<std::int64_t>(record.duration_ns));
+  absl::StatusOr<std::span<const TensorId>> outs = engine_->EndOp(current_.op, specs, cost);
+  if (!outs.ok()) Throw(outs.status());
+  const std::vector<TensorId> out_tensors(outs->begin(), outs->end());
+  const bool replayable = Replayable(record);
   auto replay = std::make_unique<ReplayOp>(OpRecord(record.op, traits));
   replay->output_storage.assign(record.outputs.size(), kNoIndex);
   bool keep = false;

@@ -260,6 +260,19 @@ class EngineBridge final : public OpObserver, public PressureHandler, public Hel
   // bytes or address code outside the dispatcher holds or is about to change (MakeResident, StorageWillChange).
   absl::Status FixEntry(Entry& entry);
   void CountRecordRefs(const OpRecord& record, int delta = 1);
+  // AfterOp's plan of what EndOp registers: per spec, index into record.outputs (>= 0) or -1 - k for input k
+  // (written in place, or a blank storage overwritten), and the StorageImpl holding it.
+  struct OutputPlan {
+    std::vector<OutputSpec> specs;
+    std::vector<int> spec_output;
+    std::vector<c10::intrusive_ptr<c10::StorageImpl>> spec_impl;
+  };
+  OutputPlan PlanOutputs(const OpRecord& record);
+  bool Replayable(const OpRecord& record);
+  // BeforeOp's steps (engine_bridge.cc).
+  std::vector<bool> NoteWrites(const OpRecord& record);
+  void DetachOverwrittenBlanks(const OpRecord& record, const std::vector<bool>& covered);
+  std::vector<TensorId> GatherEngineInputs(const OpRecord& record);
   void Prune();
   void DropInertRecords();
   void Recycle();
