@@ -3,10 +3,12 @@
 // contract is engine_bridge.h.
 #include "integration/engine_bridge.h"
 
+#include <ATen/CPUGeneratorImpl.h>
 #include <c10/util/Exception.h>
 
 #include <algorithm>
 #include <cstring>
+#include <mutex>
 #include <utility>
 
 #include "absl/strings/match.h"
@@ -21,10 +23,27 @@
 namespace remat::integration {
 
 using bridge_internal::AddressOf;
-using bridge_internal::CoversStorage;
-using bridge_internal::DefaultCpuRngFingerprint;
 using bridge_internal::ForEachTensor;
 using bridge_internal::Throw;
+
+namespace {
+
+// `t` reaches every byte of its storage, once.
+bool CoversStorage(const at::Tensor& t) {
+  return t.storage_offset() == 0 && t.is_non_overlapping_and_dense() &&
+         static_cast<std::size_t>(t.numel()) * t.element_size() == t.storage().nbytes();
+}
+
+RngFingerprint DefaultCpuRngFingerprint() {
+  at::Generator generator = at::detail::getDefaultCPUGenerator();
+  std::lock_guard<std::mutex> lock(generator.mutex());
+  auto* cpu = generator.get<at::CPUGeneratorImpl>();
+  const at::mt19937_data_pod& data = cpu->engine().data();
+  return RngFingerprint{data.seed_, data.left_, data.next_, data.state_.front(), data.state_.back(),
+                        cpu->next_float_normal_sample(), cpu->next_double_normal_sample()};
+}
+
+}  // namespace
 
 absl::StatusOr<std::unique_ptr<EngineBridge>> EngineBridge::Create(const BridgeOptions& options) {
   absl::StatusOr<std::unique_ptr<Policy>> policy = MakePolicy(options.policy);

@@ -15,8 +15,14 @@ namespace remat::integration {
 
 using bridge_internal::AddressOf;
 using bridge_internal::ForEachTensor;
-using bridge_internal::kKeptConstantMaxBytes;
 using bridge_internal::Throw;
+
+namespace {
+
+// Dying constants up to this size that records read are kept (at most 1/64 of the budget in all).
+constexpr std::int64_t kKeptConstantMaxBytes = 4096;
+
+}  // namespace
 
 EngineBridge::Entry& EngineBridge::EntryFor(c10::StorageImpl* impl) {
   auto it = entries_.find(impl);

@@ -423,9 +423,7 @@ void TorchExecutor::Clear() {
 }
 
 void TorchExecutor::Forget(const RecycledIds& ids) {
-  for (const OpId op : ids.ops) {
-    if (op < ops_.size()) ops_[op].reset();
-  }
+  // No record is kept under a recycled op id: the bridge has Engine::Recycle skip the ops it keeps records for.
   for (const StorageIndex s : ids.storages) {
     if (s >= homes_.size()) continue;
     homes_[s] = c10::weak_intrusive_ptr<c10::StorageImpl>(c10::intrusive_ptr<c10::StorageImpl>());

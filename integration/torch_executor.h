@@ -146,7 +146,7 @@ class TorchExecutor final : public Executor {
 
   // Drops every record and shadow (the engine is going away).
   void Clear();
-  // Drops what it keeps under ids the engine recycled (Engine::Recycle): they will name other ops and storages.
+  // Drops what it keeps under storage ids the engine recycled (Engine::Recycle): they will name other storages.
   void Forget(const RecycledIds& ids);
   const ExecutorStats& stats() const { return stats_; }
 

@@ -134,9 +134,7 @@ TensorId Engine::AdoptConstant(std::int64_t bytes, std::uintptr_t address, std::
   if (m.eq_classes) m.LeaveNode(s);
   m.Touch(s);
   if (address != 0) SetAddress(s, address);
-  m.storages[s].locks = 1;
-  m.storages[s].pinned = true;
-  m.settled.push_back(s);
+  Pin(t);
   m.storages[s].constant = true;
   m.constant_bytes += bytes;
   stats_.used_bytes += bytes;
@@ -205,20 +203,17 @@ absl::StatusOr<std::span<const TensorId>> Engine::EndOp(OpId op_id, std::span<co
   // by this op; the old value becomes a memory-less evicted storage that keeps its producer.
   // Writing a constant in place (an optimizer step on a parameter): the new value is a constant too, and the old
   // value is gone for good (nothing can reproduce it), so it leaves the graph.
-  std::vector<StorageIndex> new_constants;
+  std::vector<TensorId> new_constants;  // new values of constants written in place
   for (std::size_t i = 0; i < specs.size(); ++i) {
     if (specs[i].in_place_of < 0) continue;
     StorageIndex old = m.tensors[m.Inputs(m.ops[op_id])[specs[i].in_place_of]].storage;
     if (m.storages[old].pinned) {
-      new_constants.push_back(m.tensors[outs[i]].storage);
+      new_constants.push_back(outs[i]);
       Impl::Storage& st = m.storages[old];
       m.SetMaterial(old, false);
       stats_.used_bytes -= st.size;
       st.has_address = false;
-      st.dead = true;
-      m.settled.push_back(old);
-      m.Touch(old);
-      m.state[old] |= kRegionDead;
+      m.MarkDead(old);
       m.constant_bytes -= st.size;
       for (TensorId u : st.tensors) m.tensors[u].defined = false;
     } else if (m.storages[old].material) {
@@ -244,13 +239,11 @@ absl::StatusOr<std::span<const TensorId>> Engine::EndOp(OpId op_id, std::span<co
   }
   NotePeak();
   AfterCompute();
-  for (StorageIndex c : new_constants) {
-    m.Lock(c);
-    m.storages[c].pinned = true;
-    m.storages[c].constant = true;
-    m.constant_bytes += m.storages[c].size;
-    m.settled.push_back(c);
-    if (options_.free_dead) newly_pinned_.push_back(c);
+  for (TensorId c : new_constants) {
+    Pin(c);
+    const StorageIndex s = m.tensors[c].storage;
+    m.storages[s].constant = true;
+    m.constant_bytes += m.storages[s].size;
   }
   if (outs.empty()) m.recycle_ops.push_back(op_id);
   for (TensorId p : m.Inputs(m.ops[op_id])) m.Unlock(m.tensors[p].storage);
@@ -325,10 +318,7 @@ void Engine::FreeDead(StorageIndex start) {
       DropPagedCopy(x);
       m.SetMaterial(x, false);
     }
-    st.dead = true;
-    m.settled.push_back(x);
-    m.Touch(x);
-    m.state[x] |= kRegionDead;
+    m.MarkDead(x);
     ++stats_.freed_storages;
     for (StorageIndex p : m.storage_parents[x]) work.push_back(p);
   }

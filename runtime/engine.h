@@ -389,7 +389,6 @@ class Engine final : public PressureHandler, private StorageView {
   absl::Status MakeRoomCounter(std::int64_t bytes, std::string_view what);
   // page_constants: pages the least recently used constant held only by its pin. False if none fits.
   absl::StatusOr<bool> PageLruConstant();
-  absl::StatusOr<bool> PageLruConstantStep(Arena&, std::size_t) { return PageLruConstant(); }  // MakeRoom's steps
   // Relocation of idle unevictable storages (EngineOptions::relocate); true when something moved.
   absl::StatusOr<bool> RelocateIdle(Arena& arena, std::size_t bytes);
   // Compaction (EngineOptions::relocate) of the cheapest run that can hold `bytes`; true when something moved.

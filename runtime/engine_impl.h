@@ -64,7 +64,6 @@ struct Engine::Impl {
     bool alias = false;
     bool paged_defined = false;  // defined when its storage was paged out (restored on page-in)
     std::int32_t consumers = 0;  // ops (not inert) that list it as an input
-    bool free = false;           // recycled: the slot waits for reuse
   };
   struct Storage {
     std::int64_t size = 0;
@@ -396,6 +395,14 @@ struct Engine::Impl {
     std::vector<std::int32_t>().swap(small);
     node_live[r] += node_live[l];
     eq.Merge(joining, into);  // r stays the root
+  }
+
+  // s is out of the graph for good: walks ignore it, the weights around it change, and Recycle may free its slot.
+  void MarkDead(StorageIndex s) {
+    storages[s].dead = true;
+    settled.push_back(s);
+    Touch(s);
+    state[s] |= kRegionDead;
   }
 
   void SetMaterial(StorageIndex s, bool material) {

@@ -75,7 +75,8 @@ RecycledIds Engine::Recycle(absl::FunctionRef<bool(OpId)> held) {
   CompactEqClasses();
   // Deferred storages join the reserve each time they would join the pool; duplicates and storages that left it
   // pile up between two pressure events that reach it.
-  if (m.deferred_list.size() > kCompactFloor && m.deferred_list.size() > 2 * (m.storages.size() - m.free_storages.size())) {
+  const std::size_t live_storages = m.storages.size() - m.free_storages.size();
+  if (m.deferred_list.size() > kCompactFloor && m.deferred_list.size() > 2 * live_storages) {
     std::sort(m.deferred_list.begin(), m.deferred_list.end());
     m.deferred_list.erase(std::unique(m.deferred_list.begin(), m.deferred_list.end()), m.deferred_list.end());
     std::erase_if(m.deferred_list, [&](StorageIndex s) {
@@ -96,7 +97,6 @@ void Engine::FreeOp(OpId o, RecycledIds& out) {
     std::vector<TensorId>& ts = m.storages[s].tensors;
     ts.erase(std::find(ts.begin(), ts.end(), u));  // keeps the order: tensors[0] is the storage's root
     m.tensors[u] = Impl::Tensor{};
-    m.tensors[u].free = true;
     m.free_tensors.push_back(u);
     out.tensors.push_back(u);
     if (ts.empty()) FreeStorage(s, out);

@@ -57,11 +57,10 @@ absl::StatusOr<bool> Engine::MakeRoomOnce(Arena& arena, std::size_t bytes) {
   // When the policy has nothing left: page a constant, or move memory; deferred storages (gradients) go last. Each
   // step answers whether it made room, or why it failed (a page-out that could not write, a failed move).
   auto last_resort = [&]() -> absl::StatusOr<bool> {
-    for (auto step : {&Engine::PageLruConstantStep, &Engine::RelocateIdle, &Engine::Compact}) {
-      absl::StatusOr<bool> made = (this->*step)(arena, bytes);
-      if (!made.ok() || *made) return made;
-    }
-    return false;
+    absl::StatusOr<bool> made = PageLruConstant();
+    if (made.ok() && !*made) made = RelocateIdle(arena, bytes);
+    if (made.ok() && !*made) made = Compact(arena, bytes);
+    return made;
   };
   if (options_.policy->UsesWindows()) {
     std::optional<Window> window = ChooseWindow(arena, bytes);
