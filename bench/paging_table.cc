@@ -3,7 +3,7 @@
 // runs), with offload off, auto (the defaults: one FIFO link, prefetch into free memory), auto whose prefetch may
 // make room, and auto over a duplex link; prints markdown: overhead per ratio and the lowest feasible ratio, then
 // the paging counters of plain auto at 0.7/0.5/0.3. Link: 12 GB/s, 10 us per copy, unlimited host budget, prefetch
-// lookahead 8 ops; thrash limit 2x (stall included) and simrd_compat as remat-sim's defaults. Progress: stderr.
+// lookahead 8 ops; thrash limit 2x (stall included) and the product engine configuration, as remat-sim's defaults. Progress: stderr.
 //
 //   paging_table [traces dir] [bandwidth bytes/s]
 #include <algorithm>
@@ -101,7 +101,7 @@ int Main(int argc, char** argv) {
   }
 
   std::printf("Arena mode, link %.0f GB/s, 10 us per copy, host budget unlimited, prefetch lookahead 8 ops, "
-              "thrash limit 2x, simrd_compat. Overhead = (op time incl. replays + transfer stall) / baseline "
+              "thrash limit 2x, the product engine configuration. Overhead = (op time incl. replays + transfer stall) / baseline "
               "compute; oom/thrash = not feasible.\n\n",
               bandwidth / 1e9);
   std::printf("| trace | policy | offload |");

@@ -18,7 +18,7 @@ mkdir -p "$out_dir"
   "$trace_dir/tv_densenet121-84-10000000000.0-2020-10-1-13-41-18-default.log" \
   "$trace_dir/unet-6-8000000000.0-2020-10-1-10-57-18-default.log" \
   "$trace_dir/lstm-128-11000000000.0-2020-10-1-16-38-52-default.log" \
-  --mode counter --policies dtr,dtr-eq,dtr-local,msps,lru,largest \
+  --dtr-paper --mode counter --policies dtr,dtr-eq,dtr-local,msps,lru,largest \
   --ratios 0.9,0.8,0.7,0.6,0.5,0.4,0.3,0.2,0.1 --overhead-limit 2.0 \
   --out "$out_dir/counter.csv" --plot "$out_dir/counter.png" > "$out_dir/counter_table.txt"
 echo "files: $out_dir/{counter.csv,counter.png,counter_table.txt}"

@@ -97,7 +97,7 @@ def run_all(remat_sim, trace_dir, invocations, jobs, out_dir, tag):
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     for index, (log, policies, ratios) in enumerate(invocations):
         out = os.path.join(out_dir, f"{tag}-{index}.csv")
-        command = [remat_sim, os.path.join(trace_dir, log), "--mode", "counter", "--overhead-limit", "2.0",
+        command = [remat_sim, os.path.join(trace_dir, log), "--dtr-paper", "--mode", "counter", "--overhead-limit", "2.0",
                    "--policies", ",".join(policies), "--ratios", ",".join(ratios), "--out", out]
         if jobs:
             command += ["--jobs", str(jobs)]

@@ -6,7 +6,6 @@
 #include <functional>
 
 #include "absl/status/status.h"
-#include "policies/dtr.h"
 #include "policies/registry.h"
 #include "runtime/sim_executor.h"
 #include "absl/strings/str_cat.h"
@@ -35,7 +34,7 @@ absl::StatusOr<AccountingMode> ParseAccountingMode(std::string_view text) {
 
 struct Replayer::Impl {
   const Trace* trace = nullptr;
-  Baseline baseline;
+  Baseline baselines[2];  // by EngineConfig
 };
 
 namespace {
@@ -46,12 +45,21 @@ ReplayResult Fail(ReplayResult r, ReplayStatus status, std::string message) {
   return r;
 }
 
+// How Drive feeds the trace to the engine.
+struct DriveOptions {
+  bool product = true;       // the engine configuration (ReplayOptions::engine): kProduct when true
+  int prefetch_ops = 0;      // > 0: before each op, prefetch the paged inputs of the next prefetch_ops ops
+  bool prefetch_evicts = false;  // see ReplayOptions
+  Arena* arena = nullptr;    // arena mode: in-place outputs become the owners of the blocks they take over
+  std::function<void()> after_op;  // when set, called after every CALL and MUTATE (timelines)
+};
+
 // Runs the trace through `engine`. Returns OK, or the engine's error (ResourceExhausted / Aborted / other).
-// With `prefetch_ops` > 0, before each op the paged inputs of the next prefetch_ops ops are prefetched (through
-// the names bound now; a name rebound in between only costs a useless prefetch); `prefetch_evicts`: see
-// ReplayOptions. `after_op`, when set, is called after every CALL and MUTATE (timelines).
-absl::Status Drive(const Trace& trace, Engine& engine, int prefetch_ops = 0, bool prefetch_evicts = false,
-                   const std::function<void()>& after_op = nullptr) {
+// Prefetching goes through the names bound now (a name rebound in between only costs a useless prefetch).
+absl::Status Drive(const Trace& trace, Engine& engine, const DriveOptions& drive) {
+  const int prefetch_ops = drive.prefetch_ops;
+  const bool prefetch_evicts = drive.prefetch_evicts;
+  const std::function<void()>& after_op = drive.after_op;
   std::vector<std::size_t> calls;  // indices of CALL and MUTATE instructions
   if (prefetch_ops > 0) {
     for (std::size_t i = 0; i < trace.ops.size(); ++i) {
@@ -76,6 +84,11 @@ absl::Status Drive(const Trace& trace, Engine& engine, int prefetch_ops = 0, boo
     out = static_cast<TensorId>(bound[n]);
     return absl::OkStatus();
   };
+  bool backward = false;  // inside a backward pass (product: its outputs are deferred)
+  auto defer_in_backward = [&](std::span<const TensorId> outs) {
+    if (!drive.product || !backward) return;
+    for (TensorId t : outs) engine.Defer(t);
+  };
   std::vector<TensorId> upcoming;
   auto prefetch = [&]() -> absl::Status {
     upcoming.clear();
@@ -95,7 +108,19 @@ absl::Status Drive(const Trace& trace, Engine& engine, int prefetch_ops = 0, boo
     }
     switch (op.kind) {
       case TraceOpKind::kAnnotate:
+        if (op.op_name == "BACKWARD") backward = true;
+        if (op.op_name == "FORWARD") backward = false;
         break;
+      case TraceOpKind::kPin: {
+        if (!drive.product) break;
+        TensorId t;
+        if (absl::Status s = lookup(op.args[0], op, t); !s.ok()) return s;
+        if (!engine.Defined(t)) {
+          if (absl::Status s = engine.Rematerialize(t); !s.ok()) return s;
+        }
+        engine.Pin(t);
+        break;
+      }
       case TraceOpKind::kConstant: {
         absl::StatusOr<TensorId> t = engine.Constant(op.bytes);
         if (!t.ok()) return t.status();
@@ -133,12 +158,52 @@ absl::Status Drive(const Trace& trace, Engine& engine, int prefetch_ops = 0, boo
         for (const TraceResult& r : op.results) outputs.push_back({r.alias >= 0 ? 0 : r.bytes, r.alias});
         absl::StatusOr<std::span<const TensorId>> outs = engine.Call(inputs, outputs, op.time_ns, op.op_name);
         if (!outs.ok()) return outs.status();
-        for (std::size_t i = 0; i < op.results.size(); ++i) bind(op.results[i].name, (*outs)[i]);
+        for (std::size_t i = 0; i < op.results.size(); ++i) {
+          bind(op.results[i].name, (*outs)[i]);
+          if (op.results[i].alias < 0) defer_in_backward(outs->subspan(i, 1));
+        }
         if (after_op) after_op();
         break;
       }
       case TraceOpKind::kMutate: {
-        // Copy-on-write: each mutated argument becomes a fresh storage of its storage's size made by this op.
+        if (drive.product) {
+          // In place, as the PyTorch path runs it: each written storage now holds a new value made by this op.
+          inputs.clear();
+          for (TraceName a : op.args) {
+            TensorId t;
+            if (absl::Status s = lookup(a, op, t); !s.ok()) return s;
+            inputs.push_back(t);
+          }
+          absl::StatusOr<OpId> begun = engine.BeginOp(inputs, op.op_name);
+          if (!begun.ok()) return begun.status();
+          outputs.clear();
+          std::vector<std::int32_t> written;  // one per storage: two names on one storage are one write
+          for (std::int32_t k : op.mutated) {
+            bool seen = false;
+            for (std::int32_t w : written) seen = seen || engine.StorageOf(inputs[w]) == engine.StorageOf(inputs[k]);
+            if (seen) continue;
+            written.push_back(k);
+            OutputSpec spec;
+            spec.in_place_of = k;
+            outputs.push_back(spec);
+          }
+          absl::StatusOr<std::span<const TensorId>> outs = engine.EndOp(*begun, outputs, op.time_ns);
+          if (!outs.ok()) return outs.status();
+          const std::vector<TensorId> made(outs->begin(), outs->end());
+          for (std::size_t i = 0; i < written.size(); ++i) {
+            const TraceName n = op.args[written[i]];
+            engine.Release(static_cast<TensorId>(bound[n]));
+            bind(n, made[i]);
+            const StorageIndex s = engine.StorageOf(made[i]);
+            if (drive.arena != nullptr && engine.StorageAddress(s) != 0) {
+              (void)drive.arena->SetOwner(engine.StorageAddress(s), OwnerId{s} + 1);
+            }
+            defer_in_backward(std::span<const TensorId>(&made[i], 1));
+          }
+          if (after_op) after_op();
+          break;
+        }
+        // DTR paper: copy-on-write: each mutated argument becomes a fresh storage of its storage's size made by this op.
         inputs.clear();
         for (TraceName a : op.args) {
           TensorId t;
@@ -188,31 +253,40 @@ Replayer::~Replayer() = default;
 absl::StatusOr<std::unique_ptr<Replayer>> Replayer::Create(const Trace& trace) {
   auto impl = std::make_unique<Impl>();
   impl->trace = &trace;
-  // Baseline: unlimited budget; a released storage's memory is gone at once (nothing gets evicted otherwise).
-  std::unique_ptr<Policy> policy = MakeDtrLocalPolicy();
-  EngineOptions options;
-  options.policy = policy.get();
-  options.free_released_constants = true;
-  SimExecutor executor(nullptr, false);
-  Engine engine(options, &executor);
-  if (absl::Status s = Drive(trace, engine); !s.ok()) return s;
-  impl->baseline.compute_ns = engine.stats().model_compute;
-  impl->baseline.memory_bytes = engine.stats().peak_bytes;
+  // Baseline: unlimited budget; a released storage's memory is gone at once (nothing gets evicted otherwise). One
+  // per configuration: writing in place (product) needs less memory than copy-on-write (DTR paper).
+  for (const EngineConfig config : {EngineConfig::kProduct, EngineConfig::kDtrPaper}) {
+    absl::StatusOr<std::unique_ptr<Policy>> policy = MakePolicy("dtr-local");
+    if (!policy.ok()) return policy.status();
+    EngineOptions options;
+    options.policy = policy->get();
+    options.free_released_constants = true;
+    SimExecutor executor(nullptr, false);
+    Engine engine(options, &executor);
+    DriveOptions drive;
+    drive.product = config == EngineConfig::kProduct;
+    if (absl::Status s = Drive(trace, engine, drive); !s.ok()) return s;
+    Baseline& baseline = impl->baselines[static_cast<int>(config)];
+    baseline.compute_ns = engine.stats().model_compute;
+    baseline.memory_bytes = engine.stats().peak_bytes;
+  }
   return std::unique_ptr<Replayer>(new Replayer(std::move(impl)));
 }
 
-const Baseline& Replayer::baseline() const { return impl_->baseline; }
+const Baseline& Replayer::baseline(EngineConfig config) const { return impl_->baselines[static_cast<int>(config)]; }
 
 ReplayResult Replayer::Run(const ReplayOptions& options) {
   const std::int64_t start = NowNs();
+  const bool product = options.engine == EngineConfig::kProduct;
+  const Baseline& baseline = this->baseline(options.engine);
   ReplayResult r;
   r.policy = options.policy;
   r.mode = options.mode;
-  r.baseline_compute_ns = impl_->baseline.compute_ns;
-  r.baseline_memory_bytes = impl_->baseline.memory_bytes;
+  r.baseline_compute_ns = baseline.compute_ns;
+  r.baseline_memory_bytes = baseline.memory_bytes;
   r.budget_bytes = options.budget_bytes > 0
                        ? options.budget_bytes
-                       : static_cast<std::int64_t>(static_cast<double>(impl_->baseline.memory_bytes) *
+                       : static_cast<std::int64_t>(static_cast<double>(baseline.memory_bytes) *
                                                    options.budget_ratio);
   absl::StatusOr<std::unique_ptr<Policy>> policy = MakePolicy(options.policy);
   if (!policy.ok()) return Fail(r, ReplayStatus::kError, std::string(policy.status().message()));
@@ -237,10 +311,11 @@ ReplayResult Replayer::Run(const ReplayOptions& options) {
   eo.seed = options.seed;
   eo.remat_limit = options.overhead_limit > 0
                        ? static_cast<std::int64_t>((options.overhead_limit - 1.0) *
-                                                   static_cast<double>(impl_->baseline.compute_ns))
+                                                   static_cast<double>(baseline.compute_ns))
                        : -1;
-  eo.replay_views = options.simrd_compat;
-  eo.free_dead = !options.simrd_compat;
+  eo.replay_views = !product;
+  eo.free_dead = product;
+  eo.free_released_constants = product;
   eo.arena = arena.get();
   eo.paging.mode = options.offload;
   eo.paging.bandwidth_bytes_per_s = options.bandwidth_bytes_per_s;
@@ -261,18 +336,22 @@ ReplayResult Replayer::Run(const ReplayOptions& options) {
                                    totals.released_bytes, totals.rematerialized_bytes, st.rematerializations});
     };
   }
-  absl::Status status =
-      Drive(*impl_->trace, engine, options.offload == OffloadMode::kOff ? 0 : options.prefetch_ops,
-            options.prefetch_evicts, sample);
+  DriveOptions drive;
+  drive.product = product;
+  drive.prefetch_ops = options.offload == OffloadMode::kOff ? 0 : options.prefetch_ops;
+  drive.prefetch_evicts = options.prefetch_evicts;
+  drive.arena = arena.get();
+  drive.after_op = std::move(sample);
+  absl::Status status = Drive(*impl_->trace, engine, drive);
   if (arena) arena->SetPressureHandler(nullptr);
 
   const EngineStats& st = engine.stats();
   r.total_compute_ns = st.model_compute + st.remat_compute;
   r.replayed_cost_ns = st.remat_compute;
   r.transfer_stall_ns = st.stall_ns;
-  r.overhead = impl_->baseline.compute_ns > 0
+  r.overhead = baseline.compute_ns > 0
                    ? static_cast<double>(r.total_compute_ns + r.transfer_stall_ns) /
-                         static_cast<double>(impl_->baseline.compute_ns)
+                         static_cast<double>(baseline.compute_ns)
                    : 1.0;
   r.paged_out_bytes = st.paged_out_bytes;
   r.paged_in_bytes = st.paged_in_bytes;

@@ -10,17 +10,23 @@
 //   - Baseline = one unconstrained replay (a storage's memory goes when its last reference does, constants
 //     included, which is what makes its peak equal simrd's byte for byte): its summed op time is
 //     `baseline_compute_ns`, its peak bytes in use (constants included) `baseline_memory_bytes`.
-//     A Replayer computes it once and reuses it for every Run; Replay() is the one-shot convenience.
+//     A Replayer computes it once per engine configuration (below) and reuses it for every Run; Replay() is the
+//     one-shot convenience.
 //   - Overhead = op time including replays (the clock's advance) / baseline compute. Status kThrash when the
 //     replayed time (plus transfer stall when paging) exceeds (overhead_limit - 1) x baseline compute
 //     (overhead_limit <= 0 disables the check); kOom when an op cannot get
 //     memory (message says how much was requested, locked, constant, and the largest window); kError for a trace
 //     the engine rejects (message says why). Overhead, peak and counters are still filled in up to the failure.
-//   - `simrd_compat` (default true) reproduces the DTR prototype simulator's choices exactly (README "What simrd
-//     does exactly"): a released storage is evicted but kept for neighbourhood costs even when nothing can need
-//     it any more, and an evicted view is brought back by replaying its view op. With false (the engine's own
-//     behaviour, as in PyTorch), such storages are freed for good (EngineOptions::free_dead) and views come back
-//     with their storage (no view-op replay).
+//   - The engine configuration (`engine`). kProduct (the default) is what the PyTorch path runs
+//     (integration/engine_bridge.h): a storage nothing can need any more is freed for good (EngineOptions::
+//     free_dead) and a released constant's memory goes; views come back with their storage (no view-op replay); a
+//     MUTATE writes its arguments in place (OutputSpec::in_place_of: a constant written in place stays a constant,
+//     the old value of anything else stays recomputable); the outputs of ops in a backward pass (after `ANNOTATE
+//     BACKWARD`, up to `ANNOTATE FORWARD`) are deferred (Engine::Defer); a PIN line pins its name (made resident
+//     first). kDtrPaper reproduces the DTR prototype's simulator (simrd) exactly, as parity needs (README "What
+//     simrd does exactly"): a released storage is evicted but kept for neighbourhood costs even when nothing can
+//     need it any more, an evicted view is brought back by replaying its view op, a MUTATE makes fresh copies of its
+//     arguments, constants stay resident once released, and BACKWARD, FORWARD and PIN change nothing.
 //   - Paging (`offload` != off; EngineOptions::paging and the engine's contract): a link of `bandwidth_bytes_per_s`
 //     (default 12e9, the V100 <-> pinned host figure of Beaumont et al.) with `link_latency_ns` per copy (default
 //     10 us: a cudaMemcpyAsync launch plus event synchronisation costs a few us; 10 us is on the cautious side),
@@ -48,6 +54,9 @@ namespace remat {
 
 enum class ReplayStatus { kPass, kOom, kThrash, kError };
 
+// Which engine configuration a replay runs (see the contract above).
+enum class EngineConfig { kProduct, kDtrPaper };
+
 std::string_view ToString(ReplayStatus status);   // "pass", "oom", "thrash", "error"
 std::string_view ToString(AccountingMode mode);   // "counter", "arena"
 absl::StatusOr<AccountingMode> ParseAccountingMode(std::string_view text);
@@ -72,7 +81,7 @@ struct ReplayOptions {
   bool sample_sqrt = false;            // score only sqrt(n) random candidates per eviction
   bool ignore_small = false;           // skip candidates smaller than 1% of the mean candidate size
   std::uint64_t seed = 0;              // random policy and sampling
-  bool simrd_compat = true;            // see the contract above
+  EngineConfig engine = EngineConfig::kProduct;  // see the contract above
   bool cheap_tensor_partitioning = true;  // arena mode: costly ops' outputs low, others high
   std::int64_t arena_alignment = 512;  // arena mode only
   // Paging (see the contract above).
@@ -131,7 +140,7 @@ class Replayer {
   Replayer(const Replayer&) = delete;
   Replayer& operator=(const Replayer&) = delete;
 
-  const Baseline& baseline() const;
+  const Baseline& baseline(EngineConfig config = EngineConfig::kProduct) const;
   ReplayResult Run(const ReplayOptions& options);
 
  private:

@@ -334,6 +334,16 @@ class Builder {
       trace_.ops.push_back(std::move(op));
       return absl::OkStatus();
     }
+    if (kind == "PIN") {
+      absl::string_view name;
+      if (absl::Status s = NeedName(line, fields, "NAME", name); !s.ok()) return s;
+      TraceName id;
+      if (absl::Status s = Defined(line, name, "NAME", id); !s.ok()) return s;
+      op.kind = TraceOpKind::kPin;
+      op.args.push_back(id);
+      trace_.ops.push_back(std::move(op));
+      return absl::OkStatus();
+    }
     if (kind == "MEMORY" || kind == "ALIAS") {
       return Error(line, absl::StrCat(kind, " line without a preceding CONSTANT or CALL result"));
     }

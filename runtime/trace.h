@@ -11,6 +11,11 @@
 //     index out of range all give InvalidArgument (NotFound when the file cannot be opened) whose message is
 //     "<path>:<line>: <reason>". Nothing throws or crashes on bad input.
 //   - RELEASE of a name that was never defined is kept (the replay ignores it, as the README says).
+//   - remat's extensions, written by remat.record (integration/trace_recorder.h) and ignored by the DTR-paper
+//     replay: `{"INSTRUCTION":"PIN","NAME":n}` says the PyTorch path pinned n's storage at that point (a result it
+//     cannot replay, optimizer state, what a write to a constant would change; the name must be defined), and
+//     `ANNOTATE FORWARD` ends the backward pass an `ANNOTATE BACKWARD` began (the optimizer step after it is not
+//     part of it). The prototype's traces have neither; for them everything after BACKWARD is the backward pass.
 //   - The Trace is immutable after parsing and may be replayed by many threads at once.
 #pragma once
 
@@ -32,7 +37,8 @@ enum class TraceOpKind : std::uint8_t {
   kCopy,      // dst = results[0], src = args[0]: one more reference to the same tensor
   kCopyFrom,  // dst = results[0], src = args[0]: the existing name dst now refers to src's tensor
   kRelease,   // args[0]: drop one external reference
-  kAnnotate,  // op_name = the annotation (e.g. BACKWARD); no effect on the replay
+  kAnnotate,  // op_name = the annotation (BACKWARD, FORWARD: see the contract)
+  kPin,       // args[0]: remat's extension, the PyTorch path pinned this tensor here (see the contract)
 };
 
 struct TraceResult {

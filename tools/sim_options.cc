@@ -309,9 +309,9 @@ absl::StatusOr<SimOptions> ParseSimOptions(const std::vector<std::string>& args,
       {"--ignore-small", &options.ignore_small},
       {"--page-constants", &options.page_constants},
       {"--duplex-link", &options.duplex_link},
+      {"--dtr-paper", &options.dtr_paper},
   };
   const std::map<std::string, bool*, std::less<>> negations = {
-      {"--no-simrd-compat", &options.simrd_compat},
       {"--no-partition", &options.cheap_tensor_partitioning},
   };
 
@@ -404,7 +404,9 @@ std::string UsageText(std::string_view program_name, const Vocabulary& vocabular
       "  --seed N                seed for the random policy and for sampling (default 0)\n"
       "  --sample-sqrt           score only sqrt(n) random candidates per eviction (DTR prototype option)\n"
       "  --ignore-small          skip candidates smaller than 1% of the mean candidate size\n"
-      "  --no-simrd-compat       free released storages for good instead of keeping them evicted (simrd does)\n"
+      "  --dtr-paper             the DTR paper's engine (its simulator, simrd, exactly: released storages stay\n"
+      "                          in the graph, evicted views replay their view op, writes copy, no deferral)\n"
+      "                          instead of what remat runs under PyTorch (runtime/replay.h); parity needs it\n"
       "  --no-partition          arena mode: no cheap-tensor partitioning (all blocks placed low)\n"
       "  --offload M,...         paging to a second (host) tier: off, auto (page or drop, whichever the cost\n"
       "                          model prefers), always (page whenever the host tier has room); a comma list\n"

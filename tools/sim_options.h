@@ -3,7 +3,7 @@
 //   remat-sim TRACE... [--ratios R,... | --budgets SIZE,...] [--policies P,...] [--mode counter|arena]
 //             [--overhead-limit X] [--out FILE.csv|FILE.json] [--plot FILE.png] [--timeline FILE.png|FILE.json]
 //             [--jobs N] [--seed N]
-//             [--sample-sqrt] [--ignore-small] [--no-simrd-compat] [--no-partition]
+//             [--sample-sqrt] [--ignore-small] [--dtr-paper] [--no-partition]
 //             [--offload off|auto|always[,...]] [--bandwidth RATE] [--link-latency TIME] [--host-budget SIZE]
 //             [--page-constants] [--duplex-link] [--help]
 //
@@ -70,7 +70,7 @@ struct SimOptions {
   std::uint64_t seed = 0;
   bool sample_sqrt = false;
   bool ignore_small = false;
-  bool simrd_compat = true;
+  bool dtr_paper = false;              // the DTR paper's engine configuration instead of the product's
   bool cheap_tensor_partitioning = true;
   // Paging (runtime/replay.h ReplayOptions). Names as given (validated against ParseOffloadMode).
   std::vector<std::string> offload = {"off"};

@@ -54,7 +54,7 @@ ReplayOptions MakeReplayOptions(const SimOptions& options, AccountingMode mode, 
   replay.sample_sqrt = options.sample_sqrt;
   replay.ignore_small = options.ignore_small;
   replay.seed = options.seed;
-  replay.simrd_compat = options.simrd_compat;
+  replay.engine = options.dtr_paper ? EngineConfig::kDtrPaper : EngineConfig::kProduct;
   replay.cheap_tensor_partitioning = options.cheap_tensor_partitioning;
   // The names were validated by ParseSimOptions; an unknown one cannot get here.
   replay.offload = ParseOffloadMode(job.offload).value_or(OffloadMode::kOff);
@@ -155,7 +155,8 @@ absl::StatusOr<std::unique_ptr<SimRunner>> SimRunner::Prepare(const SimOptions& 
       errors[t] = replayer.status();
       return;
     }
-    state->baselines[t] = (*replayer)->baseline();
+    state->baselines[t] =
+        (*replayer)->baseline(options.dtr_paper ? EngineConfig::kDtrPaper : EngineConfig::kProduct);
     state->idle[t].push_back(*std::move(replayer));
   });
   for (const absl::Status& error : errors) {

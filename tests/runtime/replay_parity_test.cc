@@ -1,6 +1,6 @@
 // Parity with the DTR prototype's simulator (simrd): every row of ../shared/traces/dtr/simrd_reference.csv for
 // dtr, dtr-eq, dtr-local, msps, lru and largest must give the same result (pass/oom/thrash) and an overhead within
-// 1% of the reference, in counter mode with simrd_compat (the default). RandomStorage rows are not a parity target
+// 1% of the reference, in counter mode with the DTR paper's engine configuration (EngineConfig::kDtrPaper). RandomStorage rows are not a parity target
 // (one unseeded trial); `random` still runs on them and must not crash.
 #include <chrono>
 #include <cmath>
@@ -81,14 +81,15 @@ TEST(ReplayParityTest, MatchesSimrdOnEveryReferenceRow) {
       absl::StatusOr<std::unique_ptr<Replayer>> rp = Replayer::Create(*traces[row.log]);
       ASSERT_TRUE(rp.ok()) << rp.status();
       replayers[row.log] = std::move(*rp);
-      EXPECT_EQ(replayers[row.log]->baseline().compute_ns, row.baseline_compute) << row.log;
-      EXPECT_EQ(replayers[row.log]->baseline().memory_bytes, row.baseline_memory) << row.log;
+      EXPECT_EQ(replayers[row.log]->baseline(EngineConfig::kDtrPaper).compute_ns, row.baseline_compute) << row.log;
+      EXPECT_EQ(replayers[row.log]->baseline(EngineConfig::kDtrPaper).memory_bytes, row.baseline_memory) << row.log;
     }
     std::string policy = PolicyFor(row.heuristic);
     ASSERT_FALSE(policy.empty()) << row.heuristic;
     ReplayOptions options;
     options.policy = policy;
     options.budget_ratio = row.ratio;
+    options.engine = EngineConfig::kDtrPaper;
     ReplayResult r = replayers[row.log]->Run(options);
     std::string label = row.log.substr(0, row.log.find('-')) + " " + row.heuristic + " " + std::to_string(row.ratio);
     if (std::getenv("REMAT_PARITY_VERBOSE") != nullptr) {

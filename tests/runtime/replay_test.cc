@@ -1,5 +1,5 @@
 // Trace replay beyond parity: copy-on-write MUTATE, COPY_FROM, outputs resident at the end, the engine's own model
-// (simrd_compat off), arena mode with every policy, bad options.
+// (the product configuration and the DTR paper's), PIN and BACKWARD/FORWARD, arena mode with every policy, bad options.
 #include "runtime/replay.h"
 
 #include <cstdlib>
@@ -32,9 +32,12 @@ TEST(ReplayTest, SmallTraceUnconstrainedAndConstrained) {
   absl::StatusOr<std::unique_ptr<Replayer>> r = Replayer::Create(*t);
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_EQ((*r)->baseline().compute_ns, 18);
-  // w 100 + a 100 + b 100 + the copy-on-write output of add_ 100 (old b still referenced during the op).
-  EXPECT_EQ((*r)->baseline().memory_bytes, 400);
+  // The product writes add_ in place: w 100 + a 100 + b 100.
+  EXPECT_EQ((*r)->baseline().memory_bytes, 300);
+  // The DTR paper copies: + the copy-on-write output of add_ 100 (old b still referenced during the op).
+  EXPECT_EQ((*r)->baseline(EngineConfig::kDtrPaper).memory_bytes, 400);
   ReplayOptions o;
+  o.engine = EngineConfig::kDtrPaper;
   o.budget_ratio = 1.0;
   ReplayResult full = (*r)->Run(o);
   EXPECT_EQ(full.status, ReplayStatus::kPass) << full.message;
@@ -60,11 +63,11 @@ TEST(ReplayTest, SharedTracesInEveryModeAndPolicy) {
   ASSERT_TRUE(r.ok());
   for (const char* policy : {"dtr", "dtr-eq", "dtr-local", "msps", "lru", "largest", "random", "dte", "coop"}) {
     for (AccountingMode mode : {AccountingMode::kCounter, AccountingMode::kArena}) {
-      for (bool compat : {true, false}) {
+      for (EngineConfig config : {EngineConfig::kProduct, EngineConfig::kDtrPaper}) {
         ReplayOptions o;
         o.policy = policy;
         o.mode = mode;
-        o.simrd_compat = compat;
+        o.engine = config;
         o.budget_ratio = 0.6;
         ReplayResult res = (*r)->Run(o);
         EXPECT_NE(res.status, ReplayStatus::kError) << policy << ": " << res.message;

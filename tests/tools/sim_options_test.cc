@@ -43,7 +43,7 @@ TEST(SimOptionsTest, DefaultsForOneTrace) {
   EXPECT_EQ(options->out_format, OutFormat::kNone);
   EXPECT_TRUE(options->plot.empty());
   EXPECT_EQ(options->jobs, 0);
-  EXPECT_TRUE(options->simrd_compat);
+  EXPECT_FALSE(options->dtr_paper);
   EXPECT_TRUE(options->cheap_tensor_partitioning);
   EXPECT_FALSE(options->sample_sqrt);
   EXPECT_THAT(options->offload, ElementsAre("off"));
@@ -118,7 +118,7 @@ TEST(SimOptionsTest, EveryFlag) {
   absl::StatusOr<SimOptions> options =
       Parse({"a.log", "--ratios", "0.9,0.7,0.5", "b.log", "--policies=dtr-eq,coop", "--mode", "arena",
              "--overhead-limit", "3.5", "--out", "r.json", "--plot", "o.png", "--jobs", "3", "--seed", "7",
-             "--sample-sqrt", "--ignore-small", "--no-simrd-compat", "--no-partition"});
+             "--sample-sqrt", "--ignore-small", "--dtr-paper", "--no-partition"});
   ASSERT_TRUE(options.ok()) << options.status();
   EXPECT_THAT(options->traces, ElementsAre("a.log", "b.log"));
   EXPECT_THAT(options->ratios, ElementsAre(0.9, 0.7, 0.5));
@@ -132,7 +132,7 @@ TEST(SimOptionsTest, EveryFlag) {
   EXPECT_EQ(options->seed, 7u);
   EXPECT_TRUE(options->sample_sqrt);
   EXPECT_TRUE(options->ignore_small);
-  EXPECT_FALSE(options->simrd_compat);
+  EXPECT_TRUE(options->dtr_paper);
   EXPECT_FALSE(options->cheap_tensor_partitioning);
 }
 
