@@ -7,7 +7,8 @@
 set -euo pipefail
 
 REMAT_VENV="${REMAT_VENV:-$HOME/.cache/remat/venv}"
-APT_PACKAGES=(libgtest-dev libgmock-dev libbenchmark-dev libabsl-dev ninja-build ccache cmake g++)
+APT_PACKAGES=(libgtest-dev libgmock-dev libbenchmark-dev libabsl-dev libsimdjson-dev nlohmann-json3-dev libcli11-dev
+              ninja-build ccache cmake g++)
 PY_REQUIREMENTS=(torch==2.14.1 torchvision==0.29.1 numpy pytest matplotlib transformers==5.24.0 accelerate==1.15.0)
 
 log() { printf '[setup] %s\n' "$*" >&2; }
