@@ -17,6 +17,7 @@
 #include "integration/op_cost.h"
 #include "integration/op_effects.h"
 #include "integration/opaque_call.h"
+#include "integration/pin_listener.h"
 #include "integration/storage_eviction.h"
 #include "policies/registry.h"
 
@@ -350,6 +351,7 @@ void EngineBridge::AfterOp(OpRecord&& record) {
         defer_if_backward(t);
       } else {
         engine_->Pin(t);
+        NotePinned(impl.get());
         entry.pinned = true;
         entry.blank = ProducesUninitializedMemory(traits.name);
         ++stats_.pinned_outputs;
@@ -380,6 +382,7 @@ void EngineBridge::AfterOp(OpRecord&& record) {
       defer_if_backward(t);
     } else {
       engine_->Pin(t);
+      NotePinned(impl.get());
       entry.pinned = true;
       executor_.SetOwner(AddressOf(*impl), s, /*evictable=*/false);
     }

@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "integration/engine_bridge.h"
 #include "integration/engine_bridge_internal.h"
+#include "integration/pin_listener.h"
 #include "integration/storage_eviction.h"
 
 namespace remat::integration {
@@ -52,6 +53,7 @@ void EngineBridge::PinEntry(Entry& entry) {
   entry.pinned = true;
   if (c10::intrusive_ptr<c10::StorageImpl> impl = entry.weak.lock()) {
     executor_.SetOwner(AddressOf(*impl), engine_->StorageOf(entry.root), /*evictable=*/false);
+    NotePinned(impl.get());
   }
 }
 

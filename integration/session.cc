@@ -10,6 +10,7 @@
 #include <utility>
 
 #include "integration/dispatch_hook.h"
+#include "integration/pin_listener.h"
 #include "integration/trace_recorder.h"
 
 namespace remat::integration {
@@ -17,7 +18,7 @@ namespace {
 
 // The observer until the runtime exists: counts what it sees, hands it to the trace recorder if one is open,
 // and drops the records.
-class TrackingObserver final : public OpObserver {
+class TrackingObserver final : public OpObserver, public PinListener {
  public:
   void BeforeOp(OpRecord&) override {}
   void AfterOp(OpRecord&& record) override {
@@ -30,16 +31,22 @@ class TrackingObserver final : public OpObserver {
     }
   }
   void OpFailed(OpRecord&) noexcept override {}
+  void Pinned(const c10::StorageImpl* storage) override {
+    std::lock_guard<std::mutex> lock(recorder_mutex_);
+    if (recorder_ != nullptr) recorder_->OnPinned(storage);
+  }
 
   bool Recording() { return recording_.load(std::memory_order_acquire); }
   void SetRecorder(std::unique_ptr<TraceRecorder> recorder) {
     std::lock_guard<std::mutex> lock(recorder_mutex_);
     recorder_ = std::move(recorder);
     recording_.store(recorder_ != nullptr, std::memory_order_release);
+    SetPinListener(recorder_ != nullptr ? this : nullptr);
   }
   std::unique_ptr<TraceRecorder> TakeRecorder() {
     std::lock_guard<std::mutex> lock(recorder_mutex_);
     recording_.store(false, std::memory_order_release);
+    SetPinListener(nullptr);
     return std::move(recorder_);
   }
 
@@ -48,6 +55,7 @@ class TrackingObserver final : public OpObserver {
   void UnlockAfterFork() { recorder_mutex_.unlock(); }
   void DropRecorderInChild() {
     recording_.store(false, std::memory_order_release);
+    SetPinListener(nullptr);
     (void)recorder_.release();  // leaked: closing it would write the parent's trace
     recorder_mutex_.unlock();
   }
@@ -157,11 +165,11 @@ RematStats GetRematStats() {
   return stats;
 }
 
-absl::Status StartTrace(const std::string& path) {
+absl::Status StartTrace(const std::string& path, bool estimated_costs) {
   std::lock_guard<std::mutex> lock(g_mutex);
   if (!g_enabled) return absl::FailedPreconditionError("remat: enable remat before recording a trace");
   if (Tracker().Recording()) return absl::FailedPreconditionError("remat: a trace is already being recorded");
-  absl::StatusOr<std::unique_ptr<TraceRecorder>> recorder = TraceRecorder::Open(path);
+  absl::StatusOr<std::unique_ptr<TraceRecorder>> recorder = TraceRecorder::Open(path, estimated_costs);
   if (!recorder.ok()) return recorder.status();
   Tracker().SetRecorder(std::move(*recorder));
   return absl::OkStatus();

@@ -57,8 +57,9 @@ struct RematStats {
 RematStats GetRematStats();
 
 // Writes the ops the hook records from now on as a trace (trace_recorder.h) to `path`. FailedPrecondition when
-// remat is not enabled or a trace is already being written. DisableRemat stops it too.
-absl::Status StartTrace(const std::string& path);
+// remat is not enabled or a trace is already being written. DisableRemat stops it too. `estimated_costs`: TIME is
+// the engine's estimate (op_cost.h) instead of the measured time.
+absl::Status StartTrace(const std::string& path, bool estimated_costs = false);
 // Closes the trace; returns the number of ops written. FailedPrecondition when no trace is being written.
 absl::StatusOr<std::uint64_t> StopTrace();
 

@@ -76,7 +76,7 @@ int64_t ParseBudgetBytes(const std::string& text) {
   return static_cast<int64_t>(bytes);
 }
 
-void RecordStart(const std::string& path) { ThrowIfError(StartTrace(path)); }
+void RecordStart(const std::string& path, bool estimated_costs) { ThrowIfError(StartTrace(path, estimated_costs)); }
 
 int64_t RecordStop() {
   absl::StatusOr<std::uint64_t> ops = StopTrace();
@@ -112,7 +112,7 @@ TORCH_LIBRARY(remat, m) {
   m.def("reset_peak() -> ()", &ResetPeak);
   m.def("track_this_thread(bool enabled) -> ()", &TrackThisThread);
   m.def("parse_budget(str text) -> int", &ParseBudgetBytes);
-  m.def("record_start(str path) -> ()", &RecordStart);
+  m.def("record_start(str path, bool estimated_costs=False) -> ()", &RecordStart);
   m.def("record_stop() -> int", &RecordStop);
   m.def("torch_version() -> str", &TorchVersion);
   m.def("hook_key() -> str", &HookKeyName);

@@ -1,11 +1,13 @@
 // Trace recorder: see trace_recorder.h for the contract.
 #include "integration/trace_recorder.h"
 
+#include <algorithm>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "integration/held_references.h"
+#include "integration/op_cost.h"
 
 namespace remat::integration {
 namespace {
@@ -49,14 +51,15 @@ void ForEachArgumentTensor(const c10::Stack& arguments, Visit visit) {
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<TraceRecorder>> TraceRecorder::Open(const std::string& path) {
+absl::StatusOr<std::unique_ptr<TraceRecorder>> TraceRecorder::Open(const std::string& path, bool estimated_costs) {
   std::ofstream out(path, std::ios::out | std::ios::trunc);
   if (!out) return absl::NotFoundError(absl::StrCat("remat: cannot create the trace file ", path));
   out << "{\"INSTRUCTION\":\"ANNOTATE\",\"ANNOTATION\":\"START\"}\n";
-  return std::unique_ptr<TraceRecorder>(new TraceRecorder(path, std::move(out)));
+  return std::unique_ptr<TraceRecorder>(new TraceRecorder(path, std::move(out), estimated_costs));
 }
 
-TraceRecorder::TraceRecorder(std::string path, std::ofstream out) : path_(std::move(path)), out_(std::move(out)) {}
+TraceRecorder::TraceRecorder(std::string path, std::ofstream out, bool estimated_costs)
+    : path_(std::move(path)), out_(std::move(out)), estimated_costs_(estimated_costs) {}
 
 TraceRecorder::~TraceRecorder() { (void)Close(); }
 
@@ -89,10 +92,22 @@ const std::string& TraceRecorder::NameOf(const at::Tensor& tensor) {
   return it->second.names.front();
 }
 
+void TraceRecorder::OnPinned(const c10::StorageImpl* storage) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (closed_) return;
+  auto it = known_.find(storage);
+  if (it == known_.end()) return;  // not in the trace yet: a CONSTANT when it first appears
+  out_ << "{\"INSTRUCTION\":\"PIN\",\"NAME\":" << Quoted(it->second.names.front()) << "}\n";
+}
+
 void TraceRecorder::OnOp(const OpRecord& record) {
   std::lock_guard<std::mutex> lock(mutex_);
   if (closed_) return;
   ReleaseDead();
+  if (record.in_backward != in_backward_) {
+    in_backward_ = record.in_backward;
+    out_ << "{\"INSTRUCTION\":\"ANNOTATE\",\"ANNOTATION\":\"" << (in_backward_ ? "BACKWARD" : "FORWARD") << "\"}\n";
+  }
 
   std::vector<std::string> args;
   std::vector<const c10::StorageImpl*> arg_storages;
@@ -102,10 +117,15 @@ void TraceRecorder::OnOp(const OpRecord& record) {
     arg_storages.push_back(tensor.storage().unsafeGetStorageImpl());
     arg_of.push_back(index);
   });
-  const std::string time = absl::StrCat("\"", record.duration_ns, "\"");
+  // The engine's own cost (engine_bridge.cc AfterOp) when estimated.
+  const std::int64_t cost =
+      estimated_costs_ ? std::max<std::int64_t>(1, EstimatedCostNs(record)) : static_cast<std::int64_t>(record.duration_ns);
+  const std::string time = absl::StrCat("\"", cost, "\"");
   const std::string name = Quoted(record.traits->name);
 
-  if (!record.traits->written_arguments.empty()) {
+  bool fresh_outputs = false;
+  for (const CapturedOutput& output : record.outputs) fresh_outputs = fresh_outputs || output.input_storage < 0;
+  if (!record.traits->written_arguments.empty() && !fresh_outputs) {
     std::vector<std::string> mutated;
     for (std::size_t k = 0; k < args.size(); ++k) {
       for (int written : record.traits->written_arguments) {
@@ -140,9 +160,11 @@ void TraceRecorder::OnOp(const OpRecord& record) {
       for (std::int64_t size : output.meta.sizes) numel *= static_cast<std::size_t>(size);
       result.bytes = numel * c10::elementSize(output.meta.dtype);
     }
-    auto [it, inserted] = known_.try_emplace(storage.get());
-    if (inserted) it->second.storage = c10::weak_intrusive_ptr<c10::StorageImpl>(storage);
-    it->second.names.push_back(result.name);
+    if (result.alias < 0) {
+      auto [it, inserted] = known_.try_emplace(storage.get());
+      if (inserted) it->second.storage = c10::weak_intrusive_ptr<c10::StorageImpl>(storage);
+      it->second.names.push_back(result.name);
+    }
     results.push_back(std::move(result));
   }
   std::vector<std::string> result_names;
@@ -152,6 +174,12 @@ void TraceRecorder::OnOp(const OpRecord& record) {
   for (const Result& r : results) {
     out_ << "{\"INSTRUCTION\":\"MEMORY\",\"NAME\":" << Quoted(r.name) << ",\"MEMORY\":\"" << r.bytes << "\"}\n";
     out_ << "{\"INSTRUCTION\":\"ALIAS\",\"NAME\":" << Quoted(r.name) << ",\"ALIAS\":\"" << r.alias << "\"}\n";
+  }
+  // A view's name is never an argument (arguments name storages), and its storage's own name keeps the storage
+  // alive until it dies: the view's name goes at once, or views of a long-lived storage (a parameter's transpose,
+  // made every step) would pile up as names referenced to the end.
+  for (const Result& r : results) {
+    if (r.alias >= 0) out_ << "{\"INSTRUCTION\":\"RELEASE\",\"NAME\":" << Quoted(r.name) << "}\n";
   }
   ++ops_written_;
 }

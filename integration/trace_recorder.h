@@ -9,11 +9,19 @@
 //   - any other op is a CALL; each result gets MEMORY and ALIAS: -1 and its storage's bytes for a fresh storage,
 //     else the ARGS index of the argument whose storage it shares and the view's own bytes;
 //   - ARGS name storages (a view used as an argument is named by its storage), so aliasing is by storage, which
-//     is the unit remat evicts;
+//     is the unit remat evicts; a view result's name is RELEASEd right after its CALL (it is never an argument);
 //   - when a storage dies (its last tensor is gone; references remat's own op records hold do not count, see
 //     held_references.h), every name on it is RELEASEd, detected at the next op or at Close. Names alive at Close are the trace's outputs.
-// TIME is the op's measured wall time (nested calls included). Ops whose only tensors are not strided (sparse)
-// contribute only their strided tensors.
+//   - an op that writes arguments and also returns fresh storages (batch norm's running statistics) is a CALL of
+//     its results: remat's engine does not model such writes either (engine_bridge.h);
+//   - remat's extensions (runtime/trace.h): `ANNOTATE BACKWARD` where autograd's engine starts running ops and
+//     `ANNOTATE FORWARD` where it stops (the optimizer step is not part of the backward pass), and a PIN line for
+//     each storage the engine bridge pins for good (OnPinned: a result it cannot replay, optimizer state, what a
+//     write to a constant would change, an export), right after the op that produced it or before the op whose
+//     write made the pin necessary, so that remat-sim replays what the PyTorch path did.
+// TIME is the op's measured wall time (nested calls included), or with `estimated_costs` the estimate the engine
+// uses for it (op_cost.h), so that remat-sim makes the choices the engine made. Ops whose only tensors are not
+// strided (sparse) contribute only their strided tensors.
 //
 // Thread safety: OnOp may be called from any thread (autograd's engine); calls are serialized.
 #pragma once
@@ -35,12 +43,14 @@ namespace remat::integration {
 class TraceRecorder {
  public:
   // Creates (truncates) the file and writes the START annotation.
-  static absl::StatusOr<std::unique_ptr<TraceRecorder>> Open(const std::string& path);
+  static absl::StatusOr<std::unique_ptr<TraceRecorder>> Open(const std::string& path, bool estimated_costs = false);
   ~TraceRecorder();
   TraceRecorder(const TraceRecorder&) = delete;
   TraceRecorder& operator=(const TraceRecorder&) = delete;
 
   void OnOp(const OpRecord& record);
+  // The engine bridge pinned `storage` for good: a PIN line if the trace has named it.
+  void OnPinned(const c10::StorageImpl* storage);
   // Writes the pending releases and closes the file; errors if any write failed. Idempotent.
   absl::Status Close();
   std::uint64_t ops_written() const;
@@ -49,10 +59,10 @@ class TraceRecorder {
  private:
   struct Known {
     c10::weak_intrusive_ptr<c10::StorageImpl> storage{c10::intrusive_ptr<c10::StorageImpl>()};
-    std::vector<std::string> names;  // the first is the storage's own; the rest are views on it
+    std::vector<std::string> names;  // the first is the storage's own (a view's name is released at once)
   };
 
-  TraceRecorder(std::string path, std::ofstream out);
+  TraceRecorder(std::string path, std::ofstream out, bool estimated_costs);
   void ReleaseDead();
   const std::string& NameOf(const at::Tensor& tensor);
   std::string NewName();
@@ -61,6 +71,8 @@ class TraceRecorder {
   std::string path_;
   std::ofstream out_;
   bool closed_ = false;
+  const bool estimated_costs_;
+  bool in_backward_ = false;  // the last op written ran in a backward pass
   std::uint64_t next_name_ = 0;
   std::uint64_t ops_written_ = 0;
   absl::flat_hash_map<const c10::StorageImpl*, Known> known_;

@@ -50,7 +50,8 @@ struct DriveOptions {
   bool product = true;       // the engine configuration (ReplayOptions::engine): kProduct when true
   int prefetch_ops = 0;      // > 0: before each op, prefetch the paged inputs of the next prefetch_ops ops
   bool prefetch_evicts = false;  // see ReplayOptions
-  Arena* arena = nullptr;    // arena mode: in-place outputs become the owners of the blocks they take over
+  Arena* arena = nullptr;    // arena mode: the arena ops allocate from (product) and whose block owners follow
+  bool partition = false;    // product, arena mode: costly ops' outputs low, others high (as SimExecutor places)
   std::function<void()> after_op;  // when set, called after every CALL and MUTATE (timelines)
 };
 
@@ -89,6 +90,40 @@ absl::Status Drive(const Trace& trace, Engine& engine, const DriveOptions& drive
     if (!drive.product || !backward) return;
     for (TensorId t : outs) engine.Defer(t);
   };
+  // Product, arena mode: an op runs as the PyTorch path runs it. BeginOp brings its inputs back and locks them, the
+  // kernel allocates its fresh outputs from the arena one by one (the engine makes room when one does not fit),
+  // and EndOp registers them where they were placed.
+  auto call_as_kernel = [&](const TraceOp& op) -> absl::StatusOr<std::span<const TensorId>> {
+    absl::StatusOr<OpId> begun = engine.BeginOp(inputs, op.op_name);
+    if (!begun.ok()) return begun.status();
+    engine.NoteAllocation();
+    const Placement placement = (!drive.partition || engine.OpCostly(*begun)) ? Placement::kLow : Placement::kHigh;
+    outputs.clear();
+    for (const TraceResult& r : op.results) {
+      OutputSpec spec{r.alias >= 0 ? 0 : r.bytes, r.alias};
+      if (r.alias < 0) {
+        absl::StatusOr<std::uintptr_t> address =
+            drive.arena->Allocate(static_cast<std::size_t>(r.bytes), kNoOwner, placement);
+        if (!address.ok()) {
+          for (const OutputSpec& placed : outputs) {
+            if (placed.alias < 0) (void)drive.arena->Free(placed.address);
+          }
+          engine.AbortOp(*begun);
+          return absl::ResourceExhaustedError(
+              absl::StrCat("out of memory running '", op.op_name, "': ", address.status().message()));
+        }
+        spec.address = *address;
+      }
+      outputs.push_back(spec);
+    }
+    absl::StatusOr<std::span<const TensorId>> outs = engine.EndOp(*begun, outputs, op.time_ns);
+    if (!outs.ok()) return outs.status();
+    for (std::size_t i = 0; i < outputs.size(); ++i) {
+      if (outputs[i].alias >= 0) continue;
+      (void)drive.arena->SetOwner(outputs[i].address, OwnerId{engine.StorageOf((*outs)[i])} + 1);
+    }
+    return outs;
+  };
   std::vector<TensorId> upcoming;
   auto prefetch = [&]() -> absl::Status {
     upcoming.clear();
@@ -102,7 +137,22 @@ absl::Status Drive(const Trace& trace, Engine& engine, const DriveOptions& drive
     absl::StatusOr<int> issued = engine.PrefetchAhead(upcoming, prefetch_evicts);
     return issued.status();
   };
-  for (const TraceOp& op : trace.ops) {
+  // Product: every constant is in memory when the replay starts, as the PyTorch path has the parameters and state
+  // a recording found (declared where first used, they would be placed among the activations).
+  std::vector<bool> hoisted(trace.ops.size(), false);
+  if (drive.product) {
+    for (std::size_t i = 0; i < trace.ops.size(); ++i) {
+      const TraceOp& op = trace.ops[i];
+      if (op.kind != TraceOpKind::kConstant || bound[op.name] >= 0) continue;
+      absl::StatusOr<TensorId> t = engine.Constant(op.bytes);
+      if (!t.ok()) return t.status();
+      bind(op.name, *t);
+      hoisted[i] = true;
+    }
+  }
+  for (std::size_t i = 0; i < trace.ops.size(); ++i) {
+    const TraceOp& op = trace.ops[i];
+    if (hoisted[i]) continue;
     if (!calls.empty() && (op.kind == TraceOpKind::kCall || op.kind == TraceOpKind::kMutate)) {
       if (absl::Status s = prefetch(); !s.ok()) return s;
     }
@@ -155,8 +205,13 @@ absl::Status Drive(const Trace& trace, Engine& engine, const DriveOptions& drive
           inputs.push_back(t);
         }
         outputs.clear();
-        for (const TraceResult& r : op.results) outputs.push_back({r.alias >= 0 ? 0 : r.bytes, r.alias});
-        absl::StatusOr<std::span<const TensorId>> outs = engine.Call(inputs, outputs, op.time_ns, op.op_name);
+        absl::StatusOr<std::span<const TensorId>> outs;
+        if (drive.product && drive.arena != nullptr) {
+          outs = call_as_kernel(op);
+        } else {
+          for (const TraceResult& r : op.results) outputs.push_back({r.alias >= 0 ? 0 : r.bytes, r.alias});
+          outs = engine.Call(inputs, outputs, op.time_ns, op.op_name);
+        }
         if (!outs.ok()) return outs.status();
         for (std::size_t i = 0; i < op.results.size(); ++i) {
           bind(op.results[i].name, (*outs)[i]);
@@ -323,7 +378,9 @@ ReplayResult Replayer::Run(const ReplayOptions& options) {
   if (options.host_budget_bytes > 0) eo.paging.host_budget = options.host_budget_bytes;
   eo.paging.page_constants = options.page_constants;
   eo.paging.duplex = options.duplex_link;
-  SimExecutor executor(arena.get(), options.cheap_tensor_partitioning);
+  // The PyTorch path partitions only for policies that search windows (engine_bridge.cc BeforeOp).
+  const bool partition = options.cheap_tensor_partitioning && (!product || policy->get()->UsesWindows());
+  SimExecutor executor(arena.get(), partition);
   Engine engine(eo, &executor);
   if (arena) arena->SetPressureHandler(&engine);
   std::function<void()> sample;
@@ -341,6 +398,7 @@ ReplayResult Replayer::Run(const ReplayOptions& options) {
   drive.prefetch_ops = options.offload == OffloadMode::kOff ? 0 : options.prefetch_ops;
   drive.prefetch_evicts = options.prefetch_evicts;
   drive.arena = arena.get();
+  drive.partition = partition;
   drive.after_op = std::move(sample);
   absl::Status status = Drive(*impl_->trace, engine, drive);
   if (arena) arena->SetPressureHandler(nullptr);

@@ -249,11 +249,18 @@ class _Recording:
         return False
 
 
-def record(path: Union[str, os.PathLike]) -> _Recording:
+def record(path: Union[str, os.PathLike], costs: Optional[str] = None) -> _Recording:
     """Writes the ops remat sees from now on (this thread's, and its backward passes') to `path` as a trace in
-    the DTR prototype's format, which `remat-sim` replays. Remat must be enabled; disable() also closes the
-    trace. Usable as a context manager."""
-    torch.ops.remat.record_start(os.fspath(path))
+    the DTR prototype's format, which `remat-sim` replays, with what the engine pinned and where backward passes
+    begin and end (remat's extensions of the format), so that remat-sim makes the choices the engine made. Remat
+    must be enabled; disable() also closes the trace. Usable as a context manager. `costs`: each op's TIME,
+    "measured" (its wall time) or "estimated" (the engine's estimate from its shapes); default: what enable() was
+    given."""
+    if costs is None:
+        costs = _engine.enabled_costs
+    if costs not in _engine.COSTS:
+        raise ValueError(f"remat: unknown costs {costs!r}; expected one of {', '.join(_engine.COSTS)}")
+    torch.ops.remat.record_start(os.fspath(path), costs == "estimated")
     return _Recording(os.fspath(path))
 
 

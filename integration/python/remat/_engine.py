@@ -65,6 +65,10 @@ def resolve_paging(offload: Optional[str] = None, host_budget: Union[int, str, N
 HOST_TIERS = ("memory", "file")
 
 
+# The costs the engine was last enabled with (remat.record writes the same into a trace by default).
+enabled_costs = "measured"
+
+
 def enable(nbytes: int, policy: Optional[str] = None, costs: str = "measured", offload: Optional[str] = None,
            host_budget: Union[int, str, None] = None, host_tier: str = "memory", page_constants: bool = True) -> str:
     """Switches remat on with the engine; returns the policy used."""
@@ -75,6 +79,8 @@ def enable(nbytes: int, policy: Optional[str] = None, costs: str = "measured", o
     if host_tier not in HOST_TIERS:
         raise ValueError(f"remat: unknown host_tier {host_tier!r}; expected one of {', '.join(HOST_TIERS)}")
     torch.ops.remat.enable_engine(int(nbytes), name, costs, mode, host_bytes, host_tier, bool(page_constants))
+    global enabled_costs
+    enabled_costs = costs
     return name
 
 
@@ -99,11 +105,19 @@ def optimizer_state_tensors(optimizer: torch.optim.Optimizer) -> List[torch.Tens
     return [v for state in optimizer.state.values() for v in state.values() if isinstance(v, torch.Tensor)]
 
 
+def optimizer_parameters(optimizer: torch.optim.Optimizer) -> List[torch.Tensor]:
+    """The parameters `optimizer` updates."""
+    return [p for group in optimizer.param_groups for p in group["params"] if isinstance(p, torch.Tensor)]
+
+
 def _pin_optimizer_state(optimizer: torch.optim.Optimizer, args, kwargs) -> None:
-    """torch.optim's global step post hook: pins the tensors of `optimizer.state` (EngineBridge::PinState)."""
+    """torch.optim's global step post hook: pins the tensors of `optimizer.state` and the parameters it updates
+    (EngineBridge::PinState). A parameter made while remat is on (a model built after enable()) is an op's result,
+    recomputable like an activation; each step writes it in place, so its new value would be recomputable only by
+    replaying every step since it was made. Pinned, it is a constant, as a parameter made before enable() is."""
     if not is_enabled():
         return
-    tensors = optimizer_state_tensors(optimizer)
+    tensors = optimizer_state_tensors(optimizer) + optimizer_parameters(optimizer)
     if tensors:
         torch.ops.remat.pin_state(tensors)
 
