@@ -1,11 +1,15 @@
-// Hand-written argv parsing: the flag set is small, and hand parsing gives messages that name the exact argument
-// and the accepted forms (absl::flags would also accept forms we want to reject, such as single-dash flags).
+// remat-sim's command line, read by CLI11 (Debian libcli11-dev): CLI11 splits the arguments into flags, values
+// (`--flag value`, `--flag=value`), switches and trace paths (`--` ends the flags) and writes --help from the table
+// in DefineFlags. The value parsers here check units, ranges, lists and names, and word every error as
+// tools/sim_options.h promises.
 #include "tools/sim_options.h"
+
+#include <CLI/CLI.hpp>
 
 #include <algorithm>
 #include <cmath>
 #include <functional>
-#include <map>
+#include <memory>
 
 #include "absl/status/status.h"
 #include "absl/strings/numbers.h"
@@ -40,14 +44,16 @@ absl::StatusOr<std::vector<std::string>> SplitList(absl::string_view flag, absl:
   return items;
 }
 
-absl::StatusOr<double> ParseRatio(absl::string_view text) {
-  double value = 0;
-  // SimpleAtod accepts "nan", "inf" and hex floats; the checks below reject the non-finite ones, and the
-  // character check keeps the accepted form to plain decimals.
-  const bool plain = !text.empty() && std::all_of(text.begin(), text.end(), [](char c) {
+bool PlainDecimal(absl::string_view text) {
+  return !text.empty() && std::all_of(text.begin(), text.end(), [](char c) {
     return (c >= '0' && c <= '9') || c == '.' || c == 'e' || c == 'E' || c == '-' || c == '+';
   });
-  if (!plain || !absl::SimpleAtod(text, &value) || !std::isfinite(value)) {
+}
+
+absl::StatusOr<double> ParseRatio(absl::string_view text) {
+  double value = 0;
+  // SimpleAtod accepts "nan", "inf" and hex floats: plain decimals only, and finite.
+  if (!PlainDecimal(text) || !absl::SimpleAtod(text, &value) || !std::isfinite(value)) {
     return Bad("--ratios", absl::StrCat("'", text, "' is not a number (expected a decimal such as 0.5)"));
   }
   if (value <= 0 || value > 1) {
@@ -68,14 +74,53 @@ std::string Quoted(const std::vector<std::string>& names) {
   return absl::StrJoin(names, ", ");
 }
 
-bool Contains(const std::vector<std::string>& names, absl::string_view name) {
-  return std::find(names.begin(), names.end(), name) != names.end();
+template <typename T, typename U>
+bool Contains(const std::vector<T>& values, const U& value) {
+  return std::find(values.begin(), values.end(), value) != values.end();
 }
 
-bool PlainDecimal(absl::string_view text) {
-  return !text.empty() && std::all_of(text.begin(), text.end(), [](char c) {
-    return (c >= '0' && c <= '9') || c == '.' || c == 'e' || c == 'E' || c == '-' || c == '+';
-  });
+// A byte size (runtime/byte_size.h) above zero.
+absl::StatusOr<std::uint64_t> ParseSize(absl::string_view flag, const std::string& text, const char* zero_hint = "") {
+  absl::StatusOr<std::uint64_t> bytes = ParseByteSize(text);
+  if (!bytes.ok()) return Bad(flag, bytes.status().message());
+  if (*bytes == 0) return Bad(flag, absl::StrCat("'", text, "' is zero bytes", zero_hint));
+  return bytes;
+}
+
+// `name` if it is in `known`.
+absl::StatusOr<std::string> Known(absl::string_view flag, const char* what, const std::vector<std::string>& known,
+                                  const std::string& name) {
+  if (Contains(known, name)) return name;
+  return Bad(flag, absl::StrCat("unknown ", what, " '", name, "' (known: ", Quoted(known), ")"));
+}
+
+// A comma list (SplitList), each element parsed by `parse` into `out`; a `what` listed twice in other words
+// ("0.5,0.50") is an error too.
+template <typename T, typename Parse>
+absl::Status ParseList(absl::string_view flag, const char* what, const std::string& text, Parse parse,
+                       std::vector<T>& out) {
+  absl::StatusOr<std::vector<std::string>> items = SplitList(flag, text);
+  if (!items.ok()) return items.status();
+  out.clear();
+  for (const std::string& item : *items) {
+    absl::StatusOr<T> value = parse(item);
+    if (!value.ok()) return value.status();
+    if (Contains(out, *value)) return Bad(flag, absl::StrCat("'", item, "' repeats a ", what, " already listed"));
+    out.push_back(*std::move(value));
+  }
+  return absl::OkStatus();
+}
+
+// Stores a parsed value.
+template <typename T>
+absl::Status Set(absl::StatusOr<T> value, T& field) {
+  if (value.ok()) field = *std::move(value);
+  return value.status();
+}
+
+// A file name: a stem, then `suffix`.
+bool EndsIn(absl::string_view name, absl::string_view suffix) {
+  return name.size() > suffix.size() && absl::EndsWith(name, suffix);
 }
 
 constexpr char kBandwidthForms[] =
@@ -148,219 +193,162 @@ std::vector<double> DefaultRatios() {
   return ratios;
 }
 
+namespace {
+
+// --help: the usage line first, then the description.
+class HelpFormat : public CLI::Formatter {
+ public:
+  std::string make_description(const CLI::App* app) const override {
+    return absl::StrCat("usage: ", app->get_name(), " TRACE... [options]\n\n", app->get_description(), "\n");
+  }
+  std::string make_usage(const CLI::App*, std::string) const override { return ""; }
+};
+
+// The flags: what each one does with its value, and its line in --help.
+void DefineFlags(CLI::App& app, SimOptions& o, const Vocabulary& vocabulary) {
+  app.description(
+      "Replays operator traces (the DTR prototype's JSON-lines format) through the remat engine under memory\n"
+      "budgets and eviction policies, and reports one row per (trace, policy, ratio or budget).");
+  app.footer(
+      "With offload on, overhead includes the time ops waited for page-ins (transfer stall); the table, CSV and\n"
+      "JSON give the offload mode, bytes paged out and in, and the stall.\n"
+      "A table goes to stdout; a progress bar goes to stderr when it is a terminal.\n"
+      "Exit status: 0 when every simulation ran (whatever its result: pass, oom or thrash), 2 for a command-line\n"
+      "error, 1 for an unreadable or malformed trace or a failed output.");
+  app.formatter(std::make_shared<HelpFormat>());
+  app.get_formatter()->column_width(26);
+  app.set_help_flag();  // --help sets SimOptions::help (below) rather than ending the parse
+  app.allow_extras();   // unknown flags are reported by ParseSimOptions, in its words
+  app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast)->disable_flag_override();
+
+  // A flag with a value, which `parse` checks and stores; its error is the parse's.
+  auto value = [&app](const char* flag, const char* type, const std::string& help,
+                      std::function<absl::Status(const std::string&)> parse) {
+    auto check = [parse = std::move(parse)](const std::string& text) {
+      if (absl::Status status = parse(text); !status.ok()) throw CLI::ValidationError(std::string(status.message()));
+    };
+    app.add_option_function<std::string>(flag, check, help)->type_name(type);
+  };
+  app.add_option("TRACE", o.traces, "trace files (JSON lines, ../shared/traces/dtr/README.md)")->type_name("");
+  value("--ratios", "R,...",
+        "budgets as fractions of the unconstrained peak (constants included), each in\n"
+        "(0, 1]; default 0.9,0.8,...,0.1",
+        [&](const std::string& t) { return ParseList("--ratios", "ratio", t, ParseRatio, o.ratios); });
+  value("--budgets", "SIZE,...", "absolute budgets with units, e.g. 4GiB,512MiB,1000000 (excludes --ratios)",
+        [&](const std::string& t) {
+          auto size = [](const std::string& i) { return ParseSize("--budgets", i); };
+          return ParseList("--budgets", "budget", t, size, o.budgets);
+        });
+  value("--policies", "P,...",
+        absl::StrCat("eviction policies (default ", vocabulary.default_policy, ")\nknown: ",
+                     Quoted(vocabulary.policies)),
+        [&](const std::string& t) {
+          auto known = [&](const std::string& i) { return Known("--policies", "policy", vocabulary.policies, i); };
+          return ParseList("--policies", "policy", t, known, o.policies);
+        });
+  value("--mode", "M",
+        absl::StrCat("byte accounting: ", Quoted(vocabulary.modes), " (default ", vocabulary.default_mode, ")"),
+        [&](const std::string& t) { return Set(Known("--mode", "mode", vocabulary.modes, t), o.mode); });
+  value("--overhead-limit", "X",
+        "a run whose compute exceeds X times the baseline is 'thrash' (default 2.0;\n<= 0 disables the check)",
+        [&](const std::string& t) { return Set(ParseFiniteDouble("--overhead-limit", t), o.overhead_limit); });
+  value("--out", "FILE", "write the rows as CSV (FILE.csv) or JSON (FILE.json)", [&](const std::string& t) {
+    o.out = t;
+    o.out_format = EndsIn(t, ".csv") ? OutFormat::kCsv : EndsIn(t, ".json") ? OutFormat::kJson : OutFormat::kNone;
+    return o.out_format != OutFormat::kNone ? absl::OkStatus()
+                                            : Bad("--out", absl::StrCat("'", t, "' must end in .csv or .json"));
+  });
+  value("--plot", "FILE.png",
+        "plot overhead against memory ratio, one panel per trace, one line per policy\n"
+        "(runs tools/plot_overhead.py with $REMAT_PYTHON, else $REMAT_VENV/bin/python,\n"
+        "else ~/.cache/remat/venv/bin/python, else python3; needs matplotlib)",
+        [&](const std::string& t) {
+          o.plot = t;
+          return EndsIn(t, ".png") ? absl::OkStatus() : Bad("--plot", absl::StrCat("'", t, "' must end in .png"));
+        });
+  value("--timeline", "FILE.png|FILE.json",
+        "one run's memory over time: in use, paged out, evicted, released and\n"
+        "rematerialized bytes, replays marked (JSON as remat.trace writes; .png also\n"
+        "writes FILE.json and plots it with integration/python/remat/plot.py)",
+        [&](const std::string& t) {
+          o.timeline = t;
+          return EndsIn(t, ".png") || EndsIn(t, ".json")
+                     ? absl::OkStatus()
+                     : Bad("--timeline", absl::StrCat("'", t, "' must end in .png or .json"));
+        });
+  value("--jobs", "N", "parallel simulations (default: one per core)", [&](const std::string& t) {
+    return absl::SimpleAtoi(t, &o.jobs) && o.jobs >= 0 && o.jobs <= 1024
+               ? absl::OkStatus()
+               : Bad("--jobs", absl::StrCat("'", t, "' is not an integer in [0, 1024] (0: one per core)"));
+  });
+  value("--seed", "N", "seed for the random policy and for sampling (default 0)", [&](const std::string& t) {
+    return absl::SimpleAtoi(t, &o.seed) && !absl::StartsWith(t, "-")
+               ? absl::OkStatus()
+               : Bad("--seed", absl::StrCat("'", t, "' is not a non-negative integer"));
+  });
+  app.add_flag("--sample-sqrt", o.sample_sqrt,
+               "score only sqrt(n) random candidates per eviction (DTR prototype option)");
+  app.add_flag("--ignore-small", o.ignore_small, "skip candidates smaller than 1% of the mean candidate size");
+  app.add_flag("--dtr-paper", o.dtr_paper,
+               "the DTR paper's engine (its simulator, simrd, exactly: released storages stay\n"
+               "in the graph, evicted views replay their view op, writes copy, no deferral)\n"
+               "instead of what remat runs under PyTorch (runtime/replay.h); parity needs it");
+  app.add_flag_callback("--no-partition", [&o] { o.cheap_tensor_partitioning = false; },
+                        "arena mode: no cheap-tensor partitioning (all blocks placed low)");
+  value("--offload", "M,...",
+        "paging to a second (host) tier: off, auto (page or drop, whichever the cost\n"
+        "model prefers), always (page whenever the host tier has room); a comma list\n"
+        "runs every mode and gives one row per mode (e.g. off,auto); default off",
+        [&](const std::string& t) {
+          auto mode = [](const std::string& i) -> absl::StatusOr<std::string> {
+            if (ParseOffloadMode(i).ok()) return i;
+            return Bad("--offload", absl::StrCat("unknown offload mode '", i,
+                                                 "' (known: off, auto, always; a comma list compares modes)"));
+          };
+          return ParseList("--offload", "mode", t, mode, o.offload);
+        });
+  value("--bandwidth", "RATE",
+        "link bandwidth, a byte size optionally followed by /s: 12GB/s, 12e9, 16GiB/s\n"
+        "(default 12GB/s, V100 <-> pinned host memory as measured by Beaumont et al.)",
+        [&](const std::string& t) { return Set(ParseBandwidth(t), o.bandwidth_bytes_per_s); });
+  value("--link-latency", "TIME", "fixed cost per copy: 10us, 0.5ms, 250ns, 0 (default 10us)",
+        [&](const std::string& t) { return Set(ParseDuration(t), o.link_latency_ns); });
+  value("--host-budget", "SIZE", "second-tier capacity with units, e.g. 64GiB (default unlimited)",
+        [&](const std::string& t) {
+          return Set(ParseSize("--host-budget", t, " (omit the flag for unlimited)"), o.host_budget_bytes);
+        });
+  app.add_flag("--page-constants", o.page_constants, "constants (weights) may be paged out too");
+  app.add_flag("--duplex-link", o.duplex_link, "page-ins do not queue behind page-outs (one link per direction)");
+  app.add_flag("-h,--help", o.help, "this text");
+}
+
+}  // namespace
+
 absl::StatusOr<SimOptions> ParseSimOptions(const std::vector<std::string>& args, const Vocabulary& vocabulary) {
   SimOptions options;
   options.mode = vocabulary.default_mode;
-  bool have_ratios = false;
-  bool have_budgets = false;
-  bool have_policies = false;
-
-  // Flags that take a value, and what to do with it.
-  using Handler = std::function<absl::Status(absl::string_view)>;
-  const std::map<std::string, Handler, std::less<>> valued = {
-      {"--ratios",
-       [&](absl::string_view value) -> absl::Status {
-         absl::StatusOr<std::vector<std::string>> items = SplitList("--ratios", value);
-         if (!items.ok()) return items.status();
-         options.ratios.clear();
-         for (const std::string& item : *items) {
-           absl::StatusOr<double> ratio = ParseRatio(item);
-           if (!ratio.ok()) return ratio.status();
-           if (std::find(options.ratios.begin(), options.ratios.end(), *ratio) != options.ratios.end()) {
-             return Bad("--ratios", absl::StrCat("'", item, "' repeats a ratio already listed"));
-           }
-           options.ratios.push_back(*ratio);
-         }
-         have_ratios = true;
-         return absl::OkStatus();
-       }},
-      {"--budgets",
-       [&](absl::string_view value) -> absl::Status {
-         absl::StatusOr<std::vector<std::string>> items = SplitList("--budgets", value);
-         if (!items.ok()) return items.status();
-         options.budgets.clear();
-         for (const std::string& item : *items) {
-           absl::StatusOr<std::uint64_t> bytes = ParseByteSize(item);
-           if (!bytes.ok()) return Bad("--budgets", bytes.status().message());
-           if (*bytes == 0) return Bad("--budgets", absl::StrCat("'", item, "' is zero bytes"));
-           if (std::find(options.budgets.begin(), options.budgets.end(), *bytes) != options.budgets.end()) {
-             return Bad("--budgets", absl::StrCat("'", item, "' repeats a budget already listed"));
-           }
-           options.budgets.push_back(*bytes);
-         }
-         have_budgets = true;
-         return absl::OkStatus();
-       }},
-      {"--policies",
-       [&](absl::string_view value) -> absl::Status {
-         absl::StatusOr<std::vector<std::string>> items = SplitList("--policies", value);
-         if (!items.ok()) return items.status();
-         for (const std::string& item : *items) {
-           if (!Contains(vocabulary.policies, item)) {
-             return Bad("--policies",
-                        absl::StrCat("unknown policy '", item, "' (known: ", Quoted(vocabulary.policies), ")"));
-           }
-         }
-         options.policies = *std::move(items);
-         have_policies = true;
-         return absl::OkStatus();
-       }},
-      {"--mode",
-       [&](absl::string_view value) -> absl::Status {
-         if (!Contains(vocabulary.modes, value)) {
-           return Bad("--mode", absl::StrCat("unknown mode '", value, "' (known: ", Quoted(vocabulary.modes), ")"));
-         }
-         options.mode = std::string(value);
-         return absl::OkStatus();
-       }},
-      {"--overhead-limit",
-       [&](absl::string_view value) -> absl::Status {
-         absl::StatusOr<double> limit = ParseFiniteDouble("--overhead-limit", value);
-         if (!limit.ok()) return limit.status();
-         options.overhead_limit = *limit;
-         return absl::OkStatus();
-       }},
-      {"--out",
-       [&](absl::string_view value) -> absl::Status {
-         if (absl::EndsWith(value, ".csv") && value.size() > 4) {
-           options.out_format = OutFormat::kCsv;
-         } else if (absl::EndsWith(value, ".json") && value.size() > 5) {
-           options.out_format = OutFormat::kJson;
-         } else {
-           return Bad("--out", absl::StrCat("'", value, "' must end in .csv or .json"));
-         }
-         options.out = std::string(value);
-         return absl::OkStatus();
-       }},
-      {"--plot",
-       [&](absl::string_view value) -> absl::Status {
-         if (!absl::EndsWith(value, ".png") || value.size() <= 4) {
-           return Bad("--plot", absl::StrCat("'", value, "' must end in .png"));
-         }
-         options.plot = std::string(value);
-         return absl::OkStatus();
-       }},
-      {"--timeline",
-       [&](absl::string_view value) -> absl::Status {
-         if (!(absl::EndsWith(value, ".png") && value.size() > 4) &&
-             !(absl::EndsWith(value, ".json") && value.size() > 5)) {
-           return Bad("--timeline", absl::StrCat("'", value, "' must end in .png or .json"));
-         }
-         options.timeline = std::string(value);
-         return absl::OkStatus();
-       }},
-      {"--jobs",
-       [&](absl::string_view value) -> absl::Status {
-         int jobs = 0;
-         if (!absl::SimpleAtoi(value, &jobs) || jobs < 0 || jobs > 1024) {
-           return Bad("--jobs", absl::StrCat("'", value, "' is not an integer in [0, 1024] (0: one per core)"));
-         }
-         options.jobs = jobs;
-         return absl::OkStatus();
-       }},
-      {"--offload",
-       [&](absl::string_view value) -> absl::Status {
-         absl::StatusOr<std::vector<std::string>> items = SplitList("--offload", value);
-         if (!items.ok()) return items.status();
-         for (const std::string& item : *items) {
-           if (!ParseOffloadMode(item).ok()) {
-             return Bad("--offload", absl::StrCat("unknown offload mode '", item,
-                                                  "' (known: off, auto, always; a comma list compares modes)"));
-           }
-         }
-         options.offload = *std::move(items);
-         return absl::OkStatus();
-       }},
-      {"--bandwidth",
-       [&](absl::string_view value) -> absl::Status {
-         absl::StatusOr<double> rate = ParseBandwidth(std::string_view(value.data(), value.size()));
-         if (!rate.ok()) return rate.status();
-         options.bandwidth_bytes_per_s = *rate;
-         return absl::OkStatus();
-       }},
-      {"--link-latency",
-       [&](absl::string_view value) -> absl::Status {
-         absl::StatusOr<std::int64_t> ns = ParseDuration(std::string_view(value.data(), value.size()));
-         if (!ns.ok()) return ns.status();
-         options.link_latency_ns = *ns;
-         return absl::OkStatus();
-       }},
-      {"--host-budget",
-       [&](absl::string_view value) -> absl::Status {
-         absl::StatusOr<std::uint64_t> bytes = ParseByteSize(std::string_view(value.data(), value.size()));
-         if (!bytes.ok()) return Bad("--host-budget", bytes.status().message());
-         if (*bytes == 0) {
-           return Bad("--host-budget", absl::StrCat("'", value, "' is zero bytes (omit the flag for unlimited)"));
-         }
-         options.host_budget_bytes = *bytes;
-         return absl::OkStatus();
-       }},
-      {"--seed",
-       [&](absl::string_view value) -> absl::Status {
-         if (!absl::SimpleAtoi(value, &options.seed) || absl::StartsWith(value, "-")) {
-           return Bad("--seed", absl::StrCat("'", value, "' is not a non-negative integer"));
-         }
-         return absl::OkStatus();
-       }},
-  };
-  const std::map<std::string, bool*, std::less<>> switches = {
-      {"--help", &options.help},
-      {"--sample-sqrt", &options.sample_sqrt},
-      {"--ignore-small", &options.ignore_small},
-      {"--page-constants", &options.page_constants},
-      {"--duplex-link", &options.duplex_link},
-      {"--dtr-paper", &options.dtr_paper},
-  };
-  const std::map<std::string, bool*, std::less<>> negations = {
-      {"--no-partition", &options.cheap_tensor_partitioning},
-  };
-
-  bool flags_ended = false;
-  for (std::size_t i = 0; i < args.size(); ++i) {
-    const std::string& arg = args[i];
-    if (flags_ended || !absl::StartsWith(arg, "-") || arg == "-") {
-      options.traces.push_back(arg);
-      continue;
+  CLI::App app;
+  DefineFlags(app, options, vocabulary);
+  try {
+    app.parse(std::vector<std::string>(args.rbegin(), args.rend()));  // CLI11 takes the arguments last first
+  } catch (const CLI::ArgumentMismatch& e) {
+    // CLI11's words for these two are "--ratios: 1 required R,... missing" and "sample-sqrt was given a
+    // disallowed flag override".
+    const std::string message = e.what();
+    if (absl::StrContains(message, "flag override")) {
+      return Bad(absl::StrCat("--", message.substr(0, message.find(' '))), "takes no value");
     }
-    if (arg == "--") {
-      flags_ended = true;
-      continue;
-    }
-    if (arg == "-h") {
-      options.help = true;
-      continue;
-    }
-    if (!absl::StartsWith(arg, "--")) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("unknown option '", arg, "' (options are spelled with two dashes, e.g. --ratios)"));
-    }
-    const std::size_t eq = arg.find('=');
-    const absl::string_view name = absl::string_view(arg).substr(0, eq);
-    if (auto it = valued.find(name); it != valued.end()) {
-      absl::string_view value;
-      if (eq != std::string::npos) {
-        value = absl::string_view(arg).substr(eq + 1);
-      } else if (i + 1 < args.size()) {
-        value = args[++i];
-      } else {
-        return Bad(name, "missing value");
-      }
-      if (absl::Status status = it->second(value); !status.ok()) return status;
-      continue;
-    }
-    auto on = switches.find(name);
-    auto off = negations.find(name);
-    if (on != switches.end() || off != negations.end()) {
-      if (eq != std::string::npos) return Bad(name, "takes no value");
-      if (on != switches.end()) *on->second = true;
-      if (off != negations.end()) *off->second = false;
-      continue;
-    }
-    return absl::InvalidArgumentError(absl::StrCat("unknown option '", name, "' (see --help)"));
+    return Bad(message.substr(0, message.find(':')), "missing value");
+  } catch (const CLI::ParseError& e) {
+    return absl::InvalidArgumentError(e.what());  // a value's own error (ValidationError), already worded
   }
-
+  for (const std::string& extra : app.remaining()) {
+    if (extra == "--") continue;  // CLI11 lists the end of the flags too
+    return absl::InvalidArgumentError(absl::StrCat("unknown option '", extra.substr(0, extra.find('=')),
+                                                   "' (see --help)"));
+  }
   if (options.help) return options;
-  if (have_ratios && have_budgets) {
+  if (!options.ratios.empty() && !options.budgets.empty()) {
     return absl::InvalidArgumentError("--ratios and --budgets exclude each other; give one of them");
   }
   if (options.traces.empty()) return absl::InvalidArgumentError("no trace file given");
@@ -370,60 +358,16 @@ absl::StatusOr<SimOptions> ParseSimOptions(const std::vector<std::string>& args,
       return absl::InvalidArgumentError(absl::StrCat("trace '", options.traces[i], "' is given twice"));
     }
   }
-  if (!have_ratios && !have_budgets) options.ratios = DefaultRatios();
-  if (!have_policies) options.policies = {vocabulary.default_policy};
+  if (options.ratios.empty() && options.budgets.empty()) options.ratios = DefaultRatios();
+  if (options.policies.empty()) options.policies = {vocabulary.default_policy};
   return options;
 }
 
-std::string UsageText(std::string_view program_name, const Vocabulary& vocabulary) {
-  const absl::string_view program(program_name.data(), program_name.size());
-  return absl::StrCat(
-      "usage: ", program, " TRACE... [options]\n",
-      "\n"
-      "Replays operator traces (the DTR prototype's JSON-lines format) through the remat engine under memory\n"
-      "budgets and eviction policies, and reports one row per (trace, policy, ratio or budget).\n"
-      "\n"
-      "options:\n"
-      "  --ratios R,...          budgets as fractions of the unconstrained peak (constants included), each in\n"
-      "                          (0, 1]; default 0.9,0.8,...,0.1\n"
-      "  --budgets SIZE,...      absolute budgets with units, e.g. 4GiB,512MiB,1000000 (excludes --ratios)\n"
-      "  --policies P,...        eviction policies (default ", vocabulary.default_policy, ")\n",
-      "                          known: ", Quoted(vocabulary.policies), "\n",
-      "  --mode M                byte accounting: ", Quoted(vocabulary.modes), " (default ",
-      vocabulary.default_mode, ")\n",
-      "  --overhead-limit X      a run whose compute exceeds X times the baseline is 'thrash' (default 2.0;\n"
-      "                          <= 0 disables the check)\n"
-      "  --out FILE              write the rows as CSV (FILE.csv) or JSON (FILE.json)\n"
-      "  --plot FILE.png         plot overhead against memory ratio, one panel per trace, one line per policy\n"
-      "                          (runs tools/plot_overhead.py with $REMAT_PYTHON, else $REMAT_VENV/bin/python,\n"
-      "                          else ~/.cache/remat/venv/bin/python, else python3; needs matplotlib)\n"
-      "  --timeline FILE.png|FILE.json  one run's memory over time: in use, paged out, evicted, released and\n"
-      "                          rematerialized bytes, replays marked (JSON as remat.trace writes; .png also\n"
-      "                          writes FILE.json and plots it with integration/python/remat/plot.py)\n"
-      "  --jobs N                parallel simulations (default: one per core)\n"
-      "  --seed N                seed for the random policy and for sampling (default 0)\n"
-      "  --sample-sqrt           score only sqrt(n) random candidates per eviction (DTR prototype option)\n"
-      "  --ignore-small          skip candidates smaller than 1% of the mean candidate size\n"
-      "  --dtr-paper             the DTR paper's engine (its simulator, simrd, exactly: released storages stay\n"
-      "                          in the graph, evicted views replay their view op, writes copy, no deferral)\n"
-      "                          instead of what remat runs under PyTorch (runtime/replay.h); parity needs it\n"
-      "  --no-partition          arena mode: no cheap-tensor partitioning (all blocks placed low)\n"
-      "  --offload M,...         paging to a second (host) tier: off, auto (page or drop, whichever the cost\n"
-      "                          model prefers), always (page whenever the host tier has room); a comma list\n"
-      "                          runs every mode and gives one row per mode (e.g. off,auto); default off\n"
-      "  --bandwidth RATE        link bandwidth, a byte size optionally followed by /s: 12GB/s, 12e9, 16GiB/s\n"
-      "                          (default 12GB/s, V100 <-> pinned host memory as measured by Beaumont et al.)\n"
-      "  --link-latency TIME     fixed cost per copy: 10us, 0.5ms, 250ns, 0 (default 10us)\n"
-      "  --host-budget SIZE      second-tier capacity with units, e.g. 64GiB (default unlimited)\n"
-      "  --page-constants        constants (weights) may be paged out too\n"
-      "  --duplex-link           page-ins do not queue behind page-outs (one link per direction)\n"
-      "  --help                  this text\n"
-      "\n"
-      "With offload on, overhead includes the time ops waited for page-ins (transfer stall); the table, CSV and\n"
-      "JSON give the offload mode, bytes paged out and in, and the stall.\n"
-      "A table goes to stdout; a progress bar goes to stderr when it is a terminal.\n"
-      "Exit status: 0 when every simulation ran (whatever its result: pass, oom or thrash), 2 for a command-line\n"
-      "error, 1 for an unreadable or malformed trace or a failed output.\n");
+std::string UsageText(std::string_view program, const Vocabulary& vocabulary) {
+  SimOptions options;
+  CLI::App app("", std::string(program));
+  DefineFlags(app, options, vocabulary);
+  return app.help();
 }
 
 }  // namespace remat::sim

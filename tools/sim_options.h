@@ -1,4 +1,4 @@
-// SimOptions: the command line of `remat-sim`, parsed strictly.
+// SimOptions: the command line of `remat-sim`, parsed strictly (with CLI11; tools/sim_options.cc).
 //
 //   remat-sim TRACE... [--ratios R,... | --budgets SIZE,...] [--policies P,...] [--mode counter|arena]
 //             [--overhead-limit X] [--out FILE.csv|FILE.json] [--plot FILE.png] [--timeline FILE.png|FILE.json]

@@ -191,7 +191,8 @@ TEST(SimOptionsTest, MalformedRatios) {
   EXPECT_THAT(Error({"a.log", "--ratios", "-0.5"}), HasSubstr("out of range"));
   EXPECT_THAT(Error({"a.log", "--ratios", "0.9,,0.5"}), HasSubstr("empty element"));
   EXPECT_THAT(Error({"a.log", "--ratios", "0.5,"}), HasSubstr("empty element"));
-  EXPECT_THAT(Error({"a.log", "--ratios="}), HasSubstr("empty value"));
+  EXPECT_THAT(Error({"a.log", "--ratios", ""}), HasSubstr("--ratios: expects a comma-separated list, got an empty"));
+  EXPECT_THAT(Error({"a.log", "--ratios="}), HasSubstr("--ratios: missing value"));  // CLI11: "=" with nothing after
   EXPECT_THAT(Error({"a.log", "--ratios", "0.5,0.50"}), HasSubstr("repeats a ratio"));
 }
 
