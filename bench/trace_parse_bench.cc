@@ -310,7 +310,9 @@ std::int64_t Int(const Value* v) {
   return out;
 }
 
-std::uint64_t Text(const Value* v) { return v == nullptr ? 0 : v->text.size() * 31 + (v->text.empty() ? 0 : v->text[0]); }
+std::uint64_t Text(const Value* v) {
+  return v == nullptr ? 0 : v->text.size() * 31 + (v->text.empty() ? 0 : v->text[0]);
+}
 
 std::uint64_t Items(const Value* v) {
   std::uint64_t sum = 0;
