@@ -67,7 +67,7 @@ at::Tensor DetachedAlias(const at::Tensor& tensor, bool* replayable) {
                                                                            /*allow_tensor_metadata_change=*/true));
 }
 
-void NoteStorage(const at::Tensor& tensor, std::vector<c10::intrusive_ptr<c10::StorageImpl>>* storages) {
+void NoteStorage(const at::Tensor& tensor, InputStorages* storages) {
   if (storages == nullptr || !tensor.defined() || !tensor.has_storage()) return;
   c10::StorageImpl* impl = tensor.storage().unsafeGetStorageImpl();
   for (const auto& known : *storages) {
@@ -79,7 +79,7 @@ void NoteStorage(const at::Tensor& tensor, std::vector<c10::intrusive_ptr<c10::S
 }  // namespace
 
 // A copy of `value` in which every tensor is a detached alias; notes tensor storages when `storages` is set.
-c10::IValue AliasValue(const c10::IValue& value, std::vector<c10::intrusive_ptr<c10::StorageImpl>>* storages,
+c10::IValue AliasValue(const c10::IValue& value, InputStorages* storages,
                        bool* replayable) {
   if (value.isTensor()) {
     NoteStorage(value.toTensor(), storages);
@@ -194,8 +194,8 @@ void ForEachReturnedTensor(const c10::Stack& stack, std::size_t num_returns, Vis
 
 TensorMeta MetaOf(const at::Tensor& tensor) {
   TensorMeta meta;
-  meta.sizes = tensor.sizes().vec();
-  meta.strides = tensor.strides().vec();
+  meta.sizes.assign(tensor.sizes().begin(), tensor.sizes().end());
+  meta.strides.assign(tensor.strides().begin(), tensor.strides().end());
   meta.storage_offset = tensor.storage_offset();
   meta.dtype = tensor.scalar_type();
   meta.device = tensor.device();

@@ -46,6 +46,7 @@
 #include <c10/core/GradMode.h>
 #include <c10/core/StorageImpl.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
+#include <c10/util/SmallVector.h>
 #include <c10/util/intrusive_ptr.h>
 
 #include <array>
@@ -56,6 +57,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/container/inlined_vector.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 
@@ -135,8 +137,9 @@ bool DecomposesAt(const c10::OperatorHandle& op, const OpTraits& traits, c10::Di
 
 // Shape of one tensor at capture time: enough to check a replay reproduced the same layout.
 struct TensorMeta {
-  std::vector<std::int64_t> sizes;
-  std::vector<std::int64_t> strides;
+  // Inline up to 6 dimensions: no allocation per output for the tensors of almost every model.
+  c10::SmallVector<std::int64_t, 6> sizes;
+  c10::SmallVector<std::int64_t, 6> strides;
   std::int64_t storage_offset = 0;
   c10::ScalarType dtype = c10::ScalarType::Undefined;
   c10::Device device = c10::Device(c10::DeviceType::CPU);
@@ -153,6 +156,9 @@ struct CapturedOutput {
   int input_storage = -1;
 };
 
+// A record's input storages: inline for the usual few (no allocation per op).
+using InputStorages = absl::InlinedVector<c10::intrusive_ptr<c10::StorageImpl>, 4>;
+
 struct OpRecord {
   // Captures the calling thread's dispatch key state.
   OpRecord(c10::OperatorHandle handle, const OpTraits& op_traits)
@@ -168,9 +174,9 @@ struct OpRecord {
   c10::Stack arguments;
   // The distinct storages of the tensor arguments, in argument order. Strong references: a storage the record may
   // need to recompute from stays alive (its memory may still be evicted).
-  std::vector<c10::intrusive_ptr<c10::StorageImpl>> input_storages;
+  InputStorages input_storages;
   // Filled after the op ran, in return order, one per defined tensor (lists flattened).
-  std::vector<CapturedOutput> outputs;
+  absl::InlinedVector<CapturedOutput, 1> outputs;
   // Random ops: a copy of the generator the op drew from, as it was before the op ran.
   std::optional<at::Generator> rng;
   // Arguments this call writes although the schema does not say so (op_effects.h: batch norm's running statistics
@@ -204,6 +210,12 @@ class OpObserver {
   virtual void BeforeOp(OpRecord& record) = 0;
   // After the op returned, with outputs and duration. The observer may keep the record.
   virtual void AfterOp(OpRecord&& record) = 0;
+  // The same, for an observer chained behind another that keeps the record (BridgeOptions::next): the record is
+  // only lent for the call. An observer that never keeps records overrides it to save the copy.
+  virtual void AfterOpLent(const OpRecord& record) {
+    OpRecord copy = record;
+    AfterOp(std::move(copy));
+  }
   // The op threw after BeforeOp returned (release locks); the exception then propagates.
   virtual void OpFailed(OpRecord& record) noexcept = 0;
   // The op's kernel threw c10::OutOfMemoryError. It writes none of its arguments, draws no random numbers and has

@@ -112,9 +112,10 @@ void EngineBridge::BeforeOp(OpRecord& record) {
       ops_since_prune_ = 0;
       Prune();
     }
-    const std::vector<bool> covered = NoteWrites(record);
-    DetachOverwrittenBlanks(record, covered);
-    const std::vector<TensorId> engine_inputs = GatherEngineInputs(record);
+    NoteWrites(record);
+    DetachOverwrittenBlanks(record);
+    GatherEngineInputs(record);
+    const std::vector<TensorId>& engine_inputs = current_.engine_inputs;
     const OpTraits& traits = *record.traits;
     // An op whose generator state was captured (random ops, opaque calls) replays with it; any other op that moves
     // the default generator is not replayable.
@@ -138,16 +139,17 @@ void EngineBridge::BeforeOp(OpRecord& record) {
   }
 }
 
-// What the op writes (op_effects.h) into current_: per input storage, written, and written and returned; returns
-// per input storage whether the op overwrites all of it (a fill or out= argument covering the storage).
-std::vector<bool> EngineBridge::NoteWrites(const OpRecord& record) {
+// What the op writes (op_effects.h) into current_: per input storage, written, written and returned, and whether
+// the op overwrites all of it (covered: a fill or out= argument covering the storage).
+void EngineBridge::NoteWrites(const OpRecord& record) {
   const OpTraits& traits = *record.traits;
   const std::size_t n = record.input_storages.size();
   current_.inputs.assign(n, kNoIndex);
   current_.written.assign(n, false);
   current_.written_returned.assign(n, false);
   current_.overwrite.assign(n, false);
-  std::vector<bool> covered(n, false);
+  current_.covered.assign(n, false);
+  std::vector<bool>& covered = current_.covered;
   // The schema's written arguments, then the writes it does not declare (never returned: written on the side).
   const std::size_t annotated = traits.written_arguments.size();
   for (std::size_t w = 0; w < annotated + record.unannotated_writes.size(); ++w) {
@@ -167,15 +169,14 @@ std::vector<bool> EngineBridge::NoteWrites(const OpRecord& record) {
       }
     });
   }
-  return covered;
 }
 
 // Blank constants (aten::empty results nobody wrote) the op overwrites entirely leave the engine now: nothing can
 // read their garbage, and AfterOp registers the new value as a fresh output (current_.overwrite).
-void EngineBridge::DetachOverwrittenBlanks(const OpRecord& record, const std::vector<bool>& covered) {
+void EngineBridge::DetachOverwrittenBlanks(const OpRecord& record) {
   const std::size_t n = record.input_storages.size();
   for (std::size_t k = 0; k < n; ++k) {  // only a storage passed once (not also read)
-    if (!covered[k]) continue;
+    if (!current_.covered[k]) continue;
     auto it = entries_.find(record.input_storages[k].get());
     if (it == entries_.end() || !it->second.blank || it->second.released) continue;
     int uses = 0;
@@ -200,14 +201,15 @@ void EngineBridge::DetachOverwrittenBlanks(const OpRecord& record, const std::ve
   }
 }
 
-// The engine inputs of the op, in the order EndOp's in_place_of positions count (current_.inputs maps each input
-// storage to its engine tensor): constants written on the side are pinned with what a replay could compute from
-// them, and go last.
-std::vector<TensorId> EngineBridge::GatherEngineInputs(const OpRecord& record) {
+// The engine inputs of the op (current_.engine_inputs), in the order EndOp's in_place_of positions count
+// (current_.inputs maps each input storage to its engine tensor): constants written on the side are pinned with
+// what a replay could compute from them, and go last.
+void EngineBridge::GatherEngineInputs(const OpRecord& record) {
   const std::size_t n = record.input_storages.size();
-  std::vector<StorageIndex> overwritten;  // constants this op writes
-  std::vector<TensorId> engine_inputs;
-  engine_inputs.reserve(n);
+  std::vector<StorageIndex>& overwritten = current_.written_constants;
+  overwritten.clear();
+  std::vector<TensorId>& engine_inputs = current_.engine_inputs;
+  engine_inputs.clear();
   for (std::size_t k = 0; k < n; ++k) {
     Entry& entry = EntryFor(record.input_storages[k].get());
     if (current_.overwrite[k] || !current_.written[k]) continue;
@@ -231,21 +233,23 @@ std::vector<TensorId> EngineBridge::GatherEngineInputs(const OpRecord& record) {
       engine_inputs.push_back(side);
     }
   }
-  return engine_inputs;
 }
 
 // What EndOp registers for the op: its fresh output storages, the blank storages it overwrote (fresh values in old
 // StorageImpls) and its in-place writes of engine inputs, each with the StorageImpl that holds it.
-EngineBridge::OutputPlan EngineBridge::PlanOutputs(const OpRecord& record) {
+void EngineBridge::PlanOutputs(const OpRecord& record) {
   const std::size_t n = record.input_storages.size();
-  std::vector<int> engine_position(n, -1);
+  std::vector<int>& engine_position = plan_.engine_position;
+  engine_position.assign(n, -1);
   for (std::size_t k = 0, p = 0; k < n; ++k) {
     if (current_.inputs[k] != kNoIndex) engine_position[k] = static_cast<int>(p++);
   }
-  OutputPlan plan;
-  std::vector<OutputSpec>& specs = plan.specs;
-  std::vector<int>& spec_output = plan.spec_output;
-  std::vector<c10::intrusive_ptr<c10::StorageImpl>>& spec_impl = plan.spec_impl;
+  std::vector<OutputSpec>& specs = plan_.specs;
+  std::vector<int>& spec_output = plan_.spec_output;
+  std::vector<c10::intrusive_ptr<c10::StorageImpl>>& spec_impl = plan_.spec_impl;
+  specs.clear();
+  spec_output.clear();
+  spec_impl.clear();
   for (std::size_t i = 0; i < record.outputs.size(); ++i) {
     const CapturedOutput& out = record.outputs[i];
     if (out.input_storage >= 0) continue;  // a view of an input (or an input written in place: below)
@@ -279,7 +283,6 @@ EngineBridge::OutputPlan EngineBridge::PlanOutputs(const OpRecord& record) {
     spec_output.push_back(-1 - static_cast<int>(k));
     spec_impl.push_back(record.input_storages[k]);
   }
-  return plan;
 }
 
 // Whether a replay of the op would give its outputs back (after its kernel ran: the generator check needs it).
@@ -305,26 +308,27 @@ void EngineBridge::AfterOp(OpRecord&& record) {
   lock_.EndLend();
   struct Release {
     EngineBridge* self;
-    ~Release() { self->Unlock(); }
+    ~Release() {
+      self->plan_.spec_impl.clear();  // its references must not outlive the op (a storage's death is its use count)
+      self->Unlock();
+    }
   } release{this};
-  if (options_.next != nullptr) {
-    OpRecord copy = record;
-    options_.next->AfterOp(std::move(copy));
-  }
+  if (options_.next != nullptr) options_.next->AfterOpLent(record);
   if (!current_.active) return;
   current_.active = false;
   if (policy_->UsesWindows()) memory_->SetPlacementForThisThread(Placement::kLow);
   ++stats_.ops;
   const OpTraits& traits = *record.traits;
-  OutputPlan plan = PlanOutputs(record);
-  const std::vector<OutputSpec>& specs = plan.specs;
-  const std::vector<int>& spec_output = plan.spec_output;
-  const std::vector<c10::intrusive_ptr<c10::StorageImpl>>& spec_impl = plan.spec_impl;
+  PlanOutputs(record);
+  const std::vector<OutputSpec>& specs = plan_.specs;
+  const std::vector<int>& spec_output = plan_.spec_output;
+  const std::vector<c10::intrusive_ptr<c10::StorageImpl>>& spec_impl = plan_.spec_impl;
   const std::int64_t cost = std::max<std::int64_t>(
       1, options_.estimated_costs ? EstimatedCostNs(record) : static_cast<std::int64_t>(record.duration_ns));
   absl::StatusOr<std::span<const TensorId>> outs = engine_->EndOp(current_.op, specs, cost);
   if (!outs.ok()) Throw(outs.status());
-  const std::vector<TensorId> out_tensors(outs->begin(), outs->end());
+  std::vector<TensorId>& out_tensors = plan_.out_tensors;
+  out_tensors.assign(outs->begin(), outs->end());
   const bool replayable = Replayable(record);
   auto replay = std::make_unique<ReplayOp>(OpRecord(record.op, traits));
   replay->output_storage.assign(record.outputs.size(), kNoIndex);
@@ -388,9 +392,9 @@ void EngineBridge::AfterOp(OpRecord&& record) {
     }
   }
   if (!keep) return;
-  replay->inputs = current_.inputs;
-  replay->written = current_.written;
-  replay->overwritten = current_.overwrite;
+  replay->inputs.assign(current_.inputs.begin(), current_.inputs.end());
+  replay->written.assign(current_.written.begin(), current_.written.end());
+  replay->overwritten.assign(current_.overwrite.begin(), current_.overwrite.end());
   for (const TensorId t : current_.inputs) {
     if (t != kNoIndex) readers_[engine_->StorageOf(t)].push_back(current_.op);
   }

@@ -245,6 +245,9 @@ class EngineBridge final : public OpObserver, public PressureHandler, public Hel
     std::vector<bool> written;
     std::vector<bool> written_returned;
     std::vector<bool> overwrite;  // per record.input_storages: a blank storage this op overwrites entirely
+    std::vector<bool> covered;    // per record.input_storages: the op overwrites all of it (NoteWrites)
+    std::vector<TensorId> engine_inputs;  // GatherEngineInputs' result
+    std::vector<StorageIndex> written_constants;  // GatherEngineInputs: constants this op writes
     // Ops not known to be random: the default CPU generator's state before the op. If the op moved it (a
     // composite such as aten::lstm with dropout), a replay would not reproduce it: its outputs become constants.
     bool check_rng = false;
@@ -261,18 +264,22 @@ class EngineBridge final : public OpObserver, public PressureHandler, public Hel
   absl::Status FixEntry(Entry& entry);
   void CountRecordRefs(const OpRecord& record, int delta = 1);
   // AfterOp's plan of what EndOp registers: per spec, index into record.outputs (>= 0) or -1 - k for input k
-  // (written in place, or a blank storage overwritten), and the StorageImpl holding it.
+  // (written in place, or a blank storage overwritten), and the StorageImpl holding it. Kept between ops so that
+  // its vectors keep their capacity (no allocation per op).
   struct OutputPlan {
     std::vector<OutputSpec> specs;
     std::vector<int> spec_output;
     std::vector<c10::intrusive_ptr<c10::StorageImpl>> spec_impl;
+    std::vector<int> engine_position;  // per input storage: its position among the engine inputs, or -1
+    std::vector<TensorId> out_tensors;  // EndOp's outputs, per spec
   };
-  OutputPlan PlanOutputs(const OpRecord& record);
+  // Fills plan_.
+  void PlanOutputs(const OpRecord& record);
   bool Replayable(const OpRecord& record);
-  // BeforeOp's steps (engine_bridge.cc).
-  std::vector<bool> NoteWrites(const OpRecord& record);
-  void DetachOverwrittenBlanks(const OpRecord& record, const std::vector<bool>& covered);
-  std::vector<TensorId> GatherEngineInputs(const OpRecord& record);
+  // BeforeOp's steps (engine_bridge.cc), filling current_.
+  void NoteWrites(const OpRecord& record);
+  void DetachOverwrittenBlanks(const OpRecord& record);
+  void GatherEngineInputs(const OpRecord& record);
   void Prune();
   void DropInertRecords();
   void Recycle();
@@ -292,6 +299,7 @@ class EngineBridge final : public OpObserver, public PressureHandler, public Hel
   absl::flat_hash_map<StorageIndex, const c10::StorageImpl*> owner_;  // engine storage -> entry whose version it is
   absl::flat_hash_map<StorageIndex, std::vector<OpId>> readers_;      // engine storage -> kept records reading it
   InFlight current_;
+  OutputPlan plan_;
   std::vector<OpId> kept_ops_;  // ops whose records the executor keeps
   std::int64_t ops_since_prune_ = 0;
   BridgeStats stats_;

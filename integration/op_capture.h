@@ -23,7 +23,7 @@ std::mutex& TraitsMutex();
 
 // A copy of `value` in which every plain tensor is a detached alias over the same storage; notes tensor storages in
 // `storages` when set; clears `replayable` for a tensor that is not plain (sparse, a Python subclass).
-c10::IValue AliasValue(const c10::IValue& value, std::vector<c10::intrusive_ptr<c10::StorageImpl>>* storages,
+c10::IValue AliasValue(const c10::IValue& value, InputStorages* storages,
                        bool* replayable);
 // Fills record.outputs from the op's returns, the top of `stack`.
 void CaptureOutputs(OpRecord& record, const c10::Stack& stack);

@@ -12,7 +12,7 @@ constexpr double kDispatchNs = 1000.0;
 constexpr double kNsPerByte = 0.1;   // 10 GB/s
 constexpr double kNsPerFlop = 0.05;  // 20 GFLOP/s
 
-double Numel(const std::vector<std::int64_t>& sizes) {
+double Numel(c10::IntArrayRef sizes) {
   double n = 1;
   for (const std::int64_t s : sizes) n *= static_cast<double>(s);
   return n;

@@ -21,7 +21,8 @@ namespace {
 class TrackingObserver final : public OpObserver, public PinListener {
  public:
   void BeforeOp(OpRecord&) override {}
-  void AfterOp(OpRecord&& record) override {
+  void AfterOp(OpRecord&& record) override { AfterOpLent(record); }
+  void AfterOpLent(const OpRecord& record) override {
     ops_.fetch_add(1, std::memory_order_relaxed);
     if (record.traits->random) random_ops_.fetch_add(1, std::memory_order_relaxed);
     time_ns_.fetch_add(record.duration_ns, std::memory_order_relaxed);

@@ -48,6 +48,7 @@
 #include <span>
 #include <vector>
 
+#include "absl/container/inlined_vector.h"
 #include "absl/status/status.h"
 #include "integration/cpu_device_memory.h"
 #include "integration/device_memory.h"
@@ -67,16 +68,16 @@ struct ReplayOp {
   OpRecord record;
   // Per record.input_storages: the engine tensor it was when the op ran, or kNoIndex for a written argument that
   // was not given to the engine (a constant the op writes but does not return: it is replayed on a copy).
-  std::vector<TensorId> inputs;
+  absl::InlinedVector<TensorId, 4> inputs;  // inline, as the per-record vectors below: no allocation per kept op
   // Per record.input_storages: the op writes it (replays write a private copy).
-  std::vector<bool> written;
+  absl::InlinedVector<bool, 4> written;
   // Per record.input_storages: the op overwrites all of it without reading it (a fill, a random fill, an out=
   // argument) and its old contents were uninitialized (aten::empty): replays write a fresh uninitialized buffer.
-  std::vector<bool> overwritten;
+  absl::InlinedVector<bool, 4> overwritten;
   // Per record.outputs: the engine storage the op produced there, or kNoIndex (a view, a pinned output).
-  std::vector<StorageIndex> output_storage;
+  absl::InlinedVector<StorageIndex, 2> output_storage;
   // In-place writes the engine tracks: (index into record.input_storages, engine storage of the new value).
-  std::vector<std::pair<int, StorageIndex>> in_place;
+  absl::InlinedVector<std::pair<int, StorageIndex>, 1> in_place;
 
   // The engine storage of the new value of input k written in place, or kNoIndex.
   StorageIndex in_place_storage(int k) const {

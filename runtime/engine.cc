@@ -185,7 +185,8 @@ absl::StatusOr<std::span<const TensorId>> Engine::EndOp(OpId op_id, std::span<co
   m.ops[op_id].cost = cost;
   // The kernel has run, but its inputs and outputs keep their addresses until EndOp has registered them.
   absl::Cleanup kernel_done = [this] { running_kernel_ = kNoKernel; };
-  std::vector<OutputSpec> specs(outputs.begin(), outputs.end());  // in-place outputs get their bytes and address
+  std::vector<OutputSpec>& specs = end_specs_;  // in-place outputs get their bytes and address
+  specs.assign(outputs.begin(), outputs.end());
   std::span<const TensorId> ins = m.Inputs(m.ops[op_id]);
   for (OutputSpec& spec : specs) {
     if (spec.in_place_of < 0) continue;
@@ -203,7 +204,8 @@ absl::StatusOr<std::span<const TensorId>> Engine::EndOp(OpId op_id, std::span<co
   // by this op; the old value becomes a memory-less evicted storage that keeps its producer.
   // Writing a constant in place (an optimizer step on a parameter): the new value is a constant too, and the old
   // value is gone for good (nothing can reproduce it), so it leaves the graph.
-  std::vector<TensorId> new_constants;  // new values of constants written in place
+  std::vector<TensorId>& new_constants = end_new_constants_;  // new values of constants written in place
+  new_constants.clear();
   for (std::size_t i = 0; i < specs.size(); ++i) {
     if (specs[i].in_place_of < 0) continue;
     StorageIndex old = m.tensors[m.Inputs(m.ops[op_id])[specs[i].in_place_of]].storage;
@@ -292,7 +294,11 @@ void Engine::Release(TensorId t) {
 // freed, but eager eviction on release has already dropped its memory.
 void Engine::FreeDead(StorageIndex start) {
   Impl& m = *impl_;
-  std::vector<StorageIndex> work = {start};
+  std::vector<StorageIndex> work;
+  work.swap(free_dead_work_);
+  work.clear();
+  work.push_back(start);
+  absl::Cleanup keep = [&] { free_dead_work_.swap(work); };
   while (!work.empty()) {
     StorageIndex x = work.back();
     work.pop_back();

@@ -414,6 +414,11 @@ class Engine final : public PressureHandler, private StorageView {
   std::size_t failed_request_ = 0;   // the last request MakeRoom gave up on (MakeHoleForRetry)
   std::vector<StorageIndex> newly_pinned_;  // free_dead: pinned since the last CollectDead
   std::vector<StorageIndex> released_;      // deferred storages in the pool for one choice (ReleaseDeferred)
+  // Per-call scratch kept for its capacity (no allocation per op): EndOp's specs and new constants, FreeDead's work
+  // list (taken by swap, so that a nested call allocates its own).
+  std::vector<OutputSpec> end_specs_;
+  std::vector<TensorId> end_new_constants_;
+  std::vector<StorageIndex> free_dead_work_;
 };
 
 }  // namespace remat

@@ -37,6 +37,17 @@ inline std::int64_t NowNs() {
       .count();
 }
 
+// Empties a list that a recycled slot will fill again: a short one keeps its capacity (no allocation when the slot
+// is reused), a long one (a weight every op read) gives its memory back.
+template <typename T>
+void KeepSmallCapacity(std::vector<T>& v) {
+  if (v.capacity() > 64) {
+    std::vector<T>().swap(v);
+  } else {
+    v.clear();
+  }
+}
+
 }  // namespace engine_internal
 
 using engine_internal::kNone;
@@ -157,6 +168,13 @@ struct Engine::Impl {
     return t;
   }
   // A new storage's slot with every per-storage array reset (FreeStorage left them cleared).
+  // A fresh record in slot s; its tensor list keeps its capacity (no allocation per new storage once slots recycle).
+  void ResetStorage(StorageIndex s) {
+    std::vector<TensorId> tensors = std::move(storages[s].tensors);
+    tensors.clear();
+    storages[s] = Storage{};
+    storages[s].tensors = std::move(tensors);
+  }
   StorageIndex NewStorageSlot() {
     if (free_storages.empty()) {
       storages.emplace_back();
@@ -173,7 +191,7 @@ struct Engine::Impl {
     }
     const StorageIndex s = free_storages.back();
     free_storages.pop_back();
-    storages[s] = Storage{};
+    ResetStorage(s);
     state[s] = 0;
     costs[s] = 0;
     weight_mark[s] = kOut;

@@ -118,7 +118,7 @@ void Engine::FreeStorage(StorageIndex s, RecycledIds& out) {
     m.fwd[s] = Region();
     m.rev[s] = Region();
   }
-  m.storages[s] = Impl::Storage{};
+  m.ResetStorage(s);
   m.storages[s].dead = true;
   m.storages[s].free = true;
   m.state[s] = kRegionDead;  // walks that still reach it (a region built before it died) ignore it
@@ -150,8 +150,8 @@ void Engine::DetachFreedStorages(std::span<const StorageIndex> freed) {
     std::erase_if(m.storage_children[n], freed_slot);
   }
   for (const StorageIndex s : freed) {
-    std::vector<StorageIndex>().swap(m.storage_parents[s]);
-    std::vector<StorageIndex>().swap(m.storage_children[s]);
+    engine_internal::KeepSmallCapacity(m.storage_parents[s]);
+    engine_internal::KeepSmallCapacity(m.storage_children[s]);
   }
 }
 
