@@ -25,6 +25,7 @@
 //   add   at::add(x, w)        mm   at::mm(x, w)        relu   at::relu(x)
 //   mlp3  at::relu(at::add(at::mm(x, w), b)): 3 outermost ops per iteration (times are per iteration, the
 //         summary divides by 3)
+//   add_live1k  at::add(x, w) while 1,000 results of earlier ops (relu(w)) stay alive, as a model's tensors do
 // and the same with autograd on ("_autograd": x, w, b require grad, so each op also builds its graph node).
 // The inputs are made after the mode is entered (under recorder and engine they come from the arena, as
 // activations would).
@@ -112,8 +113,9 @@ const char* ModeName(Mode mode) {
   return "?";
 }
 
-enum class Workload { kAdd, kMm, kRelu, kMlp3 };
-constexpr Workload kWorkloads[] = {Workload::kAdd, Workload::kMm, Workload::kRelu, Workload::kMlp3};
+enum class Workload { kAdd, kMm, kRelu, kMlp3, kAddLive };
+constexpr Workload kWorkloads[] = {Workload::kAdd, Workload::kMm, Workload::kRelu, Workload::kMlp3,
+                                   Workload::kAddLive};
 
 const char* WorkloadName(Workload workload) {
   switch (workload) {
@@ -125,31 +127,41 @@ const char* WorkloadName(Workload workload) {
       return "relu";
     case Workload::kMlp3:
       return "mlp3";
+    case Workload::kAddLive:
+      return "add_live1k";
   }
   return "?";
 }
 
 int OpsPerIteration(Workload workload) { return workload == Workload::kMlp3 ? 3 : 1; }
 
+// add_live1k holds this many live results of recorded ops (as a model's activations and weights are live while
+// it trains): what remat does per op for each live storage shows.
+constexpr int kLiveTensors = 1000;
+
 struct Inputs {
   at::Tensor x;
   at::Tensor w;
   at::Tensor b;
+  std::vector<at::Tensor> live;  // add_live1k only
 };
 
-Inputs MakeInputs(bool autograd) {
-  Inputs in{at::randn({kSize, kSize}), at::randn({kSize, kSize}), at::randn({kSize, kSize})};
+Inputs MakeInputs(Workload workload, bool autograd) {
+  Inputs in{at::randn({kSize, kSize}), at::randn({kSize, kSize}), at::randn({kSize, kSize}), {}};
   if (autograd) {
     in.x.set_requires_grad(true);
     in.w.set_requires_grad(true);
     in.b.set_requires_grad(true);
+  }
+  if (workload == Workload::kAddLive) {
+    for (int i = 0; i < kLiveTensors; ++i) in.live.push_back(at::relu(in.w));
   }
   return in;
 }
 
 template <Workload kWorkload>
 at::Tensor RunOnce(const Inputs& in) {
-  if constexpr (kWorkload == Workload::kAdd) {
+  if constexpr (kWorkload == Workload::kAdd || kWorkload == Workload::kAddLive) {
     return at::add(in.x, in.w);
   } else if constexpr (kWorkload == Workload::kMm) {
     return at::mm(in.x, in.w);
@@ -234,7 +246,7 @@ void BM_Ops(benchmark::State& state, Mode mode, bool autograd) {
     return;
   }
   {
-    const Inputs in = MakeInputs(autograd);  // destroyed before the scope leaves the mode
+    const Inputs in = MakeInputs(kWorkload, autograd);  // destroyed before the scope leaves the mode
     const std::uint64_t recorded_before = GetRematStats().ops_recorded;  // changes only while remat is enabled
     const std::optional<BridgeStats> engine_before = EngineStatsIfOn(mode);
     for (auto _ : state) {
@@ -288,7 +300,7 @@ void BM_Paired(benchmark::State& state, bool autograd) {
         failed = true;
         break;
       }
-      const Inputs in = MakeInputs(autograd);
+      const Inputs in = MakeInputs(kWorkload, autograd);
       for (int k = 0; k < kPairedWarmup; ++k) benchmark::DoNotOptimize(RunOnce<kWorkload>(in));
       const auto start = std::chrono::steady_clock::now();
       for (int k = 0; k < kPairedBlock; ++k) benchmark::DoNotOptimize(RunOnce<kWorkload>(in));
@@ -335,6 +347,7 @@ void RegisterAll() {
     Register<Workload::kMm>(autograd);
     Register<Workload::kRelu>(autograd);
     Register<Workload::kMlp3>(autograd);
+    Register<Workload::kAddLive>(autograd);
   }
 }
 

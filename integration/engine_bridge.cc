@@ -360,9 +360,10 @@ void EngineBridge::AfterOp(OpRecord&& record) {
         entry.blank = ProducesUninitializedMemory(traits.name);
         ++stats_.pinned_outputs;
       }
-      entries_.emplace(impl.get(), std::move(entry));
+      entry.key = impl.get();
+      Entry& placed = entries_.emplace(impl.get(), std::move(entry)).first->second;
       owner_[s] = impl.get();
-      live_.push_back(impl.get());
+      live_.push_back(&placed);
       continue;
     }
     // An in-place write of input k: the StorageImpl now holds the new version t; the old one has no home. (A

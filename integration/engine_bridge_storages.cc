@@ -40,8 +40,10 @@ EngineBridge::Entry& EngineBridge::EntryFor(c10::StorageImpl* impl) {
   executor_.SetHome(engine_->StorageOf(t), strong);
   owner_[engine_->StorageOf(t)] = impl;
   ++stats_.constants;
-  live_.push_back(impl);
-  return entries_.emplace(impl, std::move(entry)).first->second;
+  entry.key = impl;
+  Entry& placed = entries_.emplace(impl, std::move(entry)).first->second;
+  live_.push_back(&placed);
+  return placed;
 }
 
 void EngineBridge::PinEntry(Entry& entry) {
@@ -92,37 +94,37 @@ void EngineBridge::PinDependents(StorageIndex start) {
 void EngineBridge::Sweep() {
   std::size_t kept = 0;
   for (std::size_t i = 0; i < live_.size(); ++i) {
-    const c10::StorageImpl* key = live_[i];
-    Entry& entry = entries_.at(key);
-    if (entry.released) continue;
-    if (static_cast<std::int64_t>(entry.weak.use_count()) > entry.record_refs) {
-      live_[kept++] = key;
-      continue;
-    }
-    entry.released = true;
-    ++stats_.released;
-    if (entry.pinned) {
-      const StorageIndex s = engine_->StorageOf(entry.root);
-      const std::int64_t bytes = engine_->StorageBytes(s);
-      // A small constant that records read (a wrapped scalar such as the 1/sqrt(d) of attention) is kept, still
-      // a constant: cheaper than pinning everything computed from it.
-      if (entry.record_refs > 0 && bytes <= kKeptConstantMaxBytes &&
-          stats_.kept_constant_bytes + bytes <= static_cast<std::int64_t>(options_.budget / 64)) {
-        stats_.kept_constant_bytes += bytes;
-        entry.kept = true;
-        continue;
-      }
-      // A constant goes away. If a record may read it in a replay, nothing live may need such a replay.
-      if (entry.record_refs > 0) PinDependents(s);
-      engine_->Release(entry.root);
-      if (c10::intrusive_ptr<c10::StorageImpl> impl = entry.weak.lock()) {
-        if (!IsEvicted(*impl) && impl->nbytes() > 0 && AddressOf(*impl) != 0) (void)EvictStorage(*impl);
-      }
-    } else {
-      engine_->Release(entry.root);  // evicts it now; it stays recomputable
-    }
+    Entry* entry = live_[i];
+    ReleaseIfDead(*entry);
+    if (!entry->released) live_[kept++] = entry;
   }
   live_.resize(kept);
+}
+
+void EngineBridge::ReleaseIfDead(Entry& entry) {
+  if (entry.released || static_cast<std::int64_t>(entry.weak.use_count()) > entry.record_refs) return;
+  entry.released = true;
+  ++stats_.released;
+  if (entry.pinned) {
+    const StorageIndex s = engine_->StorageOf(entry.root);
+    const std::int64_t bytes = engine_->StorageBytes(s);
+    // A small constant that records read (a wrapped scalar such as the 1/sqrt(d) of attention) is kept, still
+    // a constant: cheaper than pinning everything computed from it.
+    if (entry.record_refs > 0 && bytes <= kKeptConstantMaxBytes &&
+        stats_.kept_constant_bytes + bytes <= static_cast<std::int64_t>(options_.budget / 64)) {
+      stats_.kept_constant_bytes += bytes;
+      entry.kept = true;
+      return;
+    }
+    // A constant goes away. If a record may read it in a replay, nothing live may need such a replay.
+    if (entry.record_refs > 0) PinDependents(s);
+    engine_->Release(entry.root);
+    if (c10::intrusive_ptr<c10::StorageImpl> impl = entry.weak.lock()) {
+      if (!IsEvicted(*impl) && impl->nbytes() > 0 && AddressOf(*impl) != 0) (void)EvictStorage(*impl);
+    }
+  } else {
+    engine_->Release(entry.root);  // evicts it now; it stays recomputable
+  }
 }
 
 bool EngineBridge::PinState(c10::StorageImpl* impl) {
@@ -284,8 +286,8 @@ absl::Status EngineBridge::MaterializeLive() {
   const bool page_constants = engine_->page_constants();
   engine_->SetPageConstants(false);
   absl::Status result = absl::OkStatus();
-  for (const c10::StorageImpl* key : live_) {
-    Entry& entry = entries_.at(key);
+  for (Entry* live : live_) {
+    Entry& entry = *live;
     if (entry.released) continue;
     if (entry.pinned) {  // a paged constant comes back from its host copy
       if (engine_->Paged(engine_->StorageOf(entry.root))) {
@@ -308,11 +310,10 @@ absl::Status EngineBridge::MaterializeLive() {
   // Nothing may stay in the host tier, which dies with the bridge.
   std::int64_t paged_bytes = 0;
   int paged = 0;
-  for (const c10::StorageImpl* key : live_) {
-    const Entry& entry = entries_.at(key);
-    if (entry.released || !engine_->Paged(engine_->StorageOf(entry.root))) continue;
+  for (const Entry* entry : live_) {
+    if (entry->released || !engine_->Paged(engine_->StorageOf(entry->root))) continue;
     ++paged;
-    paged_bytes += static_cast<std::int64_t>(key->nbytes());
+    paged_bytes += static_cast<std::int64_t>(entry->key->nbytes());
   }
   if (paged > 0) {
     return absl::ResourceExhaustedError(absl::StrCat("remat: ", paged, " storages still held (", paged_bytes,
