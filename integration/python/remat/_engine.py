@@ -105,19 +105,11 @@ def optimizer_state_tensors(optimizer: torch.optim.Optimizer) -> List[torch.Tens
     return [v for state in optimizer.state.values() for v in state.values() if isinstance(v, torch.Tensor)]
 
 
-def optimizer_parameters(optimizer: torch.optim.Optimizer) -> List[torch.Tensor]:
-    """The parameters `optimizer` updates."""
-    return [p for group in optimizer.param_groups for p in group["params"] if isinstance(p, torch.Tensor)]
-
-
 def _pin_optimizer_state(optimizer: torch.optim.Optimizer, args, kwargs) -> None:
-    """torch.optim's global step post hook: pins the tensors of `optimizer.state` and the parameters it updates
-    (EngineBridge::PinState). A parameter made while remat is on (a model built after enable()) is an op's result,
-    recomputable like an activation; each step writes it in place, so its new value would be recomputable only by
-    replaying every step since it was made. Pinned, it is a constant, as a parameter made before enable() is."""
+    """torch.optim's global step post hook: pins the tensors of `optimizer.state` (EngineBridge::PinState)."""
     if not is_enabled():
         return
-    tensors = optimizer_state_tensors(optimizer) + optimizer_parameters(optimizer)
+    tensors = optimizer_state_tensors(optimizer)
     if tensors:
         torch.ops.remat.pin_state(tensors)
 
