@@ -193,7 +193,8 @@ def main():
     print(f"remat step time:           {step_time * 1e3:8.1f} ms/step (overhead {step_time / base_time:.2f}x)")
     if stats.get("page_outs", 0):
         print(f"paged out {mib(stats['paged_out_bytes'])} in {stats['page_outs']} copies, paged in "
-              f"{mib(stats['paged_in_bytes'])}; host tier peak {mib(stats['host_peak_bytes'])}")
+              f"{mib(stats['paged_in_bytes'])}; host tier peak {mib(stats['host_peak_bytes'])} ({args.host_tier}), "
+              f"process peak RSS {mib(stats['process_peak_rss_bytes'])} (all three runs)")
     print(f"evictions {stats['evictions']}, rematerializations {stats['rematerializations']}, replayed "
           f"{stats['replayed_time_ns'] / 1e6:.1f} ms, search {stats['search_ns'] / 1e6:.1f} ms, fragmentation "
           f"{stats['fragmentation']:.3f}")
