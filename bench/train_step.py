@@ -216,6 +216,8 @@ def bench_model(cli, model):
             "rematerializations": joined([s.get("rematerializations", 0) for s in st]) if st else None,
             "replayed_ms": round(statistics.median(s.get("replayed_time_ns", 0) for s in st) / 1e6, 1) if st else None,
             "paged_out_mib": round(mib(statistics.median(s.get("paged_out_bytes", 0) for s in st)), 1) if st else None,
+            # What paging really saves: the host tier's peak beside the arena's (on a CPU both are the same RAM).
+            "host_peak_mib": round(mib(max(s.get("host_peak_bytes", 0) for s in st)), 1) if st else None,
             "identical": None if not same[config] else ("yes" if all(same[config]) else "NO"),
             "baseline_rounds_ms": " / ".join(f"{t * 1e3:.0f}" for t in baseline_rounds) if config == "baseline" else "",
             "error": error,
@@ -236,17 +238,18 @@ def short_error(error, limit=120):
 
 def markdown(rows):
     lines = ["| model | run | budget | step, wall (median) | overhead | step, CPU | overhead, CPU | remat peak "
-             "| evictions | remats | replayed | paged out | identical |",
-             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+             "| host tier peak | evictions | remats | replayed | paged out | identical |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
     for r in rows:
         if r["error"] and r["step_ms"] is None:
             lines.append(f"| {r['model']} | {r['run']} | {cell(r['budget_mib'], '{:.1f} MiB')} | "
-                         f"{short_error(r['error'])} | | | | | | | | | |")
+                         f"{short_error(r['error'])} | | | | | | | | | | |")
             continue
         lines.append(
             f"| {r['model']} | {r['run']} | {cell(r['budget_mib'], '{:.1f} MiB')} | {cell(r['step_ms'], '{:.0f} ms')} "
             f"| {cell(r['overhead'], '{:.2f}x')} | {cell(r['cpu_ms'], '{:.0f} ms')} "
-            f"| {cell(r['cpu_overhead'], '{:.2f}x')} | {cell(r['peak_mib'], '{:.1f} MiB')} | {cell(r['evictions'])} "
+            f"| {cell(r['cpu_overhead'], '{:.2f}x')} | {cell(r['peak_mib'], '{:.1f} MiB')} "
+            f"| {cell(r['host_peak_mib'], '{:.1f} MiB')} | {cell(r['evictions'])} "
             f"| {cell(r['rematerializations'])} | {cell(r['replayed_ms'], '{:.0f} ms')} "
             f"| {cell(r['paged_out_mib'], '{:.0f} MiB')} | {cell(r['identical'])} |")
     drift = [f"{r['model']} {r['baseline_rounds_ms']} ms" for r in rows if r["baseline_rounds_ms"]]
@@ -360,6 +363,9 @@ def main(argv=None):
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {started}; load average "
           f"{load_before[0]:.2f} before, {load_after[0]:.2f} after (1 min)\n")
     print(markdown(rows))
+    import resource  # noqa: E402 (only here: the process's own peak, after every run)
+    print(f"process peak RSS over every run: {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MiB "
+          "(torch itself included)")
     if cli.csv is not None:
         with open(cli.csv, "w", newline="") as f:
             writer = csv.DictWriter(f, fieldnames=list(rows[0].keys()))
