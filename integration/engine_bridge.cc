@@ -210,8 +210,10 @@ void EngineBridge::GatherEngineInputs(const OpRecord& record) {
   overwritten.clear();
   std::vector<TensorId>& engine_inputs = current_.engine_inputs;
   engine_inputs.clear();
+  current_.input_entries.assign(n, nullptr);
   for (std::size_t k = 0; k < n; ++k) {
     Entry& entry = EntryFor(record.input_storages[k].get());
+    current_.input_entries[k] = &entry;
     if (current_.overwrite[k] || !current_.written[k]) continue;
     // Written on the side (running stats): a constant, replayed on a copy. Like any constant written, whatever
     // a replay could compute from its old value is pinned first (an eval-mode batch norm read the running stats).
@@ -221,14 +223,14 @@ void EngineBridge::GatherEngineInputs(const OpRecord& record) {
   for (const StorageIndex s : overwritten) PinDependents(s);
   for (std::size_t k = 0; k < n; ++k) {
     if (current_.overwrite[k] || (current_.written[k] && !current_.written_returned[k])) continue;
-    current_.inputs[k] = entries_.at(record.input_storages[k].get()).root;
+    current_.inputs[k] = current_.input_entries[k]->root;
     engine_inputs.push_back(current_.inputs[k]);
   }
   // Constants written on the side go last (EndOp's in_place_of positions count the ones above): BeginOp pages
   // them in if they are paged and locks them while the kernel runs. Replays do not read them through the engine.
   for (std::size_t k = 0; k < n; ++k) {
     if (current_.overwrite[k] || !current_.written[k] || current_.written_returned[k]) continue;
-    const TensorId side = entries_.at(record.input_storages[k].get()).root;
+    const TensorId side = current_.input_entries[k]->root;
     if (std::find(engine_inputs.begin(), engine_inputs.end(), side) == engine_inputs.end()) {
       engine_inputs.push_back(side);
     }
@@ -291,10 +293,7 @@ bool EngineBridge::Replayable(const OpRecord& record) {
   // An op that read an exported storage (MakeResident, writable) may have read bytes written behind remat's back,
   // which a replay would not see again.
   bool reads_export = false;
-  for (std::size_t k = 0; k < n; ++k) {
-    auto it = entries_.find(record.input_storages[k].get());
-    reads_export = reads_export || (it != entries_.end() && it->second.exported);
-  }
+  for (std::size_t k = 0; k < n; ++k) reads_export = reads_export || current_.input_entries[k]->exported;
   // A compiled graph's replay runs the whole graph again and needs its whole working set at once (every buffer of
   // a block's forward, while the op that wanted one output holds its own inputs): with a second tier, paging its
   // outputs costs a copy and no transient memory, so they stay constants (pageable); drop-only, they are replayed.
@@ -399,7 +398,7 @@ void EngineBridge::AfterOp(OpRecord&& record) {
   for (const TensorId t : current_.inputs) {
     if (t != kNoIndex) readers_[engine_->StorageOf(t)].push_back(current_.op);
   }
-  CountRecordRefs(record);
+  CountRecordRefs(record, 1, current_.input_entries);
   replay->record = std::move(record);
   executor_.AddOp(current_.op, std::move(replay));
   kept_ops_.push_back(current_.op);

@@ -97,6 +97,7 @@
 #include <optional>
 #include <string>
 #include <thread>
+#include <span>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
@@ -249,6 +250,7 @@ class EngineBridge final : public OpObserver, public PressureHandler, public Hel
     std::vector<bool> overwrite;  // per record.input_storages: a blank storage this op overwrites entirely
     std::vector<bool> covered;    // per record.input_storages: the op overwrites all of it (NoteWrites)
     std::vector<TensorId> engine_inputs;  // GatherEngineInputs' result
+    std::vector<Entry*> input_entries;    // per record.input_storages: its entry (stable: entries_ is a node map)
     std::vector<StorageIndex> written_constants;  // GatherEngineInputs: constants this op writes
     // Ops not known to be random: the default CPU generator's state before the op. If the op moved it (a
     // composite such as aten::lstm with dropout), a replay would not reproduce it: its outputs become constants.
@@ -269,7 +271,9 @@ class EngineBridge final : public OpObserver, public PressureHandler, public Hel
   // Brings entry's storage back if evicted or paged, pins it and fixes it in place (Engine::Fix): for storages whose
   // bytes or address code outside the dispatcher holds or is about to change (MakeResident, StorageWillChange).
   absl::Status FixEntry(Entry& entry);
-  void CountRecordRefs(const OpRecord& record, int delta = 1);
+  // Adds `delta` to the record_refs of the entries of the storages `record` holds (its input storages and its
+  // arguments' tensors). `entries`, when given, are the entries of record.input_storages (no lookup).
+  void CountRecordRefs(const OpRecord& record, int delta = 1, std::span<Entry* const> entries = {});
   // AfterOp's plan of what EndOp registers: per spec, index into record.outputs (>= 0) or -1 - k for input k
   // (written in place, or a blank storage overwritten), and the StorageImpl holding it. Kept between ops so that
   // its vectors keep their capacity (no allocation per op).

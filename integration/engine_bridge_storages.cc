@@ -136,8 +136,14 @@ bool EngineBridge::PinState(c10::StorageImpl* impl) {
   return true;
 }
 
-void EngineBridge::CountRecordRefs(const OpRecord& record, int delta) {
+void EngineBridge::CountRecordRefs(const OpRecord& record, int delta, std::span<Entry* const> entries) {
   auto count = [&](const c10::StorageImpl* impl) {
+    for (std::size_t k = 0; k < entries.size(); ++k) {  // the op's few input storages: no hash lookup
+      if (record.input_storages[k].get() == impl) {
+        entries[k]->record_refs += delta;
+        return;
+      }
+    }
     auto it = entries_.find(impl);
     if (it != entries_.end()) it->second.record_refs += delta;
   };
