@@ -218,6 +218,8 @@ def bench_model(cli, model):
             "paged_out_mib": round(mib(statistics.median(s.get("paged_out_bytes", 0) for s in st)), 1) if st else None,
             # What paging really saves: the host tier's peak beside the arena's (on a CPU both are the same RAM).
             "host_peak_mib": round(mib(max(s.get("host_peak_bytes", 0) for s in st)), 1) if st else None,
+            # The two tiers at once (their peaks apart need not coincide).
+            "together_peak_mib": round(mib(max(s.get("resident_and_host_peak_bytes", 0) for s in st)), 1) if st else None,
             "identical": None if not same[config] else ("yes" if all(same[config]) else "NO"),
             "baseline_rounds_ms": " / ".join(f"{t * 1e3:.0f}" for t in baseline_rounds) if config == "baseline" else "",
             "error": error,
@@ -238,18 +240,19 @@ def short_error(error, limit=120):
 
 def markdown(rows):
     lines = ["| model | run | budget | step, wall (median) | overhead | step, CPU | overhead, CPU | remat peak "
-             "| host tier peak | evictions | remats | replayed | paged out | identical |",
-             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+             "| host tier peak | both tiers at once | evictions | remats | replayed | paged out | identical |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
     for r in rows:
         if r["error"] and r["step_ms"] is None:
             lines.append(f"| {r['model']} | {r['run']} | {cell(r['budget_mib'], '{:.1f} MiB')} | "
-                         f"{short_error(r['error'])} | | | | | | | | | | |")
+                         f"{short_error(r['error'])} | | | | | | | | | | | |")
             continue
         lines.append(
             f"| {r['model']} | {r['run']} | {cell(r['budget_mib'], '{:.1f} MiB')} | {cell(r['step_ms'], '{:.0f} ms')} "
             f"| {cell(r['overhead'], '{:.2f}x')} | {cell(r['cpu_ms'], '{:.0f} ms')} "
             f"| {cell(r['cpu_overhead'], '{:.2f}x')} | {cell(r['peak_mib'], '{:.1f} MiB')} "
-            f"| {cell(r['host_peak_mib'], '{:.1f} MiB')} | {cell(r['evictions'])} "
+            f"| {cell(r['host_peak_mib'], '{:.1f} MiB')} | {cell(r['together_peak_mib'], '{:.1f} MiB')} "
+            f"| {cell(r['evictions'])} "
             f"| {cell(r['rematerializations'])} | {cell(r['replayed_ms'], '{:.0f} ms')} "
             f"| {cell(r['paged_out_mib'], '{:.0f} MiB')} | {cell(r['identical'])} |")
     drift = [f"{r['model']} {r['baseline_rounds_ms']} ms" for r in rows if r["baseline_rounds_ms"]]

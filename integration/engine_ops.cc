@@ -131,6 +131,7 @@ c10::Dict<std::string, double> EngineStatsDict() {
   put("stall_ns", s->engine.stall_ns);
   put("host_used_bytes", s->engine.host_used_bytes);
   put("host_peak_bytes", s->engine.host_peak_bytes);
+  put("resident_and_host_peak_bytes", s->engine.resident_and_host_peak_bytes);
   put("page_out_wall_ns", s->executor.page_out_ns);
   put("page_in_wall_ns", s->executor.page_in_ns);
   put("host_tier_file_bytes", s->host_tier.file_bytes);

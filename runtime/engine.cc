@@ -349,6 +349,9 @@ void Engine::NotePeak() {
   } else {
     stats_.peak_bytes = std::max(stats_.peak_bytes, stats_.used_bytes);
   }
+  // A page-out or page-in moves bytes between the tiers without changing the sum: only new bytes (here) raise it.
+  stats_.resident_and_host_peak_bytes =
+      std::max(stats_.resident_and_host_peak_bytes, stats_.used_bytes + stats_.host_used_bytes);
 }
 
 void Engine::Defer(TensorId t) {

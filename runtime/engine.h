@@ -163,6 +163,9 @@ struct EngineStats {
   std::int64_t stall_ns = 0;           // clock time ops waited for their inputs' page-ins
   std::int64_t host_used_bytes = 0;    // second tier in use now
   std::int64_t host_peak_bytes = 0;
+  // Peak of the bytes of the engine's resident storages plus the host tier's, at once: what the two tiers held
+  // together (on a CPU the same RAM; the two peaks apart need not coincide, so their sum only bounds this).
+  std::int64_t resident_and_host_peak_bytes = 0;
   // Relocation (arena mode).
   std::int64_t relocations = 0;
   std::int64_t relocated_bytes = 0;

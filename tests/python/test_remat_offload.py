@@ -73,6 +73,10 @@ def test_stats_show_the_process_peak_resident_memory_beside_the_arena_and_the_ho
         stats = remat.stats()
     assert stats["host_peak_bytes"] > 0
     assert stats["process_peak_rss_bytes"] >= stats["peak_allocated_bytes"] + stats["host_peak_bytes"]
+    # Everything made is kept: the two tiers together held about all of it at once, more than either peak.
+    together = stats["resident_and_host_peak_bytes"]
+    assert max(stats["host_peak_bytes"], 8 << 20) < together <= stats["peak_allocated_bytes"] + stats["host_peak_bytes"]
+    assert together >= 64 * 256 * 256 * 4
 
 
 def test_offload_off_pages_nothing(monkeypatch):

@@ -205,7 +205,8 @@ def stats() -> Dict[str, Union[int, float]]:
     kept out of the eviction pool), deferred_releases (victims chosen among them because the pool ran dry),
     pinned_state (optimizer state pinned after a step) and the bridge's other counts (engine_stats() in _engine.py);
     paging: page_outs, page_ins, prefetches, paged_out_bytes, paged_in_bytes, host_used_bytes, host_peak_bytes,
-    stall_ns (the link model's wait for page-ins, in the engine's clock), page_out_wall_ns and page_in_wall_ns
+    resident_and_host_peak_bytes (the peak of the engine's resident storages and the host tier together: what paging
+    really kept on the device and off it at once), stall_ns (the link model's wait for page-ins, in the engine's clock), page_out_wall_ns and page_in_wall_ns
     (measured copy time), host_tier_file_bytes (the file tier's size); process_peak_rss_bytes (the process's peak
     resident memory so far, getrusage: on a CPU the arena and a memory host tier are both in it, so it shows what
     paging did not save); engine_op_slots, engine_tensor_slots, engine_storage_slots, engine_union_find_nodes,
