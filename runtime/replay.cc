@@ -50,8 +50,7 @@ struct DriveOptions {
   bool product = true;       // the engine configuration (ReplayOptions::engine): kProduct when true
   int prefetch_ops = 0;      // > 0: before each op, prefetch the paged inputs of the next prefetch_ops ops
   bool prefetch_evicts = false;  // see ReplayOptions
-  Arena* arena = nullptr;    // arena mode: the arena ops allocate from (product) and whose block owners follow
-  bool partition = false;    // product, arena mode: costly ops' outputs low, others high (as SimExecutor places)
+  SimExecutor* executor = nullptr;  // the engine's; product, arena mode: ops' outputs are placed through it
   std::function<void()> after_op;  // when set, called after every CALL and MUTATE (timelines)
 };
 
@@ -97,20 +96,17 @@ absl::Status Drive(const Trace& trace, Engine& engine, const DriveOptions& drive
     absl::StatusOr<OpId> begun = engine.BeginOp(inputs, op.op_name);
     if (!begun.ok()) return begun.status();
     engine.NoteAllocation();
-    const Placement placement = (!drive.partition || engine.OpCostly(*begun)) ? Placement::kLow : Placement::kHigh;
     outputs.clear();
     for (const TraceResult& r : op.results) {
       OutputSpec spec{r.alias >= 0 ? 0 : r.bytes, r.alias};
       if (r.alias < 0) {
-        absl::StatusOr<std::uintptr_t> address =
-            drive.arena->Allocate(static_cast<std::size_t>(r.bytes), kNoOwner, placement);
+        absl::StatusOr<std::uintptr_t> address = drive.executor->AllocateForKernel(engine, *begun, r.bytes);
         if (!address.ok()) {
           for (const OutputSpec& placed : outputs) {
-            if (placed.alias < 0) (void)drive.arena->Free(placed.address);
+            if (placed.alias < 0) drive.executor->FreeBlock(placed.address);
           }
           engine.AbortOp(*begun);
-          return absl::ResourceExhaustedError(
-              absl::StrCat("out of memory running '", op.op_name, "': ", address.status().message()));
+          return address.status();
         }
         spec.address = *address;
       }
@@ -119,10 +115,50 @@ absl::Status Drive(const Trace& trace, Engine& engine, const DriveOptions& drive
     absl::StatusOr<std::span<const TensorId>> outs = engine.EndOp(*begun, outputs, op.time_ns);
     if (!outs.ok()) return outs.status();
     for (std::size_t i = 0; i < outputs.size(); ++i) {
-      if (outputs[i].alias >= 0) continue;
-      (void)drive.arena->SetOwner(outputs[i].address, OwnerId{engine.StorageOf((*outs)[i])} + 1);
+      if (outputs[i].alias < 0) drive.executor->Adopt(engine, engine.StorageOf((*outs)[i]));
     }
     return outs;
+  };
+  // Product: a MUTATE writes in place, as the PyTorch path runs it: each written storage (once, whatever the names
+  // on it) now holds a new value made by this op. DTR paper: copy-on-write, each mutated argument becomes a fresh
+  // storage of its storage's size. `written` gets the ARGS index of each output.
+  std::vector<std::int32_t> written;
+  auto mutate = [&](const TraceOp& op) -> absl::StatusOr<std::span<const TensorId>> {
+    written.clear();
+    outputs.clear();
+    for (std::int32_t k : op.mutated) {
+      if (!drive.product) {
+        written.push_back(k);
+        outputs.push_back({engine.StorageBytes(engine.StorageOf(inputs[k])), -1});
+        continue;
+      }
+      bool seen = false;
+      for (std::int32_t w : written) seen = seen || engine.StorageOf(inputs[w]) == engine.StorageOf(inputs[k]);
+      if (seen) continue;
+      written.push_back(k);
+      OutputSpec spec;
+      spec.in_place_of = k;
+      outputs.push_back(spec);
+    }
+    if (!drive.product) return engine.Call(inputs, outputs, op.time_ns, op.op_name);
+    absl::StatusOr<OpId> begun = engine.BeginOp(inputs, op.op_name);
+    if (!begun.ok()) return begun.status();
+    return engine.EndOp(*begun, outputs, op.time_ns);
+  };
+  auto gather_inputs = [&](const TraceOp& op) -> absl::Status {
+    inputs.clear();
+    for (TraceName a : op.args) {
+      TensorId t;
+      if (absl::Status s = lookup(a, op, t); !s.ok()) return s;
+      inputs.push_back(t);
+    }
+    return absl::OkStatus();
+  };
+  auto constant = [&](const TraceOp& op) -> absl::Status {
+    absl::StatusOr<TensorId> t = engine.Constant(op.bytes);
+    if (!t.ok()) return t.status();
+    bind(op.name, *t);
+    return absl::OkStatus();
   };
   std::vector<TensorId> upcoming;
   auto prefetch = [&]() -> absl::Status {
@@ -144,9 +180,7 @@ absl::Status Drive(const Trace& trace, Engine& engine, const DriveOptions& drive
     for (std::size_t i = 0; i < trace.ops.size(); ++i) {
       const TraceOp& op = trace.ops[i];
       if (op.kind != TraceOpKind::kConstant || bound[op.name] >= 0) continue;
-      absl::StatusOr<TensorId> t = engine.Constant(op.bytes);
-      if (!t.ok()) return t.status();
-      bind(op.name, *t);
+      if (absl::Status s = constant(op); !s.ok()) return s;
       hoisted[i] = true;
     }
   }
@@ -171,12 +205,9 @@ absl::Status Drive(const Trace& trace, Engine& engine, const DriveOptions& drive
         engine.Pin(t);
         break;
       }
-      case TraceOpKind::kConstant: {
-        absl::StatusOr<TensorId> t = engine.Constant(op.bytes);
-        if (!t.ok()) return t.status();
-        bind(op.name, *t);
+      case TraceOpKind::kConstant:
+        if (absl::Status s = constant(op); !s.ok()) return s;
         break;
-      }
       case TraceOpKind::kCopy: {
         TensorId src;
         if (absl::Status s = lookup(op.args[0], op, src); !s.ok()) return s;
@@ -198,15 +229,10 @@ absl::Status Drive(const Trace& trace, Engine& engine, const DriveOptions& drive
         break;
       }
       case TraceOpKind::kCall: {
-        inputs.clear();
-        for (TraceName a : op.args) {
-          TensorId t;
-          if (absl::Status s = lookup(a, op, t); !s.ok()) return s;
-          inputs.push_back(t);
-        }
+        if (absl::Status s = gather_inputs(op); !s.ok()) return s;
         outputs.clear();
         absl::StatusOr<std::span<const TensorId>> outs;
-        if (drive.product && drive.arena != nullptr) {
+        if (drive.product && drive.executor->arena_mode()) {
           outs = call_as_kernel(op);
         } else {
           for (const TraceResult& r : op.results) outputs.push_back({r.alias >= 0 ? 0 : r.bytes, r.alias});
@@ -221,61 +247,18 @@ absl::Status Drive(const Trace& trace, Engine& engine, const DriveOptions& drive
         break;
       }
       case TraceOpKind::kMutate: {
-        if (drive.product) {
-          // In place, as the PyTorch path runs it: each written storage now holds a new value made by this op.
-          inputs.clear();
-          for (TraceName a : op.args) {
-            TensorId t;
-            if (absl::Status s = lookup(a, op, t); !s.ok()) return s;
-            inputs.push_back(t);
-          }
-          absl::StatusOr<OpId> begun = engine.BeginOp(inputs, op.op_name);
-          if (!begun.ok()) return begun.status();
-          outputs.clear();
-          std::vector<std::int32_t> written;  // one per storage: two names on one storage are one write
-          for (std::int32_t k : op.mutated) {
-            bool seen = false;
-            for (std::int32_t w : written) seen = seen || engine.StorageOf(inputs[w]) == engine.StorageOf(inputs[k]);
-            if (seen) continue;
-            written.push_back(k);
-            OutputSpec spec;
-            spec.in_place_of = k;
-            outputs.push_back(spec);
-          }
-          absl::StatusOr<std::span<const TensorId>> outs = engine.EndOp(*begun, outputs, op.time_ns);
-          if (!outs.ok()) return outs.status();
-          const std::vector<TensorId> made(outs->begin(), outs->end());
-          for (std::size_t i = 0; i < written.size(); ++i) {
-            const TraceName n = op.args[written[i]];
-            engine.Release(static_cast<TensorId>(bound[n]));
-            bind(n, made[i]);
-            const StorageIndex s = engine.StorageOf(made[i]);
-            if (drive.arena != nullptr && engine.StorageAddress(s) != 0) {
-              (void)drive.arena->SetOwner(engine.StorageAddress(s), OwnerId{s} + 1);
-            }
-            defer_in_backward(std::span<const TensorId>(&made[i], 1));
-          }
-          if (after_op) after_op();
-          break;
-        }
-        // DTR paper: copy-on-write: each mutated argument becomes a fresh storage of its storage's size made by this op.
-        inputs.clear();
-        for (TraceName a : op.args) {
-          TensorId t;
-          if (absl::Status s = lookup(a, op, t); !s.ok()) return s;
-          inputs.push_back(t);
-        }
-        outputs.clear();
-        for (std::int32_t k : op.mutated) {
-          outputs.push_back({engine.StorageBytes(engine.StorageOf(inputs[k])), -1});
-        }
-        absl::StatusOr<std::span<const TensorId>> outs = engine.Call(inputs, outputs, op.time_ns, op.op_name);
+        if (absl::Status s = gather_inputs(op); !s.ok()) return s;
+        absl::StatusOr<std::span<const TensorId>> outs = mutate(op);
         if (!outs.ok()) return outs.status();
-        std::vector<TensorId> made(outs->begin(), outs->end());
-        for (std::size_t i = 0; i < op.mutated.size(); ++i) {
-          TraceName n = op.args[op.mutated[i]];
+        const std::vector<TensorId> made(outs->begin(), outs->end());
+        for (std::size_t i = 0; i < written.size(); ++i) {
+          const TraceName n = op.args[written[i]];
           engine.Release(static_cast<TensorId>(bound[n]));
           bind(n, made[i]);
+          if (drive.product) {
+            drive.executor->Adopt(engine, engine.StorageOf(made[i]));  // it took over the written bytes
+            defer_in_backward(std::span<const TensorId>(&made[i], 1));
+          }
         }
         if (after_op) after_op();
         break;
@@ -320,6 +303,7 @@ absl::StatusOr<std::unique_ptr<Replayer>> Replayer::Create(const Trace& trace) {
     Engine engine(options, &executor);
     DriveOptions drive;
     drive.product = config == EngineConfig::kProduct;
+    drive.executor = &executor;
     if (absl::Status s = Drive(trace, engine, drive); !s.ok()) return s;
     Baseline& baseline = impl->baselines[static_cast<int>(config)];
     baseline.compute_ns = engine.stats().model_compute;
@@ -397,8 +381,7 @@ ReplayResult Replayer::Run(const ReplayOptions& options) {
   drive.product = product;
   drive.prefetch_ops = options.offload == OffloadMode::kOff ? 0 : options.prefetch_ops;
   drive.prefetch_evicts = options.prefetch_evicts;
-  drive.arena = arena.get();
-  drive.partition = partition;
+  drive.executor = &executor;
   drive.after_op = std::move(sample);
   absl::Status status = Drive(*impl_->trace, engine, drive);
   if (arena) arena->SetPressureHandler(nullptr);

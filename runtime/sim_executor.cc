@@ -9,7 +9,7 @@ absl::Status SimExecutor::Execute(Engine& engine, OpId op, bool replay, std::spa
     for (const std::uint32_t s : fresh) totals_.rematerialized_bytes += engine.StorageBytes(s);
   }
   if (arena_ == nullptr) return absl::OkStatus();
-  Placement placement = (!partition_ || engine.OpCostly(op)) ? Placement::kLow : Placement::kHigh;
+  const Placement placement = PlacementFor(engine, op);
   for (std::size_t i = 0; i < fresh.size(); ++i) {
     const std::uint32_t s = fresh[i];
     engine.NoteAllocation();
@@ -17,12 +17,34 @@ absl::Status SimExecutor::Execute(Engine& engine, OpId op, bool replay, std::spa
         arena_->Allocate(static_cast<std::size_t>(engine.StorageBytes(s)), OwnerId{s} + 1, placement);
     if (!address.ok()) {
       for (std::size_t j = 0; j < i; ++j) (void)arena_->Free(engine.StorageAddress(fresh[j]));  // all or nothing
-      return absl::ResourceExhaustedError(absl::StrCat("out of memory running '", std::string(engine.OpName(op)),
-                                                       "': ", address.status().message()));
+      return OutOfMemory(engine, op, address.status());
     }
     engine.SetAddress(s, *address);
   }
   return absl::OkStatus();
+}
+
+Placement SimExecutor::PlacementFor(const Engine& engine, OpId op) const {
+  return (!partition_ || engine.OpCostly(op)) ? Placement::kLow : Placement::kHigh;
+}
+
+absl::Status SimExecutor::OutOfMemory(const Engine& engine, OpId op, const absl::Status& status) {
+  return absl::ResourceExhaustedError(
+      absl::StrCat("out of memory running '", std::string(engine.OpName(op)), "': ", status.message()));
+}
+
+absl::StatusOr<std::uintptr_t> SimExecutor::AllocateForKernel(Engine& engine, OpId op, std::int64_t bytes) {
+  absl::StatusOr<std::uintptr_t> address =
+      arena_->Allocate(static_cast<std::size_t>(bytes), kNoOwner, PlacementFor(engine, op));
+  if (!address.ok()) return OutOfMemory(engine, op, address.status());
+  return address;
+}
+
+void SimExecutor::FreeBlock(std::uintptr_t address) { (void)arena_->Free(address); }
+
+void SimExecutor::Adopt(Engine& engine, std::uint32_t storage) {
+  if (arena_ == nullptr || engine.StorageAddress(storage) == 0) return;
+  (void)arena_->SetOwner(engine.StorageAddress(storage), OwnerId{storage} + 1);
 }
 
 void SimExecutor::Evict(Engine& engine, std::uint32_t storage) {

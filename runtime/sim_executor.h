@@ -24,6 +24,15 @@ class SimExecutor final : public Executor {
   absl::StatusOr<bool> Relocate(Engine& engine, std::uint32_t storage, AddressRange avoid) override;
   absl::StatusOr<bool> Slide(Engine& engine, std::uint32_t storage, std::uintptr_t to) override;
 
+  // For a driver that runs an op as the PyTorch path does (BeginOp, its kernel's allocations, EndOp: remat-sim's
+  // product configuration), arena mode only. AllocateForKernel places an output of the running `op` before EndOp
+  // registers it (no owner yet; all-or-nothing is the caller's: FreeBlock what it placed); Adopt makes storage s the
+  // owner of the block at its address (an output EndOp registered, or bytes an in-place write took over).
+  bool arena_mode() const { return arena_ != nullptr; }
+  absl::StatusOr<std::uintptr_t> AllocateForKernel(Engine& engine, OpId op, std::int64_t bytes);
+  void FreeBlock(std::uintptr_t address);
+  void Adopt(Engine& engine, std::uint32_t storage);
+
   // Bytes so far, for timelines (remat-sim --timeline): evicted while the trace still refers to them, freed when
   // their last reference went (still recomputable), and delivered again by replays.
   struct Totals {
@@ -35,6 +44,9 @@ class SimExecutor final : public Executor {
 
  private:
   void Free(Engine& engine, std::uint32_t storage);
+  // Costly ops' outputs low, others high, with cheap-tensor partitioning; all low without.
+  Placement PlacementFor(const Engine& engine, OpId op) const;
+  static absl::Status OutOfMemory(const Engine& engine, OpId op, const absl::Status& status);
   Arena* arena_;
   bool partition_;
   Totals totals_;
