@@ -360,7 +360,7 @@ void Engine::Defer(TensorId t) {
   Impl::Storage& st = m.storages[s];
   if (st.pinned || st.deferred) return;
   st.deferred = true;
-  if (st.in_pool) {
+  if (m.InPool(s)) {
     m.PoolRemove(s);
     m.PoolAppend(s);  // into deferred_list
   }
@@ -374,13 +374,13 @@ bool Engine::ReleaseDeferred() {
   std::size_t kept = 0;
   for (StorageIndex s : released_) {
     Impl::Storage& st = m.storages[s];
-    if (!st.deferred || st.in_pool || !st.material || st.locks > 0 || st.pinned) continue;
+    if (!st.deferred || m.InPool(s) || !st.material || st.locks > 0 || st.pinned) continue;
     m.PoolAppend(s, /*reserve=*/false);  // still deferred: RedeferUnchosen takes it out again unless chosen
     released_[kept++] = s;
   }
   released_.resize(kept);
   ++stats_.deferred_releases;
-  return m.pool_size > 0;
+  return !m.pool.empty();
 }
 
 void Engine::RedeferUnchosen() {
@@ -388,7 +388,7 @@ void Engine::RedeferUnchosen() {
   for (StorageIndex s : released_) {
     Impl::Storage& st = m.storages[s];
     if (!st.deferred) continue;  // pinned since
-    if (st.in_pool) {
+    if (m.InPool(s)) {
       m.PoolRemove(s);
       m.PoolAppend(s);  // into deferred_list
     }

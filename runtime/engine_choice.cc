@@ -15,7 +15,7 @@ namespace remat {
 
 std::vector<StorageIndex> Engine::PoolOrder() const {
   std::vector<StorageIndex> out;
-  for (std::uint32_t s = impl_->pool_head; s != kNone; s = impl_->storages[s].pool_next) out.push_back(s);
+  for (StorageIndex s = impl_->pool.Head(); s != kNone; s = impl_->pool.Next(s)) out.push_back(s);
   return out;
 }
 
@@ -26,7 +26,7 @@ std::optional<StorageIndex> Engine::ChooseFromPool() {
   }
   ChooseContext ctx{&m.rng, &stats_.heuristic_evaluations};
   m.candidates.clear();
-  for (std::uint32_t s = m.pool_head; s != kNone; s = m.storages[s].pool_next) m.candidates.push_back(s);
+  for (StorageIndex s = m.pool.Head(); s != kNone; s = m.pool.Next(s)) m.candidates.push_back(s);
   std::optional<std::size_t> pick = options_.policy->Choose(*this, m.candidates, options_.choose, ctx);
   if (!pick) return std::nullopt;
   return static_cast<StorageIndex>(m.candidates[*pick]);
@@ -35,9 +35,11 @@ std::optional<StorageIndex> Engine::ChooseFromPool() {
 void Engine::RefreshWeights() {
   Impl& m = *impl_;
   if (m.all_dirty) {
-    for (std::size_t i = 0; i < m.dense_storage.size(); ++i) {
-      m.dense_weight[i] = options_.policy->StalenessWeight(*this, m.dense_storage[i]);
-      m.weight_mark[m.dense_storage[i]] = Impl::kClean;
+    const std::span<const StorageIndex> members = m.pool.Members();
+    double* weight = m.pool.Weights();
+    for (std::size_t i = 0; i < members.size(); ++i) {
+      weight[i] = options_.policy->StalenessWeight(*this, members[i]);
+      m.weight_mark[members[i]] = Impl::kClean;
     }
     m.dirty.clear();
     m.all_dirty = false;
@@ -46,7 +48,7 @@ void Engine::RefreshWeights() {
   for (StorageIndex x : m.dirty) {
     if (m.weight_mark[x] != Impl::kDirty) continue;  // left the pool, or queued twice
     m.weight_mark[x] = Impl::kClean;
-    m.dense_weight[m.storages[x].pool_pos] = options_.policy->StalenessWeight(*this, x);
+    m.pool.Weights()[m.pool.Position(x)] = options_.policy->StalenessWeight(*this, x);
   }
   m.dirty.clear();
 }
@@ -67,14 +69,15 @@ constexpr std::int64_t kExactDoubleLimit = std::int64_t{1} << 53;
 // Negative scores, negative byte counts and clocks past 2^53 are left to the default path (nullopt).
 std::optional<StorageIndex> Engine::DenseChoice() {
   Impl& m = *impl_;
-  const std::size_t n = m.dense_storage.size();
-  if (n == 0 || m.pool_negative > 0 || stats_.clock >= kExactDoubleLimit) return std::nullopt;
+  const std::span<const StorageIndex> members = m.pool.Members();
+  const std::size_t n = members.size();
+  if (n == 0 || m.pool.NegativeCount() > 0 || stats_.clock >= kExactDoubleLimit) return std::nullopt;
   RefreshWeights();
   const double clock = static_cast<double>(stats_.clock);
   const double inf = std::numeric_limits<double>::infinity();
-  const double* w = m.dense_weight.data();
-  const double* last = m.dense_last.data();
-  const std::uint64_t* seq = m.dense_seq.data();
+  const double* w = m.pool.Weights();
+  const double* last = m.pool.LastAccesses();
+  const std::uint64_t* seq = m.pool.Sequence();
   const std::size_t chunks = (n + kScanChunk - 1) / kScanChunk;
   m.chunk_min.resize(chunks);
   const double qmin = ChunkMinima(w, last, n, clock, m.chunk_min.data());
@@ -83,7 +86,7 @@ std::optional<StorageIndex> Engine::DenseChoice() {
   std::int64_t evaluated = static_cast<std::int64_t>(n);
   if (qmin == inf) {
     stats_.heuristic_evaluations += evaluated;
-    return m.pool_tail;
+    return m.pool.Tail();
   }
   // Pass 2 revisits only the chunks whose minimum is within reach.
   if (qmin == 0) {
@@ -107,7 +110,7 @@ std::optional<StorageIndex> Engine::DenseChoice() {
       if (m.chunk_min[c] > threshold) continue;
       for (std::size_t i = c * kScanChunk, end = std::min(n, i + kScanChunk); i < end; ++i) {
         if (ApproxScore(w[i], last[i], clock) > threshold) continue;
-        const double exact = options_.policy->Score(*this, m.dense_storage[i]);
+        const double exact = options_.policy->Score(*this, members[i]);
         if (!found || exact < best || (exact == best && seq[i] > seq[pick])) {
           best = exact;
           pick = i;
@@ -117,7 +120,7 @@ std::optional<StorageIndex> Engine::DenseChoice() {
     }
   }
   stats_.heuristic_evaluations += evaluated;
-  return m.dense_storage[pick];
+  return members[pick];
 }
 
 std::optional<Window> Engine::ChooseWindow(Arena& arena, std::size_t bytes) {
@@ -132,10 +135,13 @@ std::optional<Window> Engine::ChooseWindow(Arena& arena, std::size_t bytes) {
     if (m.window_cost.size() < m.storages.size()) m.window_cost.resize(m.storages.size());
     const double clock = static_cast<double>(stats_.clock);
     std::optional<double>* costs = m.window_cost.data();
-    for (std::size_t i = 0; i < m.dense_storage.size(); ++i) {
-      const double t = clock - m.dense_last[i];
-      const double cost = m.dense_weight[i] / t;
-      if (t > 0 && std::isfinite(cost)) costs[m.dense_storage[i]] = cost;
+    const std::span<const StorageIndex> members = m.pool.Members();
+    const double* weight = m.pool.Weights();
+    const double* last = m.pool.LastAccesses();
+    for (std::size_t i = 0; i < members.size(); ++i) {
+      const double t = clock - last[i];
+      const double cost = weight[i] / t;
+      if (t > 0 && std::isfinite(cost)) costs[members[i]] = cost;
     }
     static const std::optional<double> kBarrier;
     const std::size_t count = m.window_cost.size();
@@ -144,7 +150,7 @@ std::optional<Window> Engine::ChooseWindow(Arena& arena, std::size_t bytes) {
       const OwnerId s = block.owner - 1;  // kNoOwner wraps around past `count`
       return s < count ? costs[s] : kBarrier;
     });
-    for (StorageIndex s : m.dense_storage) costs[s].reset();
+    for (StorageIndex s : m.pool.Members()) costs[s].reset();
   } else {
     window = arena.FindWindow(bytes, [&](const BlockInfo& block) -> std::optional<double> {
       if (block.owner == kNoOwner) return std::nullopt;
@@ -162,7 +168,7 @@ std::optional<Window> Engine::PickWindow(std::size_t bytes) {
 }
 
 std::optional<StorageIndex> Engine::PickVictim() {
-  if (impl_->pool_size == 0) return std::nullopt;
+  if (impl_->pool.empty()) return std::nullopt;
   return ChooseFromPool();
 }
 
@@ -171,7 +177,7 @@ std::int64_t Engine::Clock() const { return stats_.clock; }
 std::int64_t Engine::Bytes(StorageId s) const { return impl_->storages[s].size; }
 std::int64_t Engine::Compute(StorageId s) const { return impl_->storages[s].compute; }
 std::int64_t Engine::LastAccess(StorageId s) const { return impl_->storages[s].last_access; }
-bool Engine::Evictable(StorageId s) const { return s < impl_->storages.size() && impl_->storages[s].in_pool; }
+bool Engine::Evictable(StorageId s) const { return s < impl_->storages.size() && impl_->pool.Contains(static_cast<StorageIndex>(s)); }
 std::int64_t Engine::RegionCompute(StorageId s) const {
   if (!impl_->regions) return 0;
   return impl_->fwd[s].compute + impl_->rev[s].compute;

@@ -24,6 +24,7 @@
 #include "runtime/dense_scan.h"
 #include "runtime/engine.h"
 #include "runtime/eq_classes.h"
+#include "runtime/eviction_pool.h"
 #include "runtime/regions.h"
 
 namespace remat {
@@ -80,15 +81,12 @@ struct Engine::Impl {
     std::int64_t size = 0;
     std::int64_t compute = 0;
     std::int64_t last_access = 0;
-    std::uint32_t pool_prev = kNone, pool_next = kNone;  // next to size/compute/last_access: one line per pool step
-    std::uint32_t pool_pos = kNone;  // slot in the dense pool arrays while in the pool
     std::int32_t locks = 0;
     std::int32_t ext_refs = 0;
     bool material = false;
     bool computed = false;  // has been computed at least once (evicted vs never produced)
     bool pinned = false;
     bool dead = false;  // free_dead: no reference and nothing alive can ever need it; out of the graph for good
-    bool in_pool = false;
     bool has_address = false;
     bool paged = false;     // on the second tier (not material; counts as material for regions and classes)
     bool constant = false;  // no producer (Constant, AdoptConstant, in-place write of a constant)
@@ -117,8 +115,7 @@ struct Engine::Impl {
   absl::flat_hash_map<std::string, std::uint32_t> name_ids;
   std::vector<Region> fwd, rev;  // per storage, when regions are on
   EqClasses eq;
-  std::uint32_t pool_head = kNone, pool_tail = kNone;
-  std::size_t pool_size = 0;
+  EvictionPool pool;  // runtime/eviction_pool.h
   std::vector<StorageIndex> deferred_list;  // deferred storages that would be in the pool
   std::vector<Frame> stack;
   std::vector<TensorId> scratch;
@@ -178,6 +175,7 @@ struct Engine::Impl {
   StorageIndex NewStorageSlot() {
     if (free_storages.empty()) {
       storages.emplace_back();
+      pool.Grow(storages.size());
       storage_parents.emplace_back();
       storage_children.emplace_back();
       state.push_back(0);
@@ -212,15 +210,7 @@ struct Engine::Impl {
     return id;
   }
 
-  // Pool: insertion-ordered intrusive list, mirrored in the dense arrays below (appended at the end, swap-removed;
-  // dense_seq increases with insertion, so ordering slots by it gives the list order back).
-  std::vector<StorageIndex> dense_storage;
-  std::vector<double> dense_weight;  // the policy's StalenessWeight (valid when `weights` and not dirty)
-  std::vector<double> dense_last;    // last access, as a double (exact below 2^53)
-  std::vector<std::uint64_t> dense_seq;
-  std::vector<double> chunk_min;     // the scan's scratch: minimum approximate score per chunk of slots
-  std::uint64_t next_seq = 0;
-  std::size_t pool_negative = 0;     // pool members with negative bytes (the default path skips them)
+  std::vector<double> chunk_min;     // the dense scan's scratch: minimum approximate score per chunk of slots
   // Staleness weights: maintained when the policy has them (Policy::HasStalenessWeight). Only pool members'
   // weights matter (joining the pool marks one dirty), so weight_mark per storage is kOut (not in the pool),
   // kClean or kDirty (queued in `dirty`, recomputed at the next choice). `all_dirty` recomputes every pool member
@@ -240,30 +230,19 @@ struct Engine::Impl {
     dirty.push_back(x);
   }
   void SetLastAccess(StorageIndex s, std::int64_t clock) {
-    Storage& st = storages[s];
-    st.last_access = clock;
-    if (st.pool_pos != kNone) dense_last[st.pool_pos] = static_cast<double>(clock);
+    storages[s].last_access = clock;
+    pool.SetLastAccess(s, clock);
   }
+  bool InPool(StorageIndex s) const { return pool.Contains(s); }
   // reserve = false: into the pool even when deferred (ReleaseDeferred's one choice).
   void PoolAppend(StorageIndex s, bool reserve = true) {
     Storage& st = storages[s];
-    if (st.in_pool) return;
+    if (pool.Contains(s)) return;
     if (reserve && st.deferred) {  // evictable, but only once the pool is empty (ReleaseDeferred); duplicates are harmless
       deferred_list.push_back(s);
       return;
     }
-    st.in_pool = true;
-    st.pool_prev = pool_tail;
-    st.pool_next = kNone;
-    if (pool_tail != kNone) storages[pool_tail].pool_next = s; else pool_head = s;
-    pool_tail = s;
-    ++pool_size;
-    st.pool_pos = static_cast<std::uint32_t>(dense_storage.size());
-    dense_storage.push_back(s);
-    dense_weight.push_back(0);
-    dense_last.push_back(static_cast<double>(st.last_access));
-    dense_seq.push_back(next_seq++);
-    if (st.size < 0) ++pool_negative;
+    pool.Append(s, st.last_access, st.size < 0);
     if (weights) {
       weight_mark[s] = kDirty;
       if (dirty.size() > 2 * storages.size()) {  // no choice for a long while: recompute everything instead
@@ -274,29 +253,8 @@ struct Engine::Impl {
     }
   }
   void PoolRemove(StorageIndex s) {
-    Storage& st = storages[s];
-    if (!st.in_pool) return;
-    st.in_pool = false;
-    if (st.pool_prev != kNone) storages[st.pool_prev].pool_next = st.pool_next; else pool_head = st.pool_next;
-    if (st.pool_next != kNone) storages[st.pool_next].pool_prev = st.pool_prev; else pool_tail = st.pool_prev;
-    st.pool_prev = st.pool_next = kNone;
-    --pool_size;
-    const std::uint32_t pos = st.pool_pos;
-    const std::uint32_t last = static_cast<std::uint32_t>(dense_storage.size() - 1);
-    if (pos != last) {
-      const StorageIndex moved = dense_storage[last];
-      dense_storage[pos] = moved;
-      dense_weight[pos] = dense_weight[last];
-      dense_last[pos] = dense_last[last];
-      dense_seq[pos] = dense_seq[last];
-      storages[moved].pool_pos = pos;
-    }
-    dense_storage.pop_back();
-    dense_weight.pop_back();
-    dense_last.pop_back();
-    dense_seq.pop_back();
-    st.pool_pos = kNone;
-    if (st.size < 0) --pool_negative;
+    if (!pool.Contains(s)) return;
+    pool.Remove(s);
     if (weights) weight_mark[s] = kOut;
   }
 
@@ -379,7 +337,7 @@ struct Engine::Impl {
     // Walking the class costs about as much per member as recomputing one weight: past a quarter of the pool (or
     // kClassTouchLimit), recomputing every weight once at the next choice is cheaper.
     const std::size_t live = static_cast<std::size_t>(node_live[root]);
-    if (live > kClassTouchLimit || live * 4 > pool_size) {
+    if (live > kClassTouchLimit || live * 4 > pool.size()) {
       all_dirty = true;
       return;
     }

@@ -60,7 +60,7 @@ RecycledIds Engine::Recycle(absl::FunctionRef<bool(OpId)> held) {
       // A dead storage holds no memory (a replay never brings one back), so its slot can go; the guard keeps one
       // that would (memory, a host copy, a place in the pool) rather than lose track of it.
       freeable = freeable && tu.consumers == 0 && tu.ext_refs == 0 && st.dead && !st.material && !st.paged &&
-                 !st.in_pool;
+                 !m.InPool(tu.storage);
     }
     if (!freeable) continue;
     if (held(o)) {
@@ -81,7 +81,7 @@ RecycledIds Engine::Recycle(absl::FunctionRef<bool(OpId)> held) {
     m.deferred_list.erase(std::unique(m.deferred_list.begin(), m.deferred_list.end()), m.deferred_list.end());
     std::erase_if(m.deferred_list, [&](StorageIndex s) {
       const Impl::Storage& st = m.storages[s];
-      return !st.deferred || st.in_pool || !st.material;
+      return !st.deferred || m.InPool(s) || !st.material;
     });
   }
   stats_.recycled_ops += static_cast<std::int64_t>(out.ops.size());

@@ -53,7 +53,7 @@ std::string Engine::MemoryReport() const {
   if (options_.arena != nullptr) {
     std::size_t run = 0, largest = 0;
     options_.arena->ForEachBlock([&](const BlockInfo& b) {
-      bool usable = b.free || (b.owner != kNoOwner && b.owner - 1 < m.storages.size() && m.storages[b.owner - 1].in_pool);
+      bool usable = b.free || (b.owner != kNoOwner && b.owner - 1 < m.storages.size() && m.InPool(static_cast<StorageIndex>(b.owner - 1)));
       run = usable ? run + b.size : 0;
       largest = std::max(largest, run);
     });

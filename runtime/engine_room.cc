@@ -76,7 +76,7 @@ absl::StatusOr<bool> Engine::MakeRoomOnce(Arena& arena, std::size_t bytes) {
     }
     return true;
   }
-  if (m.pool_size == 0) {
+  if (m.pool.empty()) {
     stats_.search_ns += NowNs() - start;
     if (absl::StatusOr<bool> made = last_resort(); !made.ok() || *made) return made;
     if (!ReleaseDeferred()) return false;
@@ -110,7 +110,7 @@ absl::StatusOr<bool> Engine::RelocateIdle(Arena& arena, std::size_t bytes) {
   absl::flat_hash_map<std::uintptr_t, StorageIndex> movable;
   for (StorageIndex s = 0; s < m.storages.size(); ++s) {
     const Impl::Storage& st = m.storages[s];
-    if (!st.material || !st.has_address || st.paged || st.in_pool || st.fixed) continue;
+    if (!st.material || !st.has_address || st.paged || m.InPool(s) || st.fixed) continue;
     if (!st.pinned && st.locks == 0) continue;
     if (UsedByRunningKernel(s)) continue;
     movable.emplace(st.address, s);
@@ -207,13 +207,13 @@ absl::StatusOr<bool> Engine::Compact(Arena& arena, std::size_t bytes) {
 absl::Status Engine::MakeRoomCounter(std::int64_t bytes, std::string_view what) {
   Impl& m = *impl_;
   while (stats_.used_bytes + bytes > options_.budget) {
-    if (m.pool_size == 0) {
+    if (m.pool.empty()) {
       absl::StatusOr<bool> paged = PageLruConstant();
       if (!paged.ok()) return paged.status();
       if (*paged) continue;
     }
     absl::Cleanup redefer = [this] { RedeferUnchosen(); };  // after this round's victim is evicted
-    if (m.pool_size == 0 && !ReleaseDeferred()) {
+    if (m.pool.empty() && !ReleaseDeferred()) {
       std::int64_t locked = 0;
       for (const Impl::Storage& st : m.storages) {
         if (st.material && st.locks > 0 && !st.pinned) locked += st.size;
