@@ -16,7 +16,7 @@
 namespace remat {
 
 Engine::Engine(EngineOptions options, Executor* executor)
-    : impl_(std::make_unique<Impl>()), options_(options), executor_(executor) {
+    : impl_(std::make_unique<Impl>()), options_(options), executor_(executor), link_(options_.paging) {
   impl_->rng.seed(options_.seed);
   if (options_.policy != nullptr) {
     PolicyFeatures f = options_.policy->features();

@@ -86,6 +86,7 @@
 #include "policies/policy.h"
 #include "runtime/config.h"
 #include "runtime/executor.h"
+#include "runtime/link_model.h"
 
 namespace remat {
 
@@ -326,9 +327,9 @@ class Engine final : public PressureHandler, private StorageView {
   // When paged-in storage s's bytes are (or were) on the device; 0 if never paged in.
   std::int64_t ReadyAt(StorageIndex s) const;
   // When the link (duplex: its device-to-host direction) finishes the copies issued so far.
-  std::int64_t LinkFreeAt() const { return link_free_; }
+  std::int64_t LinkFreeAt() const { return link_.OutFreeAt(); }
   // Link time of one copy of `bytes`: latency + bytes / bandwidth.
-  std::int64_t TransferNs(std::int64_t bytes) const;
+  std::int64_t TransferNs(std::int64_t bytes) const { return link_.TransferNs(bytes); }
 
  private:
   struct Impl;
@@ -399,8 +400,6 @@ class Engine final : public PressureHandler, private StorageView {
   // Whether s is an input or a resident output of the kernel running now (a replay inside Execute, or the op
   // between BeginOp and EndOp/AbortOp): its memory must not move.
   bool UsedByRunningKernel(StorageIndex s) const;
-  // Starts a copy (`in`: a page-in) no earlier than `not_before`, when its direction of the link is free.
-  std::int64_t IssueCopy(std::int64_t bytes, bool in, std::int64_t not_before);
   // Waits (advancing the clock, counting stall) until the inputs of `op` are on the device.
   void WaitForInputs(OpId op);
 
@@ -409,8 +408,7 @@ class Engine final : public PressureHandler, private StorageView {
   Executor* executor_;
   EngineStats stats_;
   bool pressure_sampled_ = false;
-  std::int64_t link_free_ = 0;     // the link (duplex: its device-to-host direction)
-  std::int64_t link_in_free_ = 0;  // duplex: the host-to-device direction
+  LinkModel link_;  // the copies' timeline (runtime/link_model.h)
   bool no_reclaim_ = false;  // a prefetch is allocating: MakeRoom must not evict
   static constexpr OpId kNoKernel = ~OpId{0};
   OpId running_kernel_ = kNoKernel;  // see UsedByRunningKernel

@@ -13,20 +13,6 @@
 
 namespace remat {
 
-std::int64_t Engine::TransferNs(std::int64_t bytes) const {
-  const double bw = options_.paging.bandwidth_bytes_per_s;
-  const double ns = bw > 0 ? static_cast<double>(bytes) * 1e9 / bw : std::numeric_limits<double>::infinity();
-  if (ns >= 1e18) return std::numeric_limits<std::int64_t>::max() / 4;
-  return options_.paging.latency_ns + static_cast<std::int64_t>(std::ceil(ns));
-}
-
-std::int64_t Engine::IssueCopy(std::int64_t bytes, bool in, std::int64_t not_before) {
-  std::int64_t& free = in && options_.paging.duplex ? link_in_free_ : link_free_;
-  const std::int64_t start = std::max({stats_.clock, free, not_before});
-  free = start + TransferNs(bytes);
-  return free;
-}
-
 bool Engine::Paged(StorageIndex s) const { return impl_->storages[s].paged; }
 std::int64_t Engine::ReadyAt(StorageIndex s) const { return impl_->storages[s].ready_at; }
 
@@ -41,8 +27,8 @@ bool Engine::PrefersPaging(StorageIndex s) const {
   std::int64_t neighbourhood = m.regions ? RegionCompute(s) : m.eq_classes ? EqClassCompute(s)
                                                                           : EvictedNeighbourCompute(s);
   const std::int64_t recompute = st.compute + neighbourhood;
-  const std::int64_t backlog = std::max<std::int64_t>(0, std::max(link_free_, link_in_free_) - stats_.clock);
-  const std::int64_t unhidden = backlog + 2 * TransferNs(st.size);
+  const std::int64_t backlog = std::max<std::int64_t>(0, link_.BusyUntil() - stats_.clock);
+  const std::int64_t unhidden = backlog + 2 * link_.TransferNs(st.size);
   return unhidden < recompute;
 }
 
@@ -66,7 +52,7 @@ absl::Status Engine::PageOutStorage(StorageIndex s) {
                         (st.pinned ? options_.paging.page_constants && st.locks == 1 : st.locks == 0);
   if (!pageable) return absl::FailedPreconditionError(absl::StrCat("storage ", s, " cannot be paged out"));
   if (absl::Status x = executor_->PageOut(*this, s); !x.ok()) return x;
-  st.ready_at = IssueCopy(st.size, /*in=*/false, 0);  // when the host copy is complete
+  st.ready_at = link_.Issue(st.size, /*in=*/false, stats_.clock, 0);  // when the host copy is complete
   st.material = false;  // the region state keeps its material bit: a paged storage bounds evicted regions
   st.paged = true;
   m.Touch(s);
@@ -105,7 +91,7 @@ absl::StatusOr<bool> Engine::PageInStorage(StorageIndex s, bool prefetch, bool m
     if (prefetch) return false;
     return WithMemoryReport(x.message(), absl::StrCat(" (paging in storage ", s, ")"));
   }
-  st.ready_at = IssueCopy(st.size, /*in=*/true, st.ready_at);  // after its own page-out
+  st.ready_at = link_.Issue(st.size, /*in=*/true, stats_.clock, st.ready_at);  // after its own page-out
   st.paged = false;
   st.material = true;
   m.Touch(s);
