@@ -20,9 +20,7 @@ Engine::Engine(EngineOptions options, Executor* executor)
   impl_->rng.seed(options_.seed);
   if (options_.policy != nullptr) {
     PolicyFeatures f = options_.policy->features();
-    impl_->regions = f.regions;
-    impl_->eq_classes = f.eq_classes;
-    impl_->weights = options_.policy->HasStalenessWeight();
+    impl_->nb.Configure(f.regions, f.eq_classes, options_.policy->HasStalenessWeight());
   }
 }
 
@@ -83,7 +81,7 @@ absl::Status Engine::AddOutputs(OpId op_id, std::span<const OutputSpec> outputs)
       m.storages[s].size = spec.bytes;
       tensor.size = spec.bytes;
       op.total_size += spec.bytes;
-      if (m.eq_classes) m.storages[s].ecn = m.EqAdd(s, 0);  // placeholder until first computed
+      m.nb.NewStorage(s);
     }
     tensor.storage = s;
     Impl::Storage& st = m.storages[s];
@@ -91,7 +89,7 @@ absl::Status Engine::AddOutputs(OpId op_id, std::span<const OutputSpec> outputs)
     for (TensorId u : st.tensors) op_seen = op_seen || m.tensors[u].op == op_id;
     if (!op_seen) {
       st.compute += op.cost;
-      m.costs[s] += op.cost;  // a view's base: touched with the op's edges below (views have inputs)
+      m.nb.AddCompute(s, op.cost);  // a view's base: touched with the op's edges below (views have inputs)
     }
     st.tensors.push_back(t);
     st.ext_refs += 1;
@@ -102,18 +100,7 @@ absl::Status Engine::AddOutputs(OpId op_id, std::span<const OutputSpec> outputs)
     for (std::size_t i = 0; i < outputs.size(); ++i) {
       StorageIndex su = m.tensors[m.op_outputs[op.out_begin + i]].storage;
       for (TensorId p : inputs) {
-        StorageIndex sp = m.tensors[p].storage;
-        // Repeats change nothing in the walks (marks), so skip the obvious ones (same input twice, many views).
-        auto add = [](std::vector<StorageIndex>& v, StorageIndex x) {
-          for (std::size_t k = v.size(), n = 0; k > 0 && n < 4; --k, ++n) {
-            if (v[k - 1] == x) return;
-          }
-          v.push_back(x);
-        };
-        add(m.storage_parents[su], sp);
-        add(m.storage_children[sp], su);
-        m.Touch(su);
-        m.Touch(sp);
+        m.nb.AddEdge(su, m.tensors[p].storage);
       }
     }
   }
@@ -131,8 +118,8 @@ TensorId Engine::AdoptConstant(std::int64_t bytes, std::uintptr_t address, std::
   m.SetMaterial(s, true);
   m.storages[s].computed = true;
   m.SetLastAccess(s, stats_.clock);
-  if (m.eq_classes) m.LeaveNode(s);
-  m.Touch(s);
+  if (m.nb.eq_classes()) m.nb.LeaveNode(s);
+  m.nb.Touch(s);
   if (address != 0) SetAddress(s, address);
   Pin(t);
   m.storages[s].constant = true;
@@ -310,7 +297,7 @@ void Engine::FreeDead(StorageIndex start) {
     if (st.dead || st.ext_refs > 0 || st.locks > (st.pinned ? 1 : 0) || !st.computed) continue;
     bool children_dead = true;
     // A pinned child is never recomputed (it stays resident, or comes back from its host copy): it needs nothing.
-    for (StorageIndex c : m.storage_children[x]) {
+    for (StorageIndex c : m.nb.Children(x)) {
       children_dead = children_dead && (c == x || m.storages[c].dead || m.storages[c].pinned);
     }
     if (!children_dead) continue;
@@ -326,7 +313,7 @@ void Engine::FreeDead(StorageIndex start) {
     }
     m.MarkDead(x);
     ++stats_.freed_storages;
-    for (StorageIndex p : m.storage_parents[x]) work.push_back(p);
+    for (StorageIndex p : m.nb.Parents(x)) work.push_back(p);
   }
 }
 
@@ -439,26 +426,8 @@ void Engine::MarkEvicted(StorageIndex s, bool held_memory) {
   m.PoolRemove(s);
   for (TensorId t : st.tensors) m.tensors[t].defined = false;
   st.has_address = false;
-  if (m.regions) {
-    for (StorageIndex ps : m.rev[s].frontier) {
-      if (!m.storages[ps].pinned) m.Absorb(m.fwd[ps], s, false);
-    }
-    for (StorageIndex cs : m.fwd[s].frontier) {
-      if (!m.storages[cs].pinned) m.Absorb(m.rev[cs], s, true);
-    }
-    m.fwd[s].Clear();
-    m.rev[s].Clear();
-  }
-  if (m.eq_classes) {
-    m.LeaveNode(s);  // resident storages have none; kept for the count's sake
-    st.ecn = m.EqAdd(s, st.compute);
-    m.Touch(s);
-    m.NonMaterialNeighbours(s, m.neighbours);
-    for (StorageIndex n : m.neighbours) {
-      if (m.storages[n].ecn >= 0) m.EqMerge(m.storages[n].ecn, st.ecn);
-    }
-    m.TouchClass(st.ecn);
-  }
+  m.nb.AbsorbEvicted(s, [&](StorageIndex x) { return m.storages[x].pinned; });
+  m.nb.Evicted(s, st.compute, m.pool.size(), [&](StorageIndex n) { return m.OutOfNeighbourhood(n); });
 }
 
 bool Engine::Defined(TensorId t) const { return impl_->tensors[t].defined; }
@@ -472,7 +441,7 @@ void Engine::CollectDead() {
   // Only a parent of a storage pinned since the last call can have become dead this way; FreeDead checks the
   // rest and walks further up.
   for (const StorageIndex s : newly_pinned_) {
-    for (const StorageIndex p : m.storage_parents[s]) FreeDead(p);
+    for (const StorageIndex p : m.nb.Parents(s)) FreeDead(p);
   }
   newly_pinned_.clear();
 }
@@ -490,7 +459,7 @@ std::size_t Engine::storage_count() const { return impl_->storages.size(); }
 std::size_t Engine::tensor_count() const { return impl_->tensors.size(); }
 EngineTables Engine::tables() const {
   const Impl& m = *impl_;
-  return {m.ops.size(), m.tensors.size(), m.storages.size(), m.eq.size(), m.op_inputs.size() + m.op_outputs.size()};
+  return {m.ops.size(), m.tensors.size(), m.storages.size(), m.nb.union_find_nodes(), m.op_inputs.size() + m.op_outputs.size()};
 }
 
 }  // namespace remat

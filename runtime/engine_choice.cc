@@ -21,7 +21,7 @@ std::vector<StorageIndex> Engine::PoolOrder() const {
 
 std::optional<StorageIndex> Engine::ChooseFromPool() {
   Impl& m = *impl_;
-  if (m.weights && !options_.choose.sample_sqrt && !options_.choose.ignore_small) {
+  if (m.nb.weights() && !options_.choose.sample_sqrt && !options_.choose.ignore_small) {
     if (std::optional<StorageIndex> pick = DenseChoice()) return pick;
   }
   ChooseContext ctx{&m.rng, &stats_.heuristic_evaluations};
@@ -33,24 +33,8 @@ std::optional<StorageIndex> Engine::ChooseFromPool() {
 }
 
 void Engine::RefreshWeights() {
-  Impl& m = *impl_;
-  if (m.all_dirty) {
-    const std::span<const StorageIndex> members = m.pool.Members();
-    double* weight = m.pool.Weights();
-    for (std::size_t i = 0; i < members.size(); ++i) {
-      weight[i] = options_.policy->StalenessWeight(*this, members[i]);
-      m.weight_mark[members[i]] = Impl::kClean;
-    }
-    m.dirty.clear();
-    m.all_dirty = false;
-    return;
-  }
-  for (StorageIndex x : m.dirty) {
-    if (m.weight_mark[x] != Impl::kDirty) continue;  // left the pool, or queued twice
-    m.weight_mark[x] = Impl::kClean;
-    m.pool.Weights()[m.pool.Position(x)] = options_.policy->StalenessWeight(*this, x);
-  }
-  m.dirty.clear();
+  impl_->nb.RefreshWeights(impl_->pool,
+                            [&](StorageIndex x) { return options_.policy->StalenessWeight(*this, x); });
 }
 
 // Clocks and last accesses below 2^53 are exact doubles, so clock - last access is the exact staleness.
@@ -127,7 +111,7 @@ std::optional<Window> Engine::ChooseWindow(Arena& arena, std::size_t bytes) {
   Impl& m = *impl_;
   std::int64_t evaluations = 0;
   std::optional<Window> window;
-  if (m.weights && stats_.clock < kExactDoubleLimit) {
+  if (m.nb.weights() && stats_.clock < kExactDoubleLimit) {
     // Every evictable storage's window cost (W / staleness, bit for bit the policy's WindowCost by its contract)
     // into a per-storage array before the search, so the per-block callback is one copy; the pool's entries are
     // reset to nullopt (barrier) afterwards.
@@ -179,14 +163,14 @@ std::int64_t Engine::Compute(StorageId s) const { return impl_->storages[s].comp
 std::int64_t Engine::LastAccess(StorageId s) const { return impl_->storages[s].last_access; }
 bool Engine::Evictable(StorageId s) const { return s < impl_->storages.size() && impl_->pool.Contains(static_cast<StorageIndex>(s)); }
 std::int64_t Engine::RegionCompute(StorageId s) const {
-  if (!impl_->regions) return 0;
-  return impl_->fwd[s].compute + impl_->rev[s].compute;
+  if (!impl_->nb.regions()) return 0;
+  return impl_->nb.Forward(s).compute + impl_->nb.Backward(s).compute;
 }
-std::int64_t Engine::AncestorCompute(StorageId s) const { return impl_->regions ? impl_->rev[s].compute : 0; }
+std::int64_t Engine::AncestorCompute(StorageId s) const { return impl_->nb.regions() ? impl_->nb.Backward(s).compute : 0; }
 std::int64_t Engine::EqClassCompute(StorageId s) const {
   Impl& m = *impl_;
-  if (!m.eq_classes) return 0;
-  return m.EqSum(static_cast<StorageIndex>(s));
+  if (!m.nb.eq_classes()) return 0;
+  return m.nb.EqSum(static_cast<StorageIndex>(s), [&](StorageIndex n) { return m.OutOfNeighbourhood(n); });
 }
 std::int64_t Engine::EvictedNeighbourCompute(StorageId s) const {
   // NonMaterialNeighbours + sum, in one pass: distinct neighbours kept in a small local array first (no vector
@@ -209,8 +193,8 @@ std::int64_t Engine::EvictedNeighbourCompute(StorageId s) const {
     if (count < 16) local[count++] = n; else m.neighbours.push_back(n);
     if (ns.computed) sum += ns.compute;
   };
-  for (StorageIndex n : m.storage_parents[self]) visit(n);
-  for (StorageIndex n : m.storage_children[self]) visit(n);
+  for (StorageIndex n : m.nb.Parents(self)) visit(n);
+  for (StorageIndex n : m.nb.Children(self)) visit(n);
   return sum;
 }
 std::int64_t Engine::AdjacentFreeBytes(StorageId s) const {

@@ -210,33 +210,8 @@ absl::Status Engine::RunFramesFrom(std::size_t base) {
 void Engine::AfterCompute() {
   Impl& m = *impl_;
   for (StorageIndex s : m.remat_storages) m.PoolAppend(s);
-  if (m.regions) {
-    m.affected.clear();
-    m.affected_rev.clear();
-    for (StorageIndex s : m.remat_storages) {
-      m.Rebuild(s, false);
-      m.Rebuild(s, true);
-      for (StorageIndex x : m.rev[s].frontier) m.affected.insert(x);
-      for (StorageIndex x : m.fwd[s].frontier) m.affected_rev.insert(x);
-    }
-    for (StorageIndex x : m.affected) {
-      if (!m.storages[x].pinned) m.Rebuild(x, false);
-    }
-    for (StorageIndex x : m.affected_rev) {
-      if (!m.storages[x].pinned) m.Rebuild(x, true);
-    }
-  }
-  if (m.eq_classes) {
-    for (StorageIndex s : m.remat_storages) {
-      Impl::Storage& st = m.storages[s];
-      if (st.ecn >= 0) {
-        m.eq.Value(st.ecn) -= st.compute;
-        m.TouchClass(st.ecn);
-      }
-      m.LeaveNode(s);
-      m.Touch(s);
-    }
-  }
+  m.nb.RebuildAround(m.remat_storages, [&](StorageIndex x) { return m.storages[x].pinned; });
+  for (StorageIndex s : m.remat_storages) m.nb.Resident(s, m.storages[s].compute, m.pool.size());
 }
 
 }  // namespace remat

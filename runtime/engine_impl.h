@@ -1,14 +1,9 @@
-// Engine::Impl: the engine's state (ops, tensors, storages, the eviction pool and its dense mirror, the regions
-// and equivalence classes of the policies' neighbourhood costs) and the small operations on it. Internal to the
-// engine's implementation files (engine.cc, engine_room.cc, engine_paging.cc, engine_choice.cc); nothing else
-// includes it.
-//
-// Engine implementation. Hot paths are flat vectors indexed by dense ids; the eviction pool is an intrusive
-// doubly-linked list in insertion order (lock removes, unlock appends), which is what the prototype's tie-breaking
-// depends on. The pool is mirrored in dense arrays (struct of arrays, arbitrary slot order: swap-remove) carrying
-// each candidate's insertion sequence number, last access and the policy's staleness weight W (see
-// Policy::HasStalenessWeight), so a full scan is a tight loop over contiguous doubles; the sequence numbers give
-// back the pool order for ties and the early stop.
+// Engine::Impl: the engine's graph records (ops, tensors, storages, interned names, slots free for reuse), the
+// rematerializer's frame stack and the scratch of one call, and the parts that own the rest of the state: the
+// eviction pool (runtime/eviction_pool.h) and the neighbourhood costs (runtime/neighbourhood_costs.h). The small
+// operations here keep the records and the parts in step (a storage joins the pool: its weight is marked; it
+// becomes resident: the walks' mirror learns it). Internal to the engine's implementation files (engine*.cc);
+// nothing else includes it. Hot paths are flat vectors indexed by dense ids.
 #pragma once
 
 #include <algorithm>
@@ -23,9 +18,8 @@
 #include "absl/container/flat_hash_map.h"
 #include "runtime/dense_scan.h"
 #include "runtime/engine.h"
-#include "runtime/eq_classes.h"
 #include "runtime/eviction_pool.h"
-#include "runtime/regions.h"
+#include "runtime/neighbourhood_costs.h"
 
 namespace remat {
 namespace engine_internal {
@@ -36,17 +30,6 @@ inline std::int64_t NowNs() {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(
              std::chrono::steady_clock::now().time_since_epoch())
       .count();
-}
-
-// Empties a list that a recycled slot will fill again: a short one keeps its capacity (no allocation when the slot
-// is reused), a long one (a weight every op read) gives its memory back.
-template <typename T>
-void KeepSmallCapacity(std::vector<T>& v) {
-  if (v.capacity() > 64) {
-    std::vector<T>().swap(v);
-  } else {
-    v.clear();
-  }
 }
 
 }  // namespace engine_internal
@@ -95,7 +78,6 @@ struct Engine::Impl {
     bool free = false;      // recycled (also dead): the slot waits for reuse
     std::int64_t ready_at = 0;  // paged in: when the copy ends
     std::uintptr_t address = 0;
-    std::int32_t ecn = -1;  // union-find node, -1 = none (resident)
     std::vector<TensorId> tensors;
   };
   struct Frame {
@@ -113,9 +95,8 @@ struct Engine::Impl {
   std::vector<Storage> storages;
   std::vector<std::string> names;
   absl::flat_hash_map<std::string, std::uint32_t> name_ids;
-  std::vector<Region> fwd, rev;  // per storage, when regions are on
-  EqClasses eq;
-  EvictionPool pool;  // runtime/eviction_pool.h
+  EvictionPool pool;       // runtime/eviction_pool.h
+  NeighbourhoodCosts nb;   // runtime/neighbourhood_costs.h: graph, regions, union-find, weight invalidation
   std::vector<StorageIndex> deferred_list;  // deferred storages that would be in the pool
   std::vector<Frame> stack;
   std::vector<TensorId> scratch;
@@ -124,13 +105,8 @@ struct Engine::Impl {
   std::vector<std::uint32_t> fresh;
   std::vector<TensorId> dup;
   std::vector<StorageIndex> remat_storages;
-  absl::flat_hash_set<StorageIndex> affected, affected_rev;
-  std::vector<StorageIndex> dfs;
   std::vector<StorageIndex> neighbours;
-  std::vector<std::int32_t> roots;
   std::mt19937_64 rng;
-  bool regions = false;
-  bool eq_classes = false;
   std::int64_t constant_bytes = 0;
 
   // Recycling (engine_recycle.cc): slots of recycled ops, tensors and storages, reused before the tables grow;
@@ -176,23 +152,13 @@ struct Engine::Impl {
     if (free_storages.empty()) {
       storages.emplace_back();
       pool.Grow(storages.size());
-      storage_parents.emplace_back();
-      storage_children.emplace_back();
-      state.push_back(0);
-      costs.push_back(0);
-      weight_mark.push_back(kOut);
-      if (regions) {
-        fwd.emplace_back();
-        rev.emplace_back();
-      }
+      nb.AddSlot();
       return static_cast<StorageIndex>(storages.size() - 1);
     }
     const StorageIndex s = free_storages.back();
     free_storages.pop_back();
     ResetStorage(s);
-    state[s] = 0;
-    costs[s] = 0;
-    weight_mark[s] = kOut;
+    nb.ResetSlot(s);
     return s;
   }
 
@@ -211,24 +177,10 @@ struct Engine::Impl {
   }
 
   std::vector<double> chunk_min;     // the dense scan's scratch: minimum approximate score per chunk of slots
-  // Staleness weights: maintained when the policy has them (Policy::HasStalenessWeight). Only pool members'
-  // weights matter (joining the pool marks one dirty), so weight_mark per storage is kOut (not in the pool),
-  // kClean or kDirty (queued in `dirty`, recomputed at the next choice). `all_dirty` recomputes every pool member
-  // (a union-find class too large to walk changed, or the queue outgrew the storages).
-  static constexpr std::uint8_t kOut = 0, kClean = 1, kDirty = 2;
-  bool weights = false;
-  bool all_dirty = false;
-  std::vector<std::uint8_t> weight_mark;
-  std::vector<StorageIndex> dirty;
   // Per storage, during a window search: W / staleness, nullopt = barrier. Kept as optionals so the per-block
   // callback returns a copy from memory (building the optional in the callback stalls on store forwarding).
   std::vector<std::optional<double>> window_cost;
 
-  void MarkDirty(StorageIndex x) {
-    if (weight_mark[x] != kClean) return;
-    weight_mark[x] = kDirty;
-    dirty.push_back(x);
-  }
   void SetLastAccess(StorageIndex s, std::int64_t clock) {
     storages[s].last_access = clock;
     pool.SetLastAccess(s, clock);
@@ -243,19 +195,12 @@ struct Engine::Impl {
       return;
     }
     pool.Append(s, st.last_access, st.size < 0);
-    if (weights) {
-      weight_mark[s] = kDirty;
-      if (dirty.size() > 2 * storages.size()) {  // no choice for a long while: recompute everything instead
-        dirty.clear();
-        all_dirty = true;
-      }
-      if (!all_dirty) dirty.push_back(s);
-    }
+    nb.JoinedPool(s, storages.size());
   }
   void PoolRemove(StorageIndex s) {
     if (!pool.Contains(s)) return;
     pool.Remove(s);
-    if (weights) weight_mark[s] = kOut;
+    nb.LeftPool(s);
   }
 
   void Lock(StorageIndex s) {
@@ -268,130 +213,20 @@ struct Engine::Impl {
     if (--st.locks == 0 && st.material) PoolAppend(s);  // an in-place op may have turned it into an old value
   }
 
-  // Storages of s's tensors' parents and children that are not material (excluding s), deduplicated. Uses the
-  // storage-level adjacency (always maintained): fewer indirections than walking tensors and ops.
-  void NonMaterialNeighbours(StorageIndex s, std::vector<StorageIndex>& out) const {
-    out.clear();
-    auto add = [&](StorageIndex n) {
-      if (n == s || storages[n].material || storages[n].paged || storages[n].dead) return;
-      for (StorageIndex x : out) {
-        if (x == n) return;
-      }
-      out.push_back(n);
-    };
-    for (StorageIndex n : storage_parents[s]) add(n);
-    for (StorageIndex n : storage_children[s]) add(n);
+  // Excluded from evicted neighbourhoods (NeighbourhoodCosts): resident, paged or dead.
+  bool OutOfNeighbourhood(StorageIndex n) const {
+    const Storage& ns = storages[n];
+    return ns.material || ns.paged || ns.dead;
   }
-
-  // Summed value of the distinct union-find classes of s's non-material neighbours (EqClassCompute), in one pass
-  // without building the neighbour list: a neighbour met twice has the same root, so deduplicating roots is enough.
-  std::int64_t EqSum(StorageIndex s) {
-    std::int32_t local[16];
-    std::size_t count = 0;
-    roots.clear();
-    std::int64_t sum = 0;
-    auto visit = [&](StorageIndex n) {
-      const Storage& ns = storages[n];
-      if (n == s || ns.material || ns.paged || ns.dead || ns.ecn < 0) return;
-      std::int32_t r = eq.Find(ns.ecn);
-      for (std::size_t k = 0; k < count; ++k) {
-        if (local[k] == r) return;
-      }
-      for (std::int32_t x : roots) {
-        if (x == r) return;
-      }
-      if (count < 16) local[count++] = r; else roots.push_back(r);
-      sum += eq.RootValue(r);
-    };
-    for (StorageIndex n : storage_parents[s]) visit(n);
-    for (StorageIndex n : storage_children[s]) visit(n);
-    return sum;
-  }
-
-  // Regions (runtime/regions.h) over the storage-level adjacency. Regions of pinned storages are never read (a
-  // pinned storage is never scored nor evicted), so they are not maintained.
-  std::vector<std::vector<StorageIndex>> storage_parents, storage_children;
-  // Compact mirrors of Storage::material/dead and Storage::compute for the walks (cache-friendly).
-  std::vector<std::uint8_t> state;
-  std::vector<std::int64_t> costs;
-  RegionWalker walker;
-  // Staleness-weight invalidation. A weight depends on the storage's bytes and compute, its neighbours' status,
-  // compute and union-find classes (EqClassCompute, EvictedNeighbourCompute). Any change that can alter them for x
-  // marks x dirty: a storage's own status/ecn/edges/compute (Touch: x and its neighbours) and a union-find class's
-  // value or membership (TouchClass: the neighbours of every storage whose current node is in the class; past
-  // kClassTouchLimit such nodes or a quarter of the pool, every weight at once). Marking is lazy (recomputed at the next choice), so
-  // over-invalidating is always safe.
-  static constexpr std::size_t kClassTouchLimit = 256;
-  std::vector<StorageIndex> node_storage;               // per union-find node: its storage
-  std::vector<std::vector<std::int32_t>> node_members;  // per root: the nodes of its class (some no longer current)
-  std::vector<std::int32_t> node_live;                  // per root: the current nodes of its class
-  void Touch(StorageIndex x) {
-    if (!weights || all_dirty) return;  // every weight is recomputed at the next choice anyway
-    MarkDirty(x);
-    for (StorageIndex n : storage_parents[x]) MarkDirty(n);
-    for (StorageIndex n : storage_children[x]) MarkDirty(n);
-  }
-  void TouchClass(std::int32_t node) {
-    if (!weights || all_dirty) return;
-    const std::int32_t root = eq.Find(node);
-    // Walking the class costs about as much per member as recomputing one weight: past a quarter of the pool (or
-    // kClassTouchLimit), recomputing every weight once at the next choice is cheaper.
-    const std::size_t live = static_cast<std::size_t>(node_live[root]);
-    if (live > kClassTouchLimit || live * 4 > pool.size()) {
-      all_dirty = true;
-      return;
-    }
-    // Only the current nodes matter: a storage that left its node (resident again) never returns to it, and EqSum
-    // only reaches classes through current nodes. Drop the others for good (each node once: amortized O(1)).
-    std::vector<std::int32_t>& members = node_members[root];
-    std::erase_if(members, [&](std::int32_t x) { return storages[node_storage[x]].ecn != x; });
-    for (std::int32_t x : members) Touch(node_storage[x]);
-  }
-  std::int32_t EqAdd(StorageIndex s, std::int64_t value) {
-    std::int32_t node = eq.Add(value);
-    node_storage.push_back(s);
-    node_members.emplace_back(1, node);
-    node_live.push_back(1);
-    return node;
-  }
-  // s's storage leaves its union-find node (it is resident again): the node stays in its class, no longer current.
-  void LeaveNode(StorageIndex s) {
-    Storage& st = storages[s];
-    if (st.ecn < 0) return;
-    --node_live[eq.Find(st.ecn)];
-    st.ecn = -1;
-  }
-  void EqMerge(std::int32_t joining, std::int32_t into) {
-    std::int32_t l = eq.Find(joining), r = eq.Find(into);
-    if (l == r) return;
-    std::vector<std::int32_t>& big = node_members[r];
-    std::vector<std::int32_t>& small = node_members[l];
-    if (small.size() > big.size()) big.swap(small);
-    big.insert(big.end(), small.begin(), small.end());
-    std::vector<std::int32_t>().swap(small);
-    node_live[r] += node_live[l];
-    eq.Merge(joining, into);  // r stays the root
-  }
-
   // s is out of the graph for good: walks ignore it, the weights around it change, and Recycle may free its slot.
   void MarkDead(StorageIndex s) {
     storages[s].dead = true;
     settled.push_back(s);
-    Touch(s);
-    state[s] |= kRegionDead;
+    nb.MarkDead(s);
   }
-
   void SetMaterial(StorageIndex s, bool material) {
-    Touch(s);
     storages[s].material = material;
-    state[s] = static_cast<std::uint8_t>((state[s] & ~kRegionMaterial) | (material ? kRegionMaterial : 0));
-  }
-  void Absorb(Region& region, StorageIndex s, bool reverse) {
-    walker.Absorb(region, reverse ? rev[s] : fwd[s], s, costs);
-  }
-  void Rebuild(StorageIndex base, bool reverse) {
-    walker.Rebuild(reverse ? rev[base] : fwd[base], base, reverse ? storage_parents : storage_children, state,
-                   costs);
+    nb.SetMaterial(s, material);
   }
 };
 

@@ -24,7 +24,7 @@ bool Engine::PrefersPaging(StorageIndex s) const {
   if (stats_.host_used_bytes > p.host_budget - st.size) return false;
   if (p.mode == OffloadMode::kAlways) return true;
   // Recompute cost including the evicted neighbours, as the policy sees them.
-  std::int64_t neighbourhood = m.regions ? RegionCompute(s) : m.eq_classes ? EqClassCompute(s)
+  std::int64_t neighbourhood = m.nb.regions() ? RegionCompute(s) : m.nb.eq_classes() ? EqClassCompute(s)
                                                                           : EvictedNeighbourCompute(s);
   const std::int64_t recompute = st.compute + neighbourhood;
   const std::int64_t backlog = std::max<std::int64_t>(0, link_.BusyUntil() - stats_.clock);
@@ -55,7 +55,7 @@ absl::Status Engine::PageOutStorage(StorageIndex s) {
   st.ready_at = link_.Issue(st.size, /*in=*/false, stats_.clock, 0);  // when the host copy is complete
   st.material = false;  // the region state keeps its material bit: a paged storage bounds evicted regions
   st.paged = true;
-  m.Touch(s);
+  m.nb.Touch(s);
   m.PoolRemove(s);
   for (TensorId t : st.tensors) {
     m.tensors[t].paged_defined = m.tensors[t].defined;
@@ -94,7 +94,7 @@ absl::StatusOr<bool> Engine::PageInStorage(StorageIndex s, bool prefetch, bool m
   st.ready_at = link_.Issue(st.size, /*in=*/true, stats_.clock, st.ready_at);  // after its own page-out
   st.paged = false;
   st.material = true;
-  m.Touch(s);
+  m.nb.Touch(s);
   for (TensorId t : st.tensors) m.tensors[t].defined = m.tensors[t].paged_defined;
   stats_.used_bytes += st.size;
   stats_.host_used_bytes -= st.size;
@@ -114,7 +114,7 @@ void Engine::DropPagedCopy(StorageIndex s) {
   if (!st.paged) return;
   executor_->DropPaged(*this, s);
   st.paged = false;
-  impl_->Touch(s);
+  impl_->nb.Touch(s);
   stats_.host_used_bytes -= st.size;
 }
 

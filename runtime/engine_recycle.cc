@@ -113,46 +113,18 @@ void Engine::FreeOp(OpId o, RecycledIds& out) {
 // which DetachFreedStorages clears once every storage of this Recycle is freed.
 void Engine::FreeStorage(StorageIndex s, RecycledIds& out) {
   Impl& m = *impl_;
-  if (m.eq_classes) m.LeaveNode(s);
-  if (m.regions) {
-    m.fwd[s] = Region();
-    m.rev[s] = Region();
-  }
+  m.nb.FreeSlot(s);
   m.ResetStorage(s);
   m.storages[s].dead = true;
   m.storages[s].free = true;
-  m.state[s] = kRegionDead;  // walks that still reach it (a region built before it died) ignore it
-  m.costs[s] = 0;
-  m.weight_mark[s] = Impl::kOut;
   m.free_storages.push_back(s);
   out.storages.push_back(s);
 }
 
-// The freed storages leave their neighbours' adjacency lists: one pass per neighbour, whatever the number of freed
-// storages it lists (a weight read by every op of the run lists each of them: erasing them one by one would be
-// quadratic).
+// The freed storages leave their neighbours' adjacency lists (NeighbourhoodCosts::DetachFreed).
 void Engine::DetachFreedStorages(std::span<const StorageIndex> freed) {
   Impl& m = *impl_;
-  std::vector<StorageIndex> touched;
-  for (const StorageIndex s : freed) {
-    for (const StorageIndex p : m.storage_parents[s]) {
-      if (!m.storages[p].free) touched.push_back(p);
-    }
-    for (const StorageIndex c : m.storage_children[s]) {
-      if (!m.storages[c].free) touched.push_back(c);
-    }
-  }
-  std::sort(touched.begin(), touched.end());
-  touched.erase(std::unique(touched.begin(), touched.end()), touched.end());
-  auto freed_slot = [&](StorageIndex x) { return m.storages[x].free; };
-  for (const StorageIndex n : touched) {
-    std::erase_if(m.storage_parents[n], freed_slot);
-    std::erase_if(m.storage_children[n], freed_slot);
-  }
-  for (const StorageIndex s : freed) {
-    engine_internal::KeepSmallCapacity(m.storage_parents[s]);
-    engine_internal::KeepSmallCapacity(m.storage_children[s]);
-  }
+  m.nb.DetachFreed(freed, [&](StorageIndex x) { return m.storages[x].free; });
 }
 
 // The ops' input and output lists live in two flat arrays; a freed op (or an inert op's inputs) leaves a hole.
@@ -178,44 +150,10 @@ void Engine::CompactOpLists() {
 }
 
 // Each eviction adds a union-find node and nodes are never removed from their class, so the structure grows with
-// the number of evictions. Rebuilt once its nodes outnumber the storage slots twice over: one node per storage that
-// has a current node, the classes and their values (EqClasses::RootValue) kept exactly, so no score changes.
+// the number of evictions: compacted once its nodes outnumber the storage slots twice over (no score changes).
 void Engine::CompactEqClasses() {
   Impl& m = *impl_;
-  if (!m.eq_classes || m.eq.size() < kCompactFloor || m.eq.size() < 2 * m.storages.size()) return;
-  EqClasses eq;
-  std::vector<StorageIndex> node_storage;
-  std::vector<std::vector<std::int32_t>> node_members;
-  std::vector<std::int32_t> node_live;
-  absl::flat_hash_map<std::int32_t, std::int32_t> new_root;  // old root -> new root
-  for (StorageIndex s = 0; s < m.storages.size(); ++s) {
-    Impl::Storage& st = m.storages[s];
-    if (st.ecn < 0) continue;
-    if (st.dead) {  // never read again through its node (EqSum skips dead neighbours)
-      st.ecn = -1;
-      continue;
-    }
-    const std::int32_t root = m.eq.Find(st.ecn);
-    auto [it, first] = new_root.try_emplace(root, 0);
-    const std::int32_t node = eq.Add(first ? m.eq.RootValue(root) : 0);
-    node_storage.push_back(s);
-    node_members.emplace_back(1, node);
-    node_live.push_back(1);
-    if (first) {
-      it->second = node;
-    } else {
-      eq.Merge(node, it->second);  // adds 0 to the class's value
-      node_members[it->second].push_back(node);
-      std::vector<std::int32_t>().swap(node_members[node]);
-      ++node_live[it->second];
-      node_live[node] = 0;
-    }
-    st.ecn = node;
-  }
-  m.eq = std::move(eq);
-  m.node_storage.swap(node_storage);
-  m.node_members.swap(node_members);
-  m.node_live.swap(node_live);
+  m.nb.MaybeCompactClasses(kCompactFloor, m.storages.size(), [&](StorageIndex s) { return m.storages[s].dead; });
 }
 
 }  // namespace remat
