@@ -432,8 +432,10 @@ TEST(EngineDeadTest, APinnedStorageWithNoReferenceLeftDiesToo) {
   TensorId g = (*e.Call(std::vector<TensorId>{a}, {&out, 1}, 1, "g"))[0];
   TensorId h = (*e.Call(std::vector<TensorId>{g}, {&out, 1}, 1, "h"))[0];
   e.Pin(g);
-  e.Release(g);  // h is not pinned and may need g recomputed: g stays
+  e.Release(g);  // h is not pinned and may need g recomputed: g stays, bytes and all
   EXPECT_FALSE(e.Dead(e.StorageOf(g)));
+  EXPECT_TRUE(e.Resident(e.StorageOf(g)));  // a replay of h reads it; it has nothing to be recomputed from
+  EXPECT_EQ(e.stats().used_bytes, 210);
   e.Release(h);  // nothing can need h nor g any more
   EXPECT_TRUE(e.Dead(e.StorageOf(h)));
   EXPECT_TRUE(e.Dead(e.StorageOf(g)));
