@@ -45,12 +45,14 @@
 #include <limits>
 #include <condition_variable>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <utility>
 
 #include "absl/container/btree_set.h"
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
+#include "allocator/granule_map.h"
 
 namespace remat {
 namespace {
@@ -246,6 +248,12 @@ struct Arena::State {
   mutable std::uint64_t search_ticks = 0;
   std::uint64_t lookups = 0;  // best-fit lookups, of which one in kLookupSample is timed
   absl::Status grow_error;  // why the last attempt to grow failed, for the exhaustion message
+  // Stitching (ArenaOptions::granule): the mapped granules; whether the last Place failed for lack of physical
+  // memory (then growing the address space does not help); the last failed provider Map.
+  std::optional<GranuleMap> granules;
+  bool physically_full = false;
+  absl::Status map_error;
+  std::vector<GranuleRange> granule_ranges;  // scratch
 
   // With `mu` held.
   void EndHandlerCall() {
@@ -315,6 +323,14 @@ struct Arena::State {
       }
     }
     Node* f = it->block;
+    physically_full = false;
+    if (granules) {
+      const std::uintptr_t at = placement == Placement::kLow ? f->address : f->address + f->size - aligned;
+      if (!granules->Fits(at, aligned)) {
+        physically_full = true;
+        return nullptr;
+      }
+    }
     free_index.erase(it);
     Node* b;
     if (f->size == aligned) {
@@ -350,13 +366,68 @@ struct Arena::State {
     allocated += aligned;
     peak = std::max(peak, allocated);
     ++allocations;
+    if (granules && !MapGranules(b)) return nullptr;
     return b;
+  }
+
+  // Stitching: backs b's newly used granules with memory. On a provider error, b is freed again (its granules
+  // unmapped) and the error kept for the exhaustion message.
+  bool MapGranules(Node* b) {
+    granule_ranges.clear();
+    granules->Add(b->address, b->size, &granule_ranges);
+    for (std::size_t i = 0; i < granule_ranges.size(); ++i) {
+      map_error = provider->Map(granule_ranges[i].address, granule_ranges[i].bytes);
+      if (map_error.ok()) continue;
+      for (std::size_t k = 0; k < i; ++k) provider->Unmap(granule_ranges[k].address, granule_ranges[k].bytes);
+      granule_ranges.clear();
+      granules->Remove(b->address, b->size, &granule_ranges);  // the mapped count only: nothing else to unmap
+      --allocations;
+      live.erase(b);
+      Release(b, /*unmap=*/false);
+      physically_full = true;
+      return false;
+    }
+    return true;
+  }
+
+  // Frees allocated block b, already out of `live`: coalesces it with free neighbours and, when stitching and
+  // `unmap`, gives back the granules nothing else overlaps.
+  void Release(Node* b, bool unmap = true) {
+    // Both neighbours are needed below and each is likely a cache miss: start both loads now so they overlap.
+    __builtin_prefetch(b->prev);
+    __builtin_prefetch(b->next);
+    if (granules && unmap) {
+      granule_ranges.clear();
+      granules->Remove(b->address, b->size, &granule_ranges);
+      for (const GranuleRange& r : granule_ranges) provider->Unmap(r.address, r.bytes);
+    }
+    allocated -= b->size;
+    b->free = true;
+    b->owner = kNoOwner;
+    Node* lower = b->prev;
+    if (lower != nullptr && lower->free) {
+      free_index.erase(KeyOf(lower));
+      lower->size += b->size;
+      lower->next = b->next;
+      if (b->next != nullptr) b->next->prev = lower;
+      pool.Delete(b);
+      b = lower;
+    }
+    Node* upper = b->next;
+    if (upper != nullptr && upper->free) {
+      free_index.erase(KeyOf(upper));
+      b->size += upper->size;
+      b->next = upper->next;
+      if (upper->next != nullptr) upper->next->prev = b;
+      pool.Delete(upper);
+    }
+    free_index.insert(KeyOf(b));
   }
 
   // Place, growing first when the options allow it.
   Node* PlaceOrGrow(std::size_t aligned, OwnerId owner, Placement placement) {
     if (Node* b = Place(aligned, owner, placement)) return b;
-    if (!options.grow) return nullptr;
+    if (!options.grow || physically_full) return nullptr;  // more address space gives no memory
     grow_error = absl::ResourceExhaustedError(absl::StrCat("the growth limit of ", options.growth_limit,
                                                            " bytes is reached"));
     std::size_t want = std::max({aligned, options.capacity, kMinGrowth});
@@ -381,7 +452,16 @@ struct Arena::State {
   }
 
   absl::Status Exhausted(std::size_t bytes, std::size_t aligned, std::string_view why) const {
-    std::string message = absl::StrCat(
+    std::string message;
+    if (granules) {
+      message = absl::StrCat("remat arena: cannot place ", bytes, " bytes (", aligned, " aligned): ",
+                             granules->mapped_bytes(), " of ", granules->limit(), " physical bytes mapped in ",
+                             granules->granule(), "-byte granules (", allocated, " bytes allocated); ",
+                             std::string(why));
+      if (!map_error.ok()) absl::StrAppend(&message, "; mapping failed: ", std::string(map_error.message()));
+      return absl::ResourceExhaustedError(message);
+    }
+    message = absl::StrCat(
         "remat arena: cannot place ", bytes, " bytes (", aligned, " aligned): ", reserved - allocated,
         " bytes free in ", free_index.size(), " free blocks, largest free block ", LargestFree(), " bytes; ",
         allocated, " of ", reserved, " reserved bytes allocated; ", std::string(why));
@@ -415,9 +495,22 @@ absl::StatusOr<std::unique_ptr<Arena>> Arena::Create(std::unique_ptr<MemoryProvi
         absl::StrCat("remat arena: alignment must be a power of two, got ", options.alignment));
   }
   (void)Epoch();  // start the tick clock's calibration interval
+  if (options.granule != 0) {
+    if ((options.granule & (options.granule - 1)) != 0 || options.granule % options.alignment != 0) {
+      return absl::InvalidArgumentError(absl::StrCat("remat arena: the granule must be a power of two and a multiple "
+                                                     "of the alignment (", options.alignment, "), got ",
+                                                     options.granule));
+    }
+    if (options.physical_limit < options.granule) {
+      return absl::InvalidArgumentError(absl::StrCat("remat arena: a stitching arena's physical limit (",
+                                                     options.physical_limit, " bytes) must hold one granule (",
+                                                     options.granule, " bytes)"));
+    }
+  }
   auto state = std::make_unique<State>();
   state->provider = std::move(provider);
   state->options = options;
+  if (options.granule != 0) state->granules.emplace(options.granule, options.physical_limit);
   if (options.capacity > 0) {
     std::lock_guard<std::mutex> lock(state->mu);
     absl::StatusOr<std::size_t> aligned = state->Align(options.capacity);
@@ -446,6 +539,10 @@ absl::StatusOr<std::uintptr_t> Arena::Allocate(std::size_t bytes, OwnerId owner,
   if (t_in_callback == &s) return InCallbackError("Allocate");
   absl::StatusOr<std::size_t> aligned = s.Align(bytes);
   if (!aligned.ok()) return aligned.status();
+  if (s.granules && s.granules->MinGranules(*aligned) * s.granules->granule() > s.granules->limit()) {
+    std::lock_guard<std::mutex> lock(s.mu);  // evicting everything would not help: do not ask the handler
+    return s.Exhausted(bytes, *aligned, "the request is larger than the physical limit");
+  }
   bool counted = false;
   int rounds = 0;
   for (;;) {
@@ -460,6 +557,7 @@ absl::StatusOr<std::uintptr_t> Arena::Allocate(std::size_t bytes, OwnerId owner,
         // Evicting everything would not help: do not ask the handler to try.
         return s.Exhausted(bytes, *aligned, "the request is larger than any segment of the arena");
       }
+
       if (!counted) {
         ++s.pressure_allocations;
         counted = true;
@@ -505,32 +603,9 @@ absl::Status Arena::Free(std::uintptr_t address) {
         absl::StrCat("remat arena: Free(", address, "): not the start of an allocated block"));
   }
   Node* b = *it;
-  // Both neighbours are needed below and each is likely a cache miss: start both loads now so they overlap.
-  __builtin_prefetch(b->prev);
-  __builtin_prefetch(b->next);
   s.live.erase(it);
-  s.allocated -= b->size;
   ++s.frees;
-  b->free = true;
-  b->owner = kNoOwner;
-  Node* lower = b->prev;
-  if (lower != nullptr && lower->free) {
-    s.free_index.erase(KeyOf(lower));
-    lower->size += b->size;
-    lower->next = b->next;
-    if (b->next != nullptr) b->next->prev = lower;
-    s.pool.Delete(b);
-    b = lower;
-  }
-  Node* upper = b->next;
-  if (upper != nullptr && upper->free) {
-    s.free_index.erase(KeyOf(upper));
-    b->size += upper->size;
-    b->next = upper->next;
-    if (upper->next != nullptr) upper->next->prev = b;
-    s.pool.Delete(upper);
-  }
-  s.free_index.insert(KeyOf(b));
+  s.Release(b);
   return absl::OkStatus();
 }
 
@@ -550,6 +625,9 @@ absl::Status Arena::Move(std::uintptr_t from, std::uintptr_t to) {
   State& s = *state_;
   if (t_in_callback == &s) return InCallbackError("Move");
   std::lock_guard<std::mutex> lock(s.mu);
+  if (s.granules) {
+    return absl::FailedPreconditionError("remat arena: a stitching arena does not move blocks (issue 18)");
+  }
   Node* b = s.FindLive(from);
   if (b == nullptr) {
     return absl::InvalidArgumentError(
@@ -757,6 +835,12 @@ ArenaStats Arena::Stats() const {
   st.moves = s.moves;
   st.pressure_allocations = s.pressure_allocations;
   st.search_ns = TicksToNs(s.search_ticks);
+  if (s.granules) {
+    st.physical_bytes = s.granules->mapped_bytes();
+    st.peak_physical_bytes = s.granules->peak_bytes();
+    st.physical_limit = s.granules->limit();
+    st.granule = s.granules->granule();
+  }
   return st;
 }
 
@@ -766,9 +850,18 @@ std::size_t Arena::PeakAllocatedBytes() const {
   return s.peak;
 }
 
+std::size_t Arena::PeakBudgetedBytes() const {
+  const State& s = *state_;
+  const auto lock = LockUnlessInCallback(s.mu, &s);
+  return s.granules ? s.granules->peak_bytes() : s.peak;
+}
+
+bool Arena::stitched() const { return state_->granules.has_value(); }
+
 void Arena::ResetPeak() {
   const auto lock = LockUnlessInCallback(state_->mu, state_.get());
   state_->peak = state_->allocated;
+  if (state_->granules) state_->granules->ResetPeak();
 }
 
 void Arena::ForEachBlock(const std::function<void(const BlockInfo&)>& visit) const {

@@ -54,6 +54,14 @@ struct ArenaOptions {
   // `capacity`. The remat budget is a hard limit, so the runtime leaves it off.
   bool grow = false;
   std::size_t growth_limit = 0;
+  // Stitching (issue 18), when `granule` > 0 (a power of two, a multiple of `alignment`): the arena's address
+  // space is larger than its memory, and only granules that allocated blocks overlap hold memory (provider Map and
+  // Unmap, allocator/granule_map.h). At most `physical_limit` bytes of granules are mapped at once: that, not the
+  // address space, is the budget. An allocation that would map more calls the pressure handler; evicting any block
+  // whose granules nothing else uses gives them back, wherever it lies, so a request needs enough free granules,
+  // not a hole. Blocks cannot Move (their granules would be unmapped before the caller copies them).
+  std::size_t granule = 0;
+  std::size_t physical_limit = 0;
 };
 
 struct ArenaStats {
@@ -68,6 +76,11 @@ struct ArenaStats {
   std::uint64_t moves = 0;                 // Move calls that moved a block
   std::uint64_t pressure_allocations = 0;  // Allocate calls that called the pressure handler (even if they failed)
   std::uint64_t search_ns = 0;             // time in best-fit lookups (sampled 1 in 16, scaled) and window searches
+  // Stitching only (else 0): bytes of mapped granules now and at the peak, the physical limit, the granule.
+  std::size_t physical_bytes = 0;
+  std::size_t peak_physical_bytes = 0;
+  std::size_t physical_limit = 0;
+  std::size_t granule = 0;
 };
 
 // One block as seen from outside, for reports, tests and window searches.
@@ -147,6 +160,10 @@ class Arena {
   ArenaStats Stats() const;
   // Stats().peak_allocated_bytes alone, without walking the free index (the engine reads it after every op).
   std::size_t PeakAllocatedBytes() const;
+  // The peak of what the budget counts: peak_physical_bytes when stitching, else peak_allocated_bytes.
+  std::size_t PeakBudgetedBytes() const;
+  // Whether the arena stitches (ArenaOptions::granule > 0).
+  bool stitched() const;
   void ResetPeak();
   // Visits every block of every segment in address order.
   void ForEachBlock(const std::function<void(const BlockInfo&)>& visit) const;

@@ -4,6 +4,12 @@
 // or an error that names the provider and the size; Release gives back exactly a segment Reserve returned.
 // Providers never look inside segments: all placement logic lives in the arena.
 //
+// Stitching (ArenaOptions::granule): the arena's segments are address space only, and the arena asks for physical
+// memory granule by granule: Map backs [address, address + bytes) (whole granules inside a segment) with memory,
+// Unmap gives it back (the contents are lost). A provider that backs its segments fully (host, CUDA) or backs
+// nothing (virtual) accepts both as no-ops; a stitching provider (allocator/stitch_host_provider.cc) maps physical
+// granules from its pool there.
+//
 // Three providers exist:
 //   virtual  addresses only, no memory behind them (trace replay); segments come from a private address range
 //   host     aligned host memory (the CPU path)
@@ -31,6 +37,16 @@ class MemoryProvider {
   virtual void Release(const Segment& segment) = 0;
   // True when addresses point to real memory the caller may read and write.
   virtual bool BacksMemory() const = 0;
+  // Stitching (above). An error (the physical pool is exhausted, a failed mapping) names the provider and the range.
+  virtual absl::Status Map(std::uintptr_t address, std::size_t bytes) {
+    (void)address;
+    (void)bytes;
+    return absl::OkStatus();
+  }
+  virtual void Unmap(std::uintptr_t address, std::size_t bytes) {
+    (void)address;
+    (void)bytes;
+  }
   virtual std::string_view Name() const = 0;
 };
 

@@ -334,7 +334,7 @@ void Engine::DropPinnedBytes(StorageIndex s) {
 
 void Engine::NotePeak() {
   if (options_.mode == AccountingMode::kArena && options_.arena != nullptr) {
-    stats_.peak_bytes = std::max<std::int64_t>(stats_.peak_bytes, options_.arena->PeakAllocatedBytes());
+    stats_.peak_bytes = std::max<std::int64_t>(stats_.peak_bytes, options_.arena->PeakBudgetedBytes());
   } else {
     stats_.peak_bytes = std::max(stats_.peak_bytes, stats_.used_bytes);
   }

@@ -199,7 +199,8 @@ std::int64_t Engine::EvictedNeighbourCompute(StorageId s) const {
 }
 std::int64_t Engine::AdjacentFreeBytes(StorageId s) const {
   const Impl::Storage& st = impl_->storages[s];
-  if (options_.arena == nullptr || !st.has_address) return 0;
+  // A stitching arena gives any evicted block's granules back wherever it lies: free neighbours are no advantage.
+  if (options_.arena == nullptr || !st.has_address || options_.arena->stitched()) return 0;
   return static_cast<std::int64_t>(options_.arena->AdjacentFreeBytes(st.address));
 }
 bool Engine::Costly(StorageId s) const {

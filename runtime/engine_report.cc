@@ -21,7 +21,8 @@ absl::Status Engine::WithMemoryReport(absl::string_view message, absl::string_vi
 }
 
 // Budget, bytes in use, locked and constant bytes, and in arena mode the largest run of free or evictable blocks
-// (the largest window any eviction could have made).
+// (the largest window any eviction could have made), or with a stitching arena the physical bytes mapped and what
+// the evictable storages hold.
 std::string Engine::MemoryReport() const {
   const Impl& m = *impl_;
   std::int64_t locked = 0, pinned = 0, constant_in_arena = 0;
@@ -50,7 +51,14 @@ std::string Engine::MemoryReport() const {
                       " replay(s) deep)");
     }
   }
-  if (options_.arena != nullptr) {
+  if (options_.arena != nullptr && options_.arena->stitched()) {
+    // Stitching: no window is needed, only granules; what the evictable storages hold is what eviction can give.
+    const ArenaStats a = options_.arena->Stats();
+    std::int64_t evictable = 0;
+    for (const StorageIndex s : m.pool.Members()) evictable += m.storages[s].size;
+    absl::StrAppend(&report, ", physical ", a.physical_bytes, " of ", a.physical_limit, " bytes mapped in ",
+                    a.granule, "-byte granules, evictable ", evictable, " bytes");
+  } else if (options_.arena != nullptr) {
     std::size_t run = 0, largest = 0;
     options_.arena->ForEachBlock([&](const BlockInfo& b) {
       bool usable = b.free || (b.owner != kNoOwner && b.owner - 1 < m.storages.size() && m.InPool(static_cast<StorageIndex>(b.owner - 1)));

@@ -25,7 +25,8 @@ absl::StatusOr<bool> Engine::MakeRoom(Arena& arena, std::size_t bytes) {
 
 absl::StatusOr<bool> Engine::MakeHoleForRetry() {
   Arena* arena = options_.arena;
-  if (arena == nullptr || failed_request_ == 0) return false;
+  // A stitching arena has no holes to make: a request needs free granules, which only eviction gives.
+  if (arena == nullptr || failed_request_ == 0 || arena->stitched()) return false;
   const std::size_t bytes = failed_request_;
   failed_request_ = 0;
   const OpId kernel = running_kernel_;
@@ -47,8 +48,10 @@ absl::StatusOr<bool> Engine::MakeRoomOnce(Arena& arena, std::size_t bytes) {
   if (!pressure_sampled_) {
     pressure_sampled_ = true;
     ArenaStats s = arena.Stats();
+    // Free when pressure begins: bytes outside blocks, or (stitching) granules not mapped.
+    const std::size_t free = arena.stitched() ? s.physical_limit - s.physical_bytes : s.free_bytes;
     if (options_.budget > 0) {
-      stats_.fragmentation_sum += static_cast<double>(s.free_bytes) / static_cast<double>(options_.budget);
+      stats_.fragmentation_sum += static_cast<double>(free) / static_cast<double>(options_.budget);
       ++stats_.fragmentation_samples;
     }
   }
@@ -56,13 +59,16 @@ absl::StatusOr<bool> Engine::MakeRoomOnce(Arena& arena, std::size_t bytes) {
   absl::Cleanup redefer = [this] { RedeferUnchosen(); };  // after the choice's victims are evicted
   // When the policy has nothing left: page a constant, or move memory; deferred storages (gradients) go last. Each
   // step answers whether it made room, or why it failed (a page-out that could not write, a failed move).
+  // A stitching arena neither moves blocks nor needs a hole: the policy ranks by cost alone, windows included.
+  const bool stitched = arena.stitched();
   auto last_resort = [&]() -> absl::StatusOr<bool> {
     absl::StatusOr<bool> made = PageLruConstant();
+    if (stitched) return made;
     if (made.ok() && !*made) made = RelocateIdle(arena, bytes);
     if (made.ok() && !*made) made = Compact(arena, bytes);
     return made;
   };
-  if (options_.policy->UsesWindows()) {
+  if (options_.policy->UsesWindows() && !stitched) {
     std::optional<Window> window = ChooseWindow(arena, bytes);
     stats_.search_ns += NowNs() - start;
     if (!window || window->owners.empty()) {

@@ -337,6 +337,14 @@ ReplayResult Replayer::Run(const ReplayOptions& options) {
     ao.capacity = static_cast<std::size_t>(std::max<std::int64_t>(r.budget_bytes, 0));
     ao.capacity -= ao.capacity % ao.alignment;
     if (ao.capacity == 0) return Fail(r, ReplayStatus::kOom, "budget is smaller than one arena block");
+    if (options.stitch_granule > 0) {
+      ao.granule = static_cast<std::size_t>(options.stitch_granule);
+      ao.physical_limit = ao.capacity;
+      if (ao.physical_limit < ao.granule) return Fail(r, ReplayStatus::kOom, "budget is smaller than one granule");
+      ao.capacity *= 2;  // address space to spare, and more segments as needed: only granules are budgeted
+      ao.capacity -= ao.capacity % ao.granule;
+      ao.grow = true;
+    }
     absl::StatusOr<std::unique_ptr<Arena>> a = Arena::Create(MakeVirtualProvider(), ao);
     if (!a.ok()) return Fail(r, ReplayStatus::kError, std::string(a.status().message()));
     arena = std::move(*a);
@@ -363,7 +371,9 @@ ReplayResult Replayer::Run(const ReplayOptions& options) {
   eo.paging.page_constants = options.page_constants;
   eo.paging.duplex = options.duplex_link;
   // The PyTorch path partitions only for policies that search windows (engine_bridge.cc BeforeOp).
-  const bool partition = options.cheap_tensor_partitioning && (!product || policy->get()->UsesWindows());
+  // A stitching arena needs no partitioning: windows are not searched there.
+  const bool partition = options.cheap_tensor_partitioning && options.stitch_granule == 0 &&
+                         (!product || policy->get()->UsesWindows());
   SimExecutor executor(arena.get(), partition);
   Engine engine(eo, &executor);
   if (arena) arena->SetPressureHandler(&engine);

@@ -84,6 +84,9 @@ struct ReplayOptions {
   EngineConfig engine = EngineConfig::kProduct;  // see the contract above
   bool cheap_tensor_partitioning = true;  // arena mode: costly ops' outputs low, others high
   std::int64_t arena_alignment = 512;  // arena mode only
+  // Arena mode: a stitching arena with granules of this many bytes (issue 18; ArenaOptions::granule): the budget
+  // counts mapped granules, address space is not limited, and window policies rank by cost alone. 0: no stitching.
+  std::int64_t stitch_granule = 0;
   // Paging (see the contract above).
   OffloadMode offload = OffloadMode::kOff;
   double bandwidth_bytes_per_s = 12e9;

@@ -38,7 +38,8 @@ constexpr int kFailureExitCode = 1;
 Vocabulary EngineVocabulary() {
   Vocabulary vocabulary;
   for (const auto& name : PolicyNames()) vocabulary.policies.emplace_back(name);
-  vocabulary.modes = {std::string(ToString(AccountingMode::kCounter)), std::string(ToString(AccountingMode::kArena))};
+  vocabulary.modes = {std::string(ToString(AccountingMode::kCounter)), std::string(ToString(AccountingMode::kArena)),
+                      "stitch"};
   vocabulary.default_policy = ReplayOptions().policy;
   vocabulary.default_mode = std::string(ToString(ReplayOptions().mode));
   return vocabulary;
@@ -47,7 +48,7 @@ Vocabulary EngineVocabulary() {
 int UsageError(const std::string& program, absl::string_view message) {
   std::cerr << program << ": " << message << "\n"
             << "usage: " << program << " TRACE... [--ratios R,...|--budgets SIZE,...] [--policies P,...] "
-            << "[--mode counter|arena] [--offload off|auto|always,...] [--bandwidth RATE] [--out FILE.csv|.json] "
+            << "[--mode counter|arena|stitch] [--granule SIZE] [--offload off|auto|always,...] [--bandwidth RATE] [--out FILE.csv|.json] "
             << "[--plot FILE.png] (--help for more)\n";
   return kUsageExitCode;
 }

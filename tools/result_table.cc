@@ -13,7 +13,7 @@
 namespace remat::sim {
 namespace {
 
-bool IsArena(const SimRow& row) { return row.mode == "arena"; }
+bool IsArena(const SimRow& row) { return row.mode == "arena" || row.mode == "stitch"; }
 
 std::string Number(double value) { return absl::StrFormat("%.6g", value); }
 

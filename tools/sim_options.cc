@@ -317,6 +317,17 @@ void DefineFlags(CLI::App& app, SimOptions& o, const Vocabulary& vocabulary) {
         [&](const std::string& t) {
           return Set(ParseSize("--host-budget", t, " (omit the flag for unlimited)"), o.host_budget_bytes);
         });
+  value("--granule", "SIZE",
+        "stitch mode: granule of physical memory, a power of two with units, e.g. 2MiB\n"
+        "(default 2MiB, CUDA's virtual memory granularity), 64KiB",
+        [&](const std::string& t) {
+          absl::Status s = Set(ParseSize("--granule", t, ""), o.granule_bytes);
+          if (s.ok() && (o.granule_bytes < 512 || (o.granule_bytes & (o.granule_bytes - 1)) != 0)) {
+            return Bad("--granule", absl::StrCat("the granule must be a power of two of at least 512 bytes, got '",
+                                                 t, "'"));
+          }
+          return s;
+        });
   app.add_flag("--page-constants", o.page_constants, "constants (weights) may be paged out too");
   app.add_flag("--duplex-link", o.duplex_link, "page-ins do not queue behind page-outs (one link per direction)");
   app.add_flag("-h,--help", o.help, "this text");

@@ -56,6 +56,7 @@ ReplayOptions MakeReplayOptions(const SimOptions& options, AccountingMode mode, 
   replay.seed = options.seed;
   replay.engine = options.dtr_paper ? EngineConfig::kDtrPaper : EngineConfig::kProduct;
   replay.cheap_tensor_partitioning = options.cheap_tensor_partitioning;
+  if (options.mode == kStitchMode) replay.stitch_granule = static_cast<std::int64_t>(options.granule_bytes);
   // The names were validated by ParseSimOptions; an unknown one cannot get here.
   replay.offload = ParseOffloadMode(job.offload).value_or(OffloadMode::kOff);
   replay.bandwidth_bytes_per_s = options.bandwidth_bytes_per_s;
@@ -66,11 +67,12 @@ ReplayOptions MakeReplayOptions(const SimOptions& options, AccountingMode mode, 
   return replay;
 }
 
-SimRow MakeRow(const std::string& trace_path, AccountingMode mode, const SimJob& job, const ReplayResult& result) {
+SimRow MakeRow(const std::string& trace_path, AccountingMode mode, const SimJob& job, const ReplayResult& result,
+               std::string_view mode_name) {
   SimRow row;
   row.trace = TraceFileName(trace_path);
   row.policy = job.policy;
-  row.mode = std::string(ToString(mode));
+  row.mode = mode_name.empty() ? std::string(ToString(mode)) : std::string(mode_name);
   row.offload = job.offload;
   row.budget_given = job.budget_bytes != 0;
   if (!row.budget_given) {
@@ -134,7 +136,9 @@ SimRunner::~SimRunner() = default;
 absl::StatusOr<std::unique_ptr<SimRunner>> SimRunner::Prepare(const SimOptions& options) {
   auto state = std::make_unique<State>();
   state->options = options;
-  absl::StatusOr<AccountingMode> mode = ParseAccountingMode(options.mode);
+  // Stitch mode is arena mode over a stitching arena (ReplayOptions::stitch_granule).
+  absl::StatusOr<AccountingMode> mode =
+      ParseAccountingMode(options.mode == kStitchMode ? ToString(AccountingMode::kArena) : options.mode);
   if (!mode.ok()) return mode.status();
   state->mode = *mode;
 
@@ -176,7 +180,7 @@ std::vector<SimRow> SimRunner::Run(const std::vector<SimJob>& jobs, int threads,
       result.status = ReplayStatus::kError;
       result.mode = state_->mode;
       result.message = "a timeline is of one run";
-      rows.push_back(MakeRow(state_->options.traces[job.trace], state_->mode, job, result));
+      rows.push_back(MakeRow(state_->options.traces[job.trace], state_->mode, job, result, state_->options.mode));
     }
     return rows;
   }
@@ -199,7 +203,7 @@ std::vector<SimRow> SimRunner::Run(const std::vector<SimJob>& jobs, int threads,
       result.mode = state_->mode;
       result.message = std::string(replayer.status().message());
     }
-    rows[i] = MakeRow(path, state_->mode, job, result);
+    rows[i] = MakeRow(path, state_->mode, job, result, state_->options.mode);
     std::lock_guard lock(done_mutex);
     ++done;
     if (on_done) on_done(rows[i], done, jobs.size());

@@ -44,7 +44,12 @@ std::vector<SimJob> PlanJobs(const SimOptions& options);
 ReplayOptions MakeReplayOptions(const SimOptions& options, AccountingMode mode, const SimJob& job);
 
 // One output row from a job and its result.
-SimRow MakeRow(const std::string& trace_path, AccountingMode mode, const SimJob& job, const ReplayResult& result);
+// `mode_name`: the row's mode as the user named it ("stitch" runs in arena mode); empty: ToString(mode).
+SimRow MakeRow(const std::string& trace_path, AccountingMode mode, const SimJob& job, const ReplayResult& result,
+               std::string_view mode_name = {});
+
+// remat-sim's --mode for arena mode over a stitching arena (issue 18).
+inline constexpr std::string_view kStitchMode = "stitch";
 
 class SimRunner {
  public:

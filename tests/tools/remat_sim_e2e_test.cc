@@ -230,6 +230,22 @@ TEST_F(RematSimTest, ArenaModeReportsFragmentation) {
   EXPECT_NE(rows[0].at("fragmentation_rate"), "");
 }
 
+TEST_F(RematSimTest, StitchModeRowsSayStitchAndBadGranulesAreCommandLineErrors) {
+  const std::string trace = Write("chain.log", kChain);
+  ASSERT_EQ(Run({trace, "--ratios", "1", "--policies", "dtr-eq", "--mode", "stitch", "--granule", "4KiB", "--out",
+                 File("r.csv")}),
+            0)
+      << err_;
+  const auto rows = ReadCsv(File("r.csv"));
+  ASSERT_EQ(rows.size(), 1u);
+  EXPECT_EQ(rows[0].at("mode"), "stitch");
+  EXPECT_EQ(rows[0].at("result"), "pass");
+  EXPECT_EQ(Run({trace, "--mode", "stitch", "--granule", "3000"}), 2);
+  EXPECT_THAT(err_, HasSubstr("--granule: the granule must be a power of two"));
+  EXPECT_EQ(Run({trace, "--mode", "stitch", "--granule", "lots"}), 2);
+  EXPECT_THAT(err_, HasSubstr("--granule"));
+}
+
 TEST_F(RematSimTest, MalformedTraceNamesFileAndLine) {
   const std::string trace = Write("bad.log",
                                   "{\"ANNOTATION\":\"START\",\"INSTRUCTION\":\"ANNOTATE\"}\n"
