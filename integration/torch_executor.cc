@@ -292,7 +292,8 @@ absl::Status TorchExecutor::PageOut(Engine& engine, std::uint32_t s) {
   const std::int64_t start = NowNs();
   Grow(s);
   c10::intrusive_ptr<c10::StorageImpl> holder = Holder(s);
-  if (!holder) return absl::FailedPreconditionError(absl::StrCat("remat: page-out of storage ", s, ": not resident"));
+  // Its last holder died before the bridge's sweep told the engine: nothing to copy (executor.h: NotFound).
+  if (!holder) return absl::NotFoundError(absl::StrCat("remat: page-out of storage ", s, ": its bytes are gone"));
   const auto nbytes = static_cast<std::size_t>(engine.StorageBytes(s));
   if (holder->nbytes() != nbytes || holder->sym_nbytes().is_heap_allocated()) {
     return absl::FailedPreconditionError(absl::StrCat("remat: page-out of storage ", s, ": it holds ",

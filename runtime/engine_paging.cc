@@ -33,7 +33,11 @@ bool Engine::PrefersPaging(StorageIndex s) const {
 }
 
 absl::Status Engine::Reclaim(StorageIndex s) {
-  if (PrefersPaging(s)) return PageOutStorage(s);
+  if (PrefersPaging(s)) {
+    absl::Status paged = PageOutStorage(s);
+    if (!absl::IsNotFound(paged)) return paged;
+    // Its bytes are gone already (executor.h, PageOut): nothing to page, so it is dropped.
+  }
   return Evict(s);
 }
 
@@ -179,7 +183,9 @@ absl::StatusOr<bool> Engine::PageLruConstant() {
     if (best == kNone || st.last_access < m.storages[best].last_access) best = s;
   }
   if (best == kNone) return false;
-  if (absl::Status s = PageOutStorage(best); !s.ok()) return s;
+  absl::Status paged = PageOutStorage(best);
+  if (absl::IsNotFound(paged)) return false;  // its bytes are gone already (executor.h): no room made here
+  if (!paged.ok()) return paged;
   return true;
 }
 

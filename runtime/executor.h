@@ -18,6 +18,8 @@
 //       PageOut(engine, s): copy s's bytes to the second tier, then release s's device memory (as Evict does). s is
 //         resident and unlocked (a constant: held only by its pin). The engine has checked the host budget. On
 //         error nothing may be lost: s must still be resident with its bytes; the engine fails the running call.
+//         NotFound: s's bytes are gone already (its last holder died before the engine heard of it): nothing to
+//         copy; the engine drops s instead (Evict), as it would have once told of the death.
 //       PageIn(engine, s): get device memory for paged s (arena mode: place it and report the address with
 //         Engine::SetAddress, exactly as for Execute's fresh outputs; the allocation may call MakeRoom) and copy the
 //         second-tier bytes back, byte-identical; then release the host copy. ResourceExhausted when no memory can

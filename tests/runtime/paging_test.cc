@@ -376,6 +376,58 @@ TEST(PagingTest, AFailedPageOutIsTheOpsErrorWithItsCause) {
   EXPECT_TRUE(e.Call({}, {&out, 1}, 10, "c").ok());
 }
 
+// A victim whose bytes are gone already (its last holder died before the engine heard of it: PageOut says
+// NotFound) is dropped instead of paged, and the op goes on.
+class GoneBytesExecutor : public Executor {
+ public:
+  explicit GoneBytesExecutor(Arena* arena) : arena_(arena) {}
+  absl::Status Execute(Engine& e, OpId, bool, std::span<const std::uint32_t> fresh) override {
+    for (std::uint32_t s : fresh) {
+      e.NoteAllocation();
+      absl::StatusOr<std::uintptr_t> a = arena_->Allocate(e.StorageBytes(s), OwnerId{s} + 1);
+      if (!a.ok()) return a.status();
+      e.SetAddress(s, *a);
+    }
+    return absl::OkStatus();
+  }
+  void Evict(Engine& e, std::uint32_t s) override {
+    ++evictions;
+    (void)arena_->Free(e.StorageAddress(s));
+  }
+  absl::Status PageOut(Engine&, std::uint32_t s) override {
+    return absl::NotFoundError(absl::StrCat("storage ", s, ": its bytes are gone"));
+  }
+  int evictions = 0;
+
+ private:
+  Arena* arena_;
+};
+
+TEST(PagingTest, AVictimWhoseBytesAreGoneIsDroppedInsteadOfPaged) {
+  std::unique_ptr<Policy> policy = *MakePolicy("dtr-eq");
+  ArenaOptions ao;
+  ao.alignment = 8;
+  ao.capacity = 2000;
+  std::unique_ptr<Arena> arena = *Arena::Create(MakeVirtualProvider(), ao);
+  GoneBytesExecutor ex(arena.get());
+  EngineOptions o;
+  o.policy = policy.get();
+  o.mode = AccountingMode::kArena;
+  o.budget = 2000;
+  o.arena = arena.get();
+  o.paging.mode = OffloadMode::kAlways;
+  Engine e(o, &ex);
+  arena->SetPressureHandler(&e);
+  OutputSpec out{1000, -1};
+  (void)*e.Call({}, {&out, 1}, 10, "a");
+  (void)*e.Call({}, {&out, 1}, 10, "b");
+  absl::StatusOr<std::span<const TensorId>> c = e.Call({}, {&out, 1}, 10, "c");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(ex.evictions, 1);
+  EXPECT_EQ(e.stats().page_outs, 0);
+  EXPECT_EQ(e.stats().host_used_bytes, 0);
+}
+
 TEST(PagingTest, AnExecutorWithoutPagingFailsLoudly) {
   std::unique_ptr<Policy> policy = *MakePolicy("dtr-eq");
   for (AccountingMode mode : {AccountingMode::kCounter, AccountingMode::kArena}) {
