@@ -10,9 +10,10 @@
 // nothing (virtual) accepts both as no-ops; a stitching provider (allocator/stitch_host_provider.cc) maps physical
 // granules from its pool there.
 //
-// Three providers exist:
+// Four providers exist:
 //   virtual  addresses only, no memory behind them (trace replay); segments come from a private address range
 //   host     aligned host memory (the CPU path)
+//   stitch   address space, backed granule by granule from a memfd pool (the CPU path with a stitching arena)
 //   cuda     cudaMalloc'd device segments (allocator/cuda/, compiled with nvcc)
 #pragma once
 
@@ -52,5 +53,10 @@ class MemoryProvider {
 
 std::unique_ptr<MemoryProvider> MakeVirtualProvider();
 std::unique_ptr<MemoryProvider> MakeHostProvider();
+// Stitching on the CPU (allocator/stitch_host_provider.cc): address-space segments, and a memfd of
+// `physical_bytes` (rounded down to the granule) whose granules Map/Unmap place into them. `granule`: a power of two
+// and a multiple of the page size. InvalidArgument for a bad granule or pool size; the system's error otherwise.
+absl::StatusOr<std::unique_ptr<MemoryProvider>> MakeStitchHostProvider(std::size_t physical_bytes,
+                                                                       std::size_t granule);
 
 }  // namespace remat

@@ -77,6 +77,9 @@ CpuArenaStats StatsOf(const LiveArena& live, bool installed) {
   out.pressure_allocations = s.pressure_allocations;
   out.failed_allocations = live.failed.load(std::memory_order_relaxed);
   out.search_ns = s.search_ns;
+  out.granule = s.granule;
+  out.physical_bytes = s.physical_bytes;
+  out.peak_physical_bytes = s.peak_physical_bytes;
   return out;
 }
 
@@ -205,7 +208,7 @@ absl::StatusOr<std::uint8_t> SetCpuAllocatorAtCurrentPriority(c10::Allocator* al
 
 }  // namespace
 
-absl::Status InstallCpuArena(std::size_t budget) {
+absl::Status InstallCpuArena(std::size_t budget, std::size_t stitch_granule) {
   if (budget == 0) return absl::InvalidArgumentError("remat: the CPU budget must be > 0 bytes");
   {
     std::shared_lock<std::shared_mutex> lock(g_registry_mutex);
@@ -223,7 +226,24 @@ absl::Status InstallCpuArena(std::size_t budget) {
   options.capacity = budget / kCpuAlignment * kCpuAlignment;
   options.alignment = kCpuAlignment;
   options.grow = false;
-  absl::StatusOr<std::unique_ptr<Arena>> arena = Arena::Create(MakeHostProvider(), options);
+  std::unique_ptr<MemoryProvider> provider;
+  if (stitch_granule == 0) {
+    provider = MakeHostProvider();
+  } else {
+    if (budget < stitch_granule) {
+      return absl::InvalidArgumentError(absl::StrCat("remat: the CPU budget (", budget,
+                                                     " bytes) must hold one granule of the stitching arena (",
+                                                     stitch_granule, " bytes)"));
+    }
+    absl::StatusOr<std::unique_ptr<MemoryProvider>> stitch = MakeStitchHostProvider(budget, stitch_granule);
+    if (!stitch.ok()) return stitch.status();
+    provider = std::move(*stitch);
+    options.granule = stitch_granule;
+    options.physical_limit = budget / stitch_granule * stitch_granule;
+    // Address space to spare (it costs nothing reserved): only granules in use are budgeted.
+    options.capacity = 8 * options.physical_limit;
+  }
+  absl::StatusOr<std::unique_ptr<Arena>> arena = Arena::Create(std::move(provider), options);
   if (!arena.ok()) return arena.status();
   auto live = std::make_unique<LiveArena>();
   live->arena = std::move(*arena);

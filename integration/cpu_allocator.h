@@ -51,11 +51,19 @@ struct CpuArenaStats {
   std::uint64_t pressure_allocations = 0;  // allocations that needed the pressure handler
   std::uint64_t failed_allocations = 0;    // allocations that raised OutOfMemoryError
   std::uint64_t search_ns = 0;
+  // Stitching arena only (else 0): the granule, and the bytes of granules in use now and at the peak.
+  std::size_t granule = 0;
+  std::size_t physical_bytes = 0;
+  std::size_t peak_physical_bytes = 0;
 };
 
 // AlreadyExists when an arena is installed; InvalidArgument for a zero budget; the provider's error when the
 // segment cannot be reserved; FailedPrecondition when c10 refuses the allocator.
-absl::Status InstallCpuArena(std::size_t budget);
+// `stitch_granule` > 0: a stitching arena (issue 18; allocator/arena.h ArenaOptions::granule): eight times the
+// budget of address space, and a memfd pool of `budget` bytes mapped in granules of this many bytes (a power of two
+// and a page multiple; InvalidArgument otherwise): the budget counts mapped granules, so a request needs free
+// granules, not a hole.
+absl::Status InstallCpuArena(std::size_t budget, std::size_t stitch_granule = 0);
 // FailedPrecondition when no arena is installed.
 absl::Status UninstallCpuArena();
 bool CpuArenaInstalled();

@@ -25,8 +25,9 @@ void ThrowIfError(const absl::Status& status) { TORCH_CHECK(status.ok(), std::st
 
 // offload/host_budget: as ResolvePaging returns them (Python resolves first, to raise ValueError); host_budget < 0
 // is unlimited.
+// stitch_granule: 0 for the contiguous CPU arena, else the stitching arena's granule (Python resolves `arena`).
 void EnableEngine(int64_t budget, const std::string& policy, const std::string& costs, const std::string& offload,
-                  int64_t host_budget, const std::string& host_tier, bool page_constants) {
+                  int64_t host_budget, const std::string& host_tier, bool page_constants, int64_t stitch_granule) {
   TORCH_CHECK(budget > 0, "remat: budget must be a positive number of bytes, got ", budget);
   EngineSessionOptions options{static_cast<std::size_t>(budget), policy, costs};
   absl::StatusOr<OffloadMode> mode = ParseOffloadMode(offload);
@@ -37,6 +38,8 @@ void EnableEngine(int64_t budget, const std::string& policy, const std::string& 
   TORCH_CHECK(tier.ok(), "remat: host_tier: ", std::string(tier.status().message()));
   options.host_tier = *tier;
   options.page_constants = page_constants;
+  TORCH_CHECK(stitch_granule >= 0, "remat: the stitching granule must be >= 0 bytes, got ", stitch_granule);
+  options.stitch_granule = static_cast<std::size_t>(stitch_granule);
   ThrowIfError(EnableRematEngine(options));
 }
 
@@ -152,7 +155,7 @@ c10::Dict<std::string, double> EngineStatsDict() {
 TORCH_LIBRARY_FRAGMENT(remat, m) {
   using namespace remat::integration;
   m.def("enable_engine(int budget, str policy, str costs=\"measured\", str offload=\"off\", int host_budget=-1, "
-        "str host_tier=\"memory\", bool page_constants=True) -> ()",
+        "str host_tier=\"memory\", bool page_constants=True, int stitch_granule=0) -> ()",
         &EnableEngine);
   m.def("resolve_paging(str? offload, str? host_budget) -> (str, int)", &ResolvePagingOp);
   m.def("check_host_tier(str host_tier) -> str", &CheckHostTier);

@@ -61,7 +61,7 @@ absl::Status EnableLocked(const EngineSessionOptions& options, std::unique_ptr<D
   absl::StatusOr<BridgeOptions> bridge_options = ToBridgeOptions(options);
   if (!bridge_options.ok()) return bridge_options.status();
   const bool on_cpu = memory == nullptr;
-  if (absl::Status status = EnableRemat(RematOptions{options.budget, /*install_cpu_arena=*/on_cpu}); !status.ok()) {
+  if (absl::Status status = EnableRemat(RematOptions{options.budget, /*install_cpu_arena=*/on_cpu, options.stitch_granule}); !status.ok()) {
     return status;
   }
   if (on_cpu) memory = std::make_unique<CpuDeviceMemory>(InstalledCpuArena());

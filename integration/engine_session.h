@@ -51,6 +51,9 @@ struct EngineSessionOptions {
   double bandwidth_bytes_per_s = kCpuTierBandwidthBytesPerS;  // the engine's link model (engine_bridge.h)
   std::int64_t latency_ns = kCpuTierLatencyNs;
   std::string host_tier_directory = "";  // kFile: empty for $TMPDIR, else /tmp
+  // The CPU arena: 0 for one contiguous block of `budget` bytes, else a stitching arena of granules of this many
+  // bytes (issue 18; cpu_allocator.h). Not used on CUDA.
+  std::size_t stitch_granule = 0;
 };
 
 // Offload mode and host budget from the API's strings, else from REMAT_OFFLOAD / REMAT_HOST_BUDGET (only those two

@@ -96,7 +96,7 @@ absl::Status EnableRemat(const RematOptions& options) {
   absl::StatusOr<c10::DispatchKey> key = InstallHook();
   if (!key.ok()) return key.status();
   if (options.install_cpu_arena) {
-    if (absl::Status status = InstallCpuArena(options.budget); !status.ok()) return status;
+    if (absl::Status status = InstallCpuArena(options.budget, options.stitch_granule); !status.ok()) return status;
   }
   Tracker().Reset();
   SetObserver(&Tracker());

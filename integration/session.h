@@ -28,6 +28,8 @@ struct RematOptions {
   // false: the caller manages the memory (the engine on a CUDA device's arena); no CPU arena is installed, budget is
   // not used, and the stats report no arena.
   bool install_cpu_arena = true;
+  // > 0: the CPU arena stitches granules of this many bytes (InstallCpuArena; issue 18).
+  std::size_t stitch_granule = 0;
 };
 
 absl::Status EnableRemat(const RematOptions& options);

@@ -51,6 +51,11 @@ c10::Dict<std::string, int64_t> Stats() {
     put("pressure_allocations", s.arena.pressure_allocations);
     put("failed_allocations", s.arena.failed_allocations);
     put("search_ns", s.arena.search_ns);
+    if (s.arena.granule > 0) {  // a stitching arena: the budget counts granules in use
+      put("granule", s.arena.granule);
+      put("physical_bytes", s.arena.physical_bytes);
+      put("peak_physical_bytes", s.arena.peak_physical_bytes);
+    }
   }
   put("ops_recorded", s.ops_recorded);
   put("random_ops_recorded", s.random_ops_recorded);

@@ -2,6 +2,7 @@
 // mapped while an allocated block overlaps it and the provider is told exactly when; a request needs free
 // granules, not a hole, so scattered frees make room for one large block.
 #include <cstdint>
+#include <cstring>
 #include <memory>
 #include <utility>
 #include <vector>
@@ -165,6 +166,48 @@ TEST(StitchedArenaTest, RejectsAGranuleThatIsNoPowerOfTwoOrALimitBelowOne) {
   o.granule = kGranule;
   o.physical_limit = 100;
   EXPECT_FALSE(Arena::Create(MakeVirtualProvider(), o).ok());
+}
+
+// The CPU's stitching provider, for real: blocks are readable and writable memory, a large block stitched from
+// granules freed all over the address space holds its bytes, and blocks that stay keep theirs.
+TEST(StitchHostProviderTest, BlocksStitchedFromScatteredGranulesHoldTheirBytes) {
+  constexpr std::size_t kG = 64 << 10;
+  absl::StatusOr<std::unique_ptr<MemoryProvider>> provider = MakeStitchHostProvider(8 * kG, kG);
+  ASSERT_TRUE(provider.ok()) << provider.status();
+  ArenaOptions o;
+  o.alignment = 64;
+  o.capacity = 64 * kG;
+  o.granule = kG;
+  o.physical_limit = 8 * kG;
+  absl::StatusOr<std::unique_ptr<Arena>> arena = Arena::Create(std::move(*provider), o);
+  ASSERT_TRUE(arena.ok()) << arena.status();
+  std::vector<std::uintptr_t> blocks;
+  for (int i = 0; i < 8; ++i) {
+    blocks.push_back(*(*arena)->TryAllocate(kG, i + 1));
+    std::memset(reinterpret_cast<void*>(blocks.back()), 'a' + i, kG);
+  }
+  EXPECT_FALSE((*arena)->TryAllocate(kG, 9).ok());  // eight granules: the pool is full
+  for (int i = 0; i < 8; i += 2) ASSERT_TRUE((*arena)->Free(blocks[i]).ok());
+  absl::StatusOr<std::uintptr_t> big = (*arena)->TryAllocate(4 * kG, 10);
+  ASSERT_TRUE(big.ok()) << big.status();
+  std::memset(reinterpret_cast<void*>(*big), 'z', 4 * kG);
+  for (int i = 1; i < 8; i += 2) {
+    const char* p = reinterpret_cast<const char*>(blocks[i]);
+    EXPECT_EQ(p[0], 'a' + i);
+    EXPECT_EQ(p[kG - 1], 'a' + i);
+  }
+  const char* z = reinterpret_cast<const char*>(*big);
+  EXPECT_EQ(z[0], 'z');
+  EXPECT_EQ(z[4 * kG - 1], 'z');
+  EXPECT_EQ((*arena)->Stats().physical_bytes, 8 * kG);
+  ASSERT_TRUE((*arena)->Free(*big).ok());
+  EXPECT_EQ((*arena)->Stats().physical_bytes, 4 * kG);
+}
+
+TEST(StitchHostProviderTest, RejectsAGranuleThatIsNotAPageMultiple) {
+  EXPECT_FALSE(MakeStitchHostProvider(1 << 20, 1000).ok());
+  EXPECT_FALSE(MakeStitchHostProvider(1 << 20, 512).ok());
+  EXPECT_FALSE(MakeStitchHostProvider(100, 64 << 10).ok());
 }
 
 }  // namespace

@@ -151,7 +151,7 @@ class _Enabled:
 
 def enable(budget: Union[int, str], policy: Optional[str] = None, costs: str = "measured",
            offload: Optional[str] = None, host_budget: Union[int, str, None] = None, host_tier: str = "memory",
-           page_constants: bool = True) -> _Enabled:
+           page_constants: bool = True, arena: Optional[str] = None) -> _Enabled:
     """Switches remat on: CPU tensors come from an arena of `budget` bytes (a hard limit), and the ops of this
     thread are tracked; under pressure the engine evicts storages it can recompute, chosen by `policy` (default
     $REMAT_POLICY, else "dtr-eq"; see policies()), and rematerializes them when they are read. An allocation that
@@ -167,9 +167,14 @@ def enable(budget: Union[int, str], policy: Optional[str] = None, costs: str = "
     a size such as "8GiB"; default $REMAT_HOST_BUDGET, else unlimited). `host_tier` is "memory" (host memory
     outside the arena) or "file" (a temporary file, unlinked at once, written with pwrite and read with pread).
     With `page_constants` (default) gradients, optimizer state and other storages remat cannot recompute may be
-    paged too when nothing else can leave the arena. ValueError names the option or variable of a bad value."""
+    paged too when nothing else can leave the arena. ValueError names the option or variable of a bad value.
+
+    `arena` (default $REMAT_ARENA, else "contiguous"): "contiguous" is one block of `budget` bytes, where a request
+    needs a hole; "stitch" maps memory in 64 KiB granules into address space eight times the budget, and the budget
+    counts granules in use, so free memory scattered in small pieces still serves a large request (issue 18; blocks
+    then never move, and remat.stats() shows granule, physical_bytes and peak_physical_bytes)."""
     nbytes = parse_size(budget)
-    name = _engine.enable(nbytes, policy, costs, offload, host_budget, host_tier, page_constants)
+    name = _engine.enable(nbytes, policy, costs, offload, host_budget, host_tier, page_constants, arena)
     _exports.set_active(True)
     _compile.set_active(True)
     _threads.track_new_threads(True)

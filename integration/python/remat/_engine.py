@@ -64,13 +64,49 @@ def resolve_paging(offload: Optional[str] = None, host_budget: Union[int, str, N
 
 HOST_TIERS = ("memory", "file")
 
+# The CPU arena (issue 18): "contiguous", one block of the budget's size (a request needs a hole), or "stitch",
+# address space eight times the budget backed granule by granule from a pool of the budget's size (a request
+# needs free granules: fragmentation cannot make it fail). STITCH_GRANULE: the CPU granule, chosen by measurement
+# (README, "Stitching arena").
+ARENAS = ("contiguous", "stitch")
+DEFAULT_ARENA = "contiguous"
+STITCH_GRANULE = 64 << 10
+
+
+def resolve_arena(arena: Optional[str]) -> Tuple[str, int]:
+    """(arena kind, stitching granule in bytes or 0): `arena`, else $REMAT_ARENA, else the default. "stitch:SIZE"
+    (e.g. "stitch:2MiB") chooses the granule: a power of two of at least a page. ValueError naming the option or
+    the variable for anything else."""
+    source = "arena"
+    if arena is None:
+        arena = os.environ.get("REMAT_ARENA") or None
+        source = "REMAT_ARENA"
+    if arena is None:
+        arena = DEFAULT_ARENA
+    kind, _, size = arena.partition(":") if isinstance(arena, str) else (arena, "", "")
+    if kind not in ARENAS or (size and kind != "stitch"):
+        raise ValueError(f"remat: unknown {source} {arena!r}; expected one of {', '.join(ARENAS)} or 'stitch:SIZE'")
+    if kind != "stitch":
+        return kind, 0
+    granule = STITCH_GRANULE
+    if size:
+        try:
+            granule = int(torch.ops.remat.parse_budget(size))
+        except RuntimeError:
+            granule = 0
+        if granule < 4096 or granule & (granule - 1):
+            raise ValueError(f"remat: {source} {arena!r}: the granule must be a power of two of at least 4 KiB "
+                             "(such as 64KiB or 2MiB)")
+    return kind, granule
+
 
 # The costs the engine was last enabled with (remat.record writes the same into a trace by default).
 enabled_costs = "measured"
 
 
 def enable(nbytes: int, policy: Optional[str] = None, costs: str = "measured", offload: Optional[str] = None,
-           host_budget: Union[int, str, None] = None, host_tier: str = "memory", page_constants: bool = True) -> str:
+           host_budget: Union[int, str, None] = None, host_tier: str = "memory", page_constants: bool = True,
+           arena: Optional[str] = None) -> str:
     """Switches remat on with the engine; returns the policy used."""
     name = resolve_policy(policy)
     if costs not in COSTS:
@@ -78,7 +114,9 @@ def enable(nbytes: int, policy: Optional[str] = None, costs: str = "measured", o
     mode, host_bytes = resolve_paging(offload, host_budget)
     if host_tier not in HOST_TIERS:
         raise ValueError(f"remat: unknown host_tier {host_tier!r}; expected one of {', '.join(HOST_TIERS)}")
-    torch.ops.remat.enable_engine(int(nbytes), name, costs, mode, host_bytes, host_tier, bool(page_constants))
+    _, granule = resolve_arena(arena)
+    torch.ops.remat.enable_engine(int(nbytes), name, costs, mode, host_bytes, host_tier, bool(page_constants),
+                                  granule)
     global enabled_costs
     enabled_costs = costs
     return name
