@@ -62,6 +62,7 @@ ScheduleVerdict CheckSchedule(const PlanProblem& problem, std::int64_t budget, c
   };
   for (std::size_t e = schedule.size(); e-- > 0;) {
     const PlanOp& op = problem.ops[schedule[e]];
+    const bool original = stage[e] == schedule[e];
     for (std::int32_t v : op.fresh) {
       if (can_go(v)) frees[e].push_back(v);
     }
@@ -69,7 +70,7 @@ ScheduleVerdict CheckSchedule(const PlanProblem& problem, std::int64_t budget, c
       if (can_go(made)) frees[e].push_back(made);
     }
     for (std::int32_t v : op.inputs) {
-      if (!Consumed(op, v) && can_go(v)) frees[e].push_back(v);
+      if ((!original || !Consumed(op, v)) && can_go(v)) frees[e].push_back(v);
     }
     for (std::int32_t v : op.fresh) next[v] = Next::kMade;
     for (const auto& [old_value, made] : op.in_place) next[made] = Next::kMade;
@@ -94,8 +95,14 @@ ScheduleVerdict CheckSchedule(const PlanProblem& problem, std::int64_t budget, c
                                        "), which is not resident"));
       }
     }
+    // The original of an in-place write takes over its input's bytes; a replay of it writes a new copy (the engine
+    // keeps the old value resident: runtime/engine.cc replays an in-place op out of place).
+    const bool original = t == k;
     std::int64_t out_bytes = 0;
     for (std::int32_t v : op.fresh) out_bytes += problem.values[v].bytes;
+    if (!original) {
+      for (const auto& [old_value, made] : op.in_place) out_bytes += problem.values[made].bytes;
+    }
     const std::int64_t need = problem.stage_constant_bytes[t] + used + out_bytes;
     if (need > budget) {
       return fail(e, k, absl::StrCat("needs ", need, " bytes in use with its outputs, over the budget of ", budget,
@@ -110,8 +117,10 @@ ScheduleVerdict CheckSchedule(const PlanProblem& problem, std::int64_t budget, c
       }
     }
     for (const auto& [old_value, made] : op.in_place) {
-      resident[old_value] = false;
-      used -= problem.values[old_value].bytes;
+      if (original) {
+        resident[old_value] = false;
+        used -= problem.values[old_value].bytes;
+      }
       if (!resident[made]) {
         resident[made] = true;
         used += problem.values[made].bytes;

@@ -14,6 +14,9 @@
 //     after the execution that touches it last before it is made again, is consumed in place, or the schedule ends
 //     (final outputs are kept to the end). Freeing is the only eviction rule, so the verdict depends on the
 //     schedule alone.
+//   - In-place writes: the original execution consumes the value it writes (its bytes become the new value's, no
+//     bytes added); a recomputation writes a new copy, as the engine replays it (the new value's bytes are added and
+//     the old value stays until it is freed as any other).
 //   - At the end every final output must be resident.
 //   - The result carries the first violation (position in the schedule, op, trace line, reason) or, when valid,
 //     the total op time (originals + recomputations: remat-sim's clock advance), the recomputation count and cost,
