@@ -11,6 +11,7 @@
 #include "policies/registry.h"
 #include "runtime/replay.h"
 #include "tests/tools/plan_traces.h"
+#include "tools/schedule_check.h"
 
 namespace remat::plan {
 namespace {
@@ -101,6 +102,35 @@ TEST(CheckmatePlannerTest, OptimumIsNeverWorseThanAPolicy) {
     }
   }
   EXPECT_GT(compared, 20);
+}
+
+// The checker and the engine count alike: every policy's run, replayed offline from its schedule, is valid at the
+// same budget and costs the engine's op time exactly (remat-sim --planner relies on this for its starts).
+TEST(CheckmatePlannerTest, PolicyRunsCheckAtTheEnginesCost) {
+  const Trace trace = Parse(TrainingTrace(9));
+  absl::StatusOr<std::unique_ptr<Replayer>> replayer = Replayer::Create(trace);
+  ASSERT_TRUE(replayer.ok()) << replayer.status();
+  absl::StatusOr<PlanProblem> problem = BuildPlanProblem(trace);
+  ASSERT_TRUE(problem.ok()) << problem.status();
+  int checked = 0;
+  for (double ratio : {0.9, 0.7, 0.5, 0.4}) {
+    for (const auto& policy : PolicyNames()) {
+      std::vector<std::int32_t> schedule;
+      ReplayOptions o;
+      o.policy = std::string(policy);
+      o.budget_ratio = ratio;
+      o.overhead_limit = 0;
+      o.schedule = &schedule;
+      const ReplayResult r = (*replayer)->Run(o);
+      if (r.status != ReplayStatus::kPass) continue;
+      const ScheduleVerdict verdict = CheckSchedule(*problem, r.budget_bytes, schedule);
+      ASSERT_TRUE(verdict.valid) << policy << " at " << ratio << ": " << verdict.violation;
+      EXPECT_EQ(verdict.total_ns, r.total_compute_ns) << policy << " at " << ratio;
+      EXPECT_LE(verdict.peak_bytes, r.peak_bytes) << policy << " at " << ratio;  // the checker frees at once
+      ++checked;
+    }
+  }
+  EXPECT_GT(checked, 20);
 }
 
 TEST(CheckmatePlannerTest, ModelsAboveTheLimitAreRefusedWithAdvice) {
