@@ -97,6 +97,12 @@ absl::Status DrawTimeline(const std::vector<TimelineSample>& timeline, const Sim
   return RunPythonScript(FindPython(), {TimelineScriptPath(), json, path, "--title", title});
 }
 
+// "unet" from "unet-6-...-default.log", "lstm@0+150" for a segment of it.
+std::string ShortTraceName(const std::string& trace) {
+  const std::size_t at = trace.rfind('@');
+  return absl::StrCat(trace.substr(0, trace.find('-')), at == std::string::npos ? "" : trace.substr(at));
+}
+
 // --planner: the offline optimum of each (trace, budget) of the policies' rows, appended to `rows` (policy
 // "opt-<planner>", result = the planner's status), and a table comparing it with the best and the default policy.
 // Returns false (after printing why) when the planner could not run at all.
@@ -214,7 +220,7 @@ bool RunPlanner(const std::string& program, const SimOptions& options, const Sim
       };
       const bool fallback_passed = fallback != nullptr && fallback->result == "pass";
       table += absl::StrFormat(
-          "%-28s %6.2f %10s %10s %9s %9s %-10s %9s %9s %9s %9s %9.1f %9d\n", row.trace.substr(0, 28), row.ratio,
+          "%-28s %6.2f %10s %10s %9s %9s %-10s %9s %9s %9s %9s %9.1f %9d\n", ShortTraceName(row.trace), row.ratio,
           FormatBytes(static_cast<std::uint64_t>(budget)), row.result, number(solved, outcome->overhead),
           number(outcome->lower_bound_overhead > 0, outcome->lower_bound_overhead),
           best != nullptr ? best->policy : "-", number(best != nullptr, best != nullptr ? best->overhead : 0),

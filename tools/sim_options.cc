@@ -348,8 +348,8 @@ void DefineFlags(CLI::App& app, SimOptions& o, const Vocabulary& vocabulary) {
         });
   value("--segment", "FIRST+COUNT",
         "replace each trace by its window of COUNT ops from op FIRST (0-based; CALL and\n"
-        "MUTATE counted): live tensors at its start become constants, those still\n"
-        "referenced at its end are outputs (policies and planner alike)",
+        "MUTATE counted): what is live at its start is made by recomputable segment_input\n"
+        "ops, what is still referenced at its end is released (policies and planner alike)",
         [&](const std::string& t) {
           const std::size_t plus = t.find('+');
           if (plus == std::string::npos || !absl::SimpleAtoi(t.substr(0, plus), &o.segment_first) ||
