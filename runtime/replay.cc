@@ -5,6 +5,7 @@
 #include <chrono>
 #include <functional>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "policies/registry.h"
 #include "runtime/sim_executor.h"
@@ -52,6 +53,8 @@ struct DriveOptions {
   bool prefetch_evicts = false;  // see ReplayOptions
   SimExecutor* executor = nullptr;  // the engine's; product, arena mode: ops' outputs are placed through it
   std::function<void()> after_op;  // when set, called after every CALL and MUTATE (timelines)
+  // When set, the engine op id of every CALL and MUTATE is appended after it ran, as -1 - id (schedules).
+  std::vector<std::int64_t>* op_log = nullptr;
 };
 
 // Runs the trace through `engine`. Returns OK, or the engine's error (ResourceExhausted / Aborted / other).
@@ -243,6 +246,9 @@ absl::Status Drive(const Trace& trace, Engine& engine, const DriveOptions& drive
           bind(op.results[i].name, (*outs)[i]);
           if (op.results[i].alias < 0) defer_in_backward(outs->subspan(i, 1));
         }
+        if (drive.op_log != nullptr) {
+          drive.op_log->push_back(outs->empty() ? std::int64_t{-1} : -1 - std::int64_t{engine.ProducerOf((*outs)[0])});
+        }
         if (after_op) after_op();
         break;
       }
@@ -259,6 +265,9 @@ absl::Status Drive(const Trace& trace, Engine& engine, const DriveOptions& drive
             drive.executor->Adopt(engine, engine.StorageOf(made[i]));  // it took over the written bytes
             defer_in_backward(std::span<const TensorId>(&made[i], 1));
           }
+        }
+        if (drive.op_log != nullptr) {
+          drive.op_log->push_back(made.empty() ? std::int64_t{-1} : -1 - std::int64_t{engine.ProducerOf(made[0])});
         }
         if (after_op) after_op();
         break;
@@ -393,7 +402,26 @@ ReplayResult Replayer::Run(const ReplayOptions& options) {
   drive.prefetch_evicts = options.prefetch_evicts;
   drive.executor = &executor;
   drive.after_op = std::move(sample);
+  std::vector<std::int64_t> log;  // replays' op ids and, as -1 - id, each original's
+  if (options.schedule != nullptr) {
+    executor.set_replay_log(&log);
+    drive.op_log = &log;
+  }
   absl::Status status = Drive(*impl_->trace, engine, drive);
+  if (options.schedule != nullptr) {
+    options.schedule->clear();
+    absl::flat_hash_map<std::int64_t, std::int32_t> index;  // engine op id -> trace op index
+    std::int32_t originals = 0;
+    for (std::int64_t entry : log) {
+      if (entry < 0) {
+        if (entry != -1) index[-1 - entry] = originals;
+        options.schedule->push_back(originals++);
+      } else {
+        auto it = index.find(entry);
+        options.schedule->push_back(it != index.end() ? it->second : -1);  // -1: an op the trace did not make
+      }
+    }
+  }
   if (arena) arena->SetPressureHandler(nullptr);
 
   const EngineStats& st = engine.stats();

@@ -98,6 +98,10 @@ struct ReplayOptions {
   bool duplex_link = false;            // page-ins do not queue behind page-outs (PagingOptions::duplex)
   // When set, cleared and filled with one sample after each CALL and MUTATE of the trace (not owned).
   std::vector<TimelineSample>* timeline = nullptr;
+  // When set (not owned), cleared and filled with the run's schedule: every execution in order, as the index of its
+  // CALL or MUTATE in the trace (0-based): each op at its place, and each replay where it ran (tools/schedule_check.h
+  // checks such a schedule offline).
+  std::vector<std::int32_t>* schedule = nullptr;
 };
 
 struct ReplayResult {

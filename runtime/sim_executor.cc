@@ -7,6 +7,7 @@ namespace remat {
 absl::Status SimExecutor::Execute(Engine& engine, OpId op, bool replay, std::span<const std::uint32_t> fresh) {
   if (replay) {
     for (const std::uint32_t s : fresh) totals_.rematerialized_bytes += engine.StorageBytes(s);
+    if (replay_log_ != nullptr) replay_log_->push_back(static_cast<std::int64_t>(op));
   }
   if (arena_ == nullptr) return absl::OkStatus();
   const Placement placement = PlacementFor(engine, op);

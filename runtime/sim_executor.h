@@ -6,6 +6,9 @@
 // a fresh output of its producer.
 #pragma once
 
+#include <cstdint>
+#include <vector>
+
 #include "allocator/arena.h"
 #include "runtime/engine.h"
 #include "runtime/executor.h"
@@ -42,6 +45,10 @@ class SimExecutor final : public Executor {
   };
   const Totals& totals() const { return totals_; }
 
+  // When set (not owned), every replayed op's id is appended to `log` as it runs (remat-sim's schedules, for the
+  // offline planner's check of what a policy did).
+  void set_replay_log(std::vector<std::int64_t>* log) { replay_log_ = log; }
+
  private:
   void Free(Engine& engine, std::uint32_t storage);
   // Costly ops' outputs low, others high, with cheap-tensor partitioning; all low without.
@@ -50,6 +57,7 @@ class SimExecutor final : public Executor {
   Arena* arena_;
   bool partition_;
   Totals totals_;
+  std::vector<std::int64_t>* replay_log_ = nullptr;
 };
 
 }  // namespace remat

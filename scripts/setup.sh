@@ -10,6 +10,7 @@ REMAT_VENV="${REMAT_VENV:-$HOME/.cache/remat/venv}"
 APT_PACKAGES=(libgtest-dev libgmock-dev libbenchmark-dev libabsl-dev libsimdjson-dev nlohmann-json3-dev libcli11-dev
               ninja-build ccache cmake g++)
 PY_REQUIREMENTS=(torch==2.14.1 torchvision==0.29.1 numpy pytest matplotlib transformers==5.24.0 accelerate==1.15.0)
+SOLVER_REQUIREMENT="highspy==1.16.0"
 
 log() { printf '[setup] %s\n' "$*" >&2; }
 
@@ -47,6 +48,17 @@ install_virtualenv() {
   echo "$wanted" > "$stamp"
 }
 
+install_solver() {
+  # HiGHS (MIT), the MIP solver behind `remat-sim --planner checkmate` (tools/checkmate_ilp.py). Kept out of
+  # PY_REQUIREMENTS so that adding it does not re-run the whole torch install on machines set up before it.
+  if "$REMAT_VENV/bin/python" -c "import highspy" 2>/dev/null; then
+    log "MIP solver present (highspy)"
+    return
+  fi
+  log "installing the MIP solver: $SOLVER_REQUIREMENT"
+  "$REMAT_VENV/bin/python" -m pip install -q "$SOLVER_REQUIREMENT"
+}
+
 link_python_package() {
   # A .pth file puts this checkout's integration/python on the venv's path, so `import remat` works in the venv
   # and finds the library in this checkout's build/. Rewritten only when it points elsewhere (another clone).
@@ -63,5 +75,6 @@ link_python_package() {
 
 install_debian_packages
 install_virtualenv
+install_solver
 link_python_package
 log "done"

@@ -330,6 +330,46 @@ void DefineFlags(CLI::App& app, SimOptions& o, const Vocabulary& vocabulary) {
         });
   app.add_flag("--page-constants", o.page_constants, "constants (weights) may be paged out too");
   app.add_flag("--duplex-link", o.duplex_link, "page-ins do not queue behind page-outs (one link per direction)");
+  value("--planner", "NAME",
+        absl::StrCat("also plan each trace and budget offline and print the optimum next to\n"
+                     "the policies (a Checkmate-style ILP solved by HiGHS, its schedule checked);\n"
+                     "known: ", Quoted(vocabulary.planners)),
+        [&](const std::string& t) { return Set(Known("--planner", "planner", vocabulary.planners, t), o.planner); });
+  value("--planner-time-limit", "SECONDS", "solver time limit per solve: 300, 90s, 5min (default 300)",
+        [&](const std::string& t) {
+          absl::string_view number = t;
+          double scale = 1;
+          if (absl::ConsumeSuffix(&number, "min")) {
+            scale = 60;
+          } else {
+            absl::ConsumeSuffix(&number, "s");
+          }
+          double seconds = 0;
+          if (!absl::SimpleAtod(number, &seconds) || !std::isfinite(seconds) || seconds <= 0) {
+            return Bad("--planner-time-limit", absl::StrCat("'", t, "' is not a positive time (300, 90s, 5min)"));
+          }
+          o.planner_time_limit_s = seconds * scale;
+          return absl::OkStatus();
+        });
+  value("--planner-max-binaries", "N", "refuse ILPs with more binaries than N (default 400000)",
+        [&](const std::string& t) {
+          return absl::SimpleAtoi(t, &o.planner_max_binaries) && o.planner_max_binaries > 0
+                     ? absl::OkStatus()
+                     : Bad("--planner-max-binaries", absl::StrCat("'", t, "' is not a positive integer"));
+        });
+  value("--segment", "FIRST+COUNT",
+        "replace each trace by its window of COUNT ops from op FIRST (0-based; CALL and\n"
+        "MUTATE counted): what is live at its start is made by recomputable segment_input\n"
+        "ops, what is still referenced at its end is released (policies and planner alike)",
+        [&](const std::string& t) {
+          const std::size_t plus = t.find('+');
+          if (plus == std::string::npos || !absl::SimpleAtoi(t.substr(0, plus), &o.segment_first) ||
+              !absl::SimpleAtoi(t.substr(plus + 1), &o.segment_count) || o.segment_first < 0 ||
+              o.segment_count <= 0 || absl::StartsWith(t, "-") || absl::StartsWith(t.substr(plus + 1), "-")) {
+            return Bad("--segment", absl::StrCat("'", t, "' is not FIRST+COUNT (e.g. 0+100)"));
+          }
+          return absl::OkStatus();
+        });
   app.add_flag("-h,--help", o.help, "this text");
 }
 

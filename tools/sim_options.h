@@ -5,7 +5,8 @@
 //             [--jobs N] [--seed N]
 //             [--sample-sqrt] [--ignore-small] [--dtr-paper] [--no-partition]
 //             [--offload off|auto|always[,...]] [--bandwidth RATE] [--link-latency TIME] [--host-budget SIZE]
-//             [--page-constants] [--duplex-link] [--help]
+//             [--page-constants] [--duplex-link] [--planner NAME] [--planner-time-limit SECONDS]
+//             [--planner-max-binaries N] [--segment FIRST+COUNT] [--help]
 //
 // Contract:
 //   - Every flag takes its value either as the next argument or after '=' (`--ratios 0.5` or `--ratios=0.5`).
@@ -29,6 +30,12 @@
 //     decimal with a unit ns, us, ms or s ("10us", "0.5ms"; "0" alone is allowed); default ReplayOptions'
 //     (10 us). --host-budget is a byte size > 0 (default: unlimited). --page-constants and --duplex-link are
 //     switches. The paging flags are accepted with --offload off (they then change nothing).
+//   - --planner names an offline planner from the vocabulary (`checkmate`): after the policies' rows, remat-sim
+//     plans each (trace, ratio or budget) offline and prints the optimum next to the policies (tools/
+//     checkmate_planner.h). --planner-time-limit is the solver's limit in seconds per solve (a positive number,
+//     optionally with "s" or "min": 300, 90s, 5min; default 300); --planner-max-binaries a positive integer
+//     (default 400000). --segment FIRST+COUNT replaces every trace by its window of COUNT ops starting at op FIRST
+//     (0-based, CALL and MUTATE counted; tools/trace_segment.h), for the policies and the planner alike.
 //   - At least one trace is required unless --help is given, and no trace path may be given twice. Existence of
 //     the trace files is not checked here (see the tool's main), so parsing stays a pure function.
 //   - Every error is InvalidArgument whose message names the offending argument and what is accepted; the tool
@@ -50,6 +57,7 @@ struct Vocabulary {
   std::vector<std::string> modes;
   std::string default_policy;
   std::string default_mode;
+  std::vector<std::string> planners;  // offline planners (--planner)
 };
 
 enum class OutFormat { kNone, kCsv, kJson };
@@ -80,6 +88,12 @@ struct SimOptions {
   std::uint64_t host_budget_bytes = 0;  // 0: unlimited
   bool page_constants = false;
   bool duplex_link = false;
+  // Offline references (tools/checkmate_planner.h).
+  std::string planner;                  // empty: none
+  double planner_time_limit_s = 300;
+  std::int64_t planner_max_binaries = 400'000;
+  std::int64_t segment_first = -1;      // -1: whole traces
+  std::int64_t segment_count = 0;
 };
 
 // "12GB/s", "12e9", "1.5 GiB/s" -> bytes per second (> 0); InvalidArgument naming --bandwidth otherwise.

@@ -8,6 +8,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "tools/trace_segment.h"
 
 namespace remat::sim {
 namespace {
@@ -153,6 +154,13 @@ absl::StatusOr<std::unique_ptr<SimRunner>> SimRunner::Prepare(const SimOptions& 
       errors[t] = trace.status();
       return;
     }
+    if (options.segment_first >= 0) {
+      trace = SegmentTrace(*trace, options.segment_first, options.segment_count);
+      if (!trace.ok()) {
+        errors[t] = trace.status();
+        return;
+      }
+    }
     state->traces[t] = *std::move(trace);
     absl::StatusOr<std::unique_ptr<Replayer>> replayer = Replayer::Create(state->traces[t]);
     if (!replayer.ok()) {
@@ -170,6 +178,8 @@ absl::StatusOr<std::unique_ptr<SimRunner>> SimRunner::Prepare(const SimOptions& 
 }
 
 const Baseline& SimRunner::baseline(std::size_t trace) const { return state_->baselines[trace]; }
+
+const Trace& SimRunner::trace(std::size_t trace) const { return state_->traces[trace]; }
 
 std::vector<SimRow> SimRunner::Run(const std::vector<SimJob>& jobs, int threads, const OnDone& on_done,
                                    std::vector<TimelineSample>* timeline) {
@@ -189,7 +199,7 @@ std::vector<SimRow> SimRunner::Run(const std::vector<SimJob>& jobs, int threads,
   std::size_t done = 0;
   ParallelFor(jobs.size(), ThreadCount(threads, jobs.size()), [&](std::size_t i) {
     const SimJob& job = jobs[i];
-    const std::string& path = state_->options.traces[job.trace];
+    const std::string& path = state_->traces[job.trace].path;  // with "@first+count" for a segment
     ReplayResult result;
     absl::StatusOr<std::unique_ptr<Replayer>> replayer = state_->Acquire(job.trace);
     if (replayer.ok()) {

@@ -4,7 +4,8 @@
 //   - PlanJobs makes one job per (trace, policy, offload mode, ratio or budget), trace-major, then policy, then
 //     offload mode, then ratio/budget, in the order given on the command line; the rows come back in that
 //     order whatever the execution order.
-//   - Prepare reads every trace (ReadTrace: errors name file:line and reason) and prepares one Replayer per
+//   - Prepare reads every trace (ReadTrace: errors name file:line and reason; with --segment, the window of it,
+//     tools/trace_segment.h) and prepares one Replayer per
 //     trace (which computes its baseline); the first failure is returned and nothing runs.
 //   - Run executes the jobs on `threads` worker threads (0: one per core, never more than the jobs). A Replayer
 //     is not thread-safe (replay.h), so each worker takes a Replayer of the job's trace from a per-trace free
@@ -64,6 +65,7 @@ class SimRunner {
                           std::vector<TimelineSample>* timeline = nullptr);
 
   const Baseline& baseline(std::size_t trace) const;
+  const Trace& trace(std::size_t trace) const;  // as replayed: the --segment window when one was asked for
 
  private:
   struct State;

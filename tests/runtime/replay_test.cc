@@ -165,6 +165,42 @@ TEST(ReplayTest, PagingBeatsRecomputeOnACostlyChainAndPrefetchHidesIt) {
   }
 }
 
+// ReplayOptions::schedule: every execution as a trace op index, each op at its place and each replay where it ran.
+// w constant; x1..x4 a chain (1000 B each), x2 and x3 released, y = g(x4, x1). At 4000 bytes x1 is evicted for x4
+// and replayed for y: 0 1 2 3 0 4.
+TEST(ReplayTest, ScheduleListsOriginalsAndReplaysInOrder) {
+  std::string text = "{\"ANNOTATION\":\"START\",\"INSTRUCTION\":\"ANNOTATE\"}\n"
+                     "{\"INSTRUCTION\":\"CONSTANT\",\"NAME\":\"w\"}\n"
+                     "{\"INSTRUCTION\":\"MEMORY\",\"MEMORY\":\"1000\",\"NAME\":\"w\"}\n";
+  auto call = [&](const std::string& args, const std::string& result) {
+    text += "{\"ARGS\":[" + args + "],\"INSTRUCTION\":\"CALL\",\"NAME\":\"f\",\"RESULT\":[\"" + result +
+            "\"],\"TIME\":\"1000\"}\n{\"INSTRUCTION\":\"MEMORY\",\"MEMORY\":\"1000\",\"NAME\":\"" + result +
+            "\"}\n{\"ALIAS\":\"-1\",\"INSTRUCTION\":\"ALIAS\",\"NAME\":\"" + result + "\"}\n";
+  };
+  call("\"w\"", "x1");
+  call("\"x1\"", "x2");
+  call("\"x2\"", "x3");
+  call("\"x3\"", "x4");
+  text += "{\"INSTRUCTION\":\"RELEASE\",\"NAME\":\"x2\"}\n{\"INSTRUCTION\":\"RELEASE\",\"NAME\":\"x3\"}\n";
+  call("\"x4\",\"x1\"", "y");
+  absl::StatusOr<Trace> t = ParseTrace(text, "chain.log");
+  ASSERT_TRUE(t.ok()) << t.status();
+  absl::StatusOr<std::unique_ptr<Replayer>> r = Replayer::Create(*t);
+  ASSERT_TRUE(r.ok()) << r.status();
+  std::vector<std::int32_t> schedule = {7};  // cleared first
+  ReplayOptions o;
+  o.policy = "lru";
+  o.budget_bytes = 4000;
+  o.schedule = &schedule;
+  const ReplayResult run = (*r)->Run(o);
+  ASSERT_EQ(run.status, ReplayStatus::kPass) << run.message;
+  ASSERT_EQ(run.rematerializations, 1);
+  EXPECT_THAT(schedule, ::testing::ElementsAre(0, 1, 2, 3, 0, 4));
+  o.budget_bytes = 5000;
+  (void)(*r)->Run(o);
+  EXPECT_THAT(schedule, ::testing::ElementsAre(0, 1, 2, 3, 4));
+}
+
 }  // namespace
 }  // namespace remat
 

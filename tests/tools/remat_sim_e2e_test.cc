@@ -163,6 +163,34 @@ TEST_F(RematSimTest, SyntheticChainUnderThreeBudgetsAndTwoPolicies) {
   EXPECT_THAT(lines[3], HasSubstr("oom"));
 }
 
+// --planner: at 4000 bytes the optimum frees x2 after its last read (nothing replays: 1.0) where both policies
+// replay x1 (1.2); at 3000 bytes no schedule fits (y with its inputs and w needs 4000): the planner proves it.
+TEST_F(RematSimTest, PlannerPrintsTheOptimumNextToThePolicies) {
+  const std::string trace = Write("chain.log", kChain);
+  ASSERT_EQ(Run({trace, "--ratios", "0.8,0.6", "--policies", "dtr-eq,lru", "--planner", "checkmate", "--out",
+                 File("p.csv"), "--jobs", "1"}),
+            0)
+      << err_;
+  EXPECT_THAT(out_, HasSubstr("Offline optimum (checkmate"));
+  const auto rows = ReadCsv(File("p.csv"));
+  ASSERT_EQ(rows.size(), 6u);
+  EXPECT_EQ(rows[4].at("policy"), "opt-checkmate");
+  EXPECT_EQ(rows[4].at("ratio"), "0.8");
+  EXPECT_EQ(rows[4].at("result"), "optimal");
+  EXPECT_DOUBLE_EQ(Number(rows[4], "overhead"), 1.0);
+  EXPECT_DOUBLE_EQ(Number(rows[0], "overhead"), 1.2);  // dtr-eq at 0.8
+  EXPECT_EQ(rows[5].at("result"), "infeasible");
+  // Bad planner input: an unknown name, and accounting the planner does not model.
+  EXPECT_EQ(Run({trace, "--planner", "gurobi"}), 2);
+  EXPECT_THAT(err_, HasSubstr("unknown planner 'gurobi'"));
+  EXPECT_EQ(Run({trace, "--planner", "checkmate", "--mode", "arena"}), 2);
+  EXPECT_THAT(err_, HasSubstr("counter mode"));
+  // A model above the size limit is refused with advice, not solved for ever.
+  ASSERT_EQ(Run({trace, "--ratios", "0.8", "--planner", "checkmate", "--planner-max-binaries", "2"}), 0) << err_;
+  EXPECT_THAT(out_, HasSubstr("too-big"));
+  EXPECT_THAT(out_, HasSubstr("--segment"));
+}
+
 TEST_F(RematSimTest, OffloadAutoBeatsRecomputingACostlyChain) {
   // At 4000 bytes x1 must leave the device for x4. Without paging it is recomputed (1 ms, overhead 1.2); with
   // auto, 1000 bytes over a 12 GB/s link with 10 us latency cost far less than the 1 ms op, so it is paged out and
