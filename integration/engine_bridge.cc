@@ -35,11 +35,30 @@ bool CoversStorage(const at::Tensor& t) {
          static_cast<std::size_t>(t.numel()) * t.element_size() == t.storage().nbytes();
 }
 
+// torch exposes the CPU generator's Mersenne Twister only by value (CPUGeneratorImpl::engine() and
+// mt19937_engine::data() each copy its 2.5 KiB state): the fingerprint reads the few words it needs in place through
+// pointers to the two private members, which an explicit instantiation may name (access checks do not apply there).
+template <typename Tag, typename Tag::type Member>
+struct PrivateMember {
+  friend typename Tag::type MemberPointer(Tag) { return Member; }
+};
+struct GeneratorEngineTag {
+  using type = at::mt19937 at::CPUGeneratorImpl::*;
+  friend type MemberPointer(GeneratorEngineTag);
+};
+struct EngineDataTag {
+  using type = at::mt19937_data_pod at::mt19937_engine::*;
+  friend type MemberPointer(EngineDataTag);
+};
+template struct PrivateMember<GeneratorEngineTag, &at::CPUGeneratorImpl::engine_>;
+template struct PrivateMember<EngineDataTag, &at::mt19937_engine::data_>;
+
 RngFingerprint DefaultCpuRngFingerprint() {
-  at::Generator generator = at::detail::getDefaultCPUGenerator();
+  // The default generator lives as long as the process (no reference taken: mutex() is not const).
+  auto& generator = const_cast<at::Generator&>(at::detail::getDefaultCPUGenerator());
   std::lock_guard<std::mutex> lock(generator.mutex());
   auto* cpu = generator.get<at::CPUGeneratorImpl>();
-  const at::mt19937_data_pod& data = cpu->engine().data();
+  const at::mt19937_data_pod& data = (cpu->*MemberPointer(GeneratorEngineTag{})).*MemberPointer(EngineDataTag{});
   return RngFingerprint{data.seed_, data.left_, data.next_, data.state_.front(), data.state_.back(),
                         cpu->next_float_normal_sample(), cpu->next_double_normal_sample()};
 }
