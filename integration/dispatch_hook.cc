@@ -198,13 +198,17 @@ void ForEachReturnedTensor(const c10::Stack& stack, std::size_t num_returns, Vis
   }
 }
 
-TensorMeta MetaOf(const at::Tensor& tensor) {
-  TensorMeta meta;
+void FillMeta(TensorMeta& meta, const at::Tensor& tensor) {
   meta.sizes.assign(tensor.sizes().begin(), tensor.sizes().end());
   meta.strides.assign(tensor.strides().begin(), tensor.strides().end());
   meta.storage_offset = tensor.storage_offset();
   meta.dtype = tensor.scalar_type();
   meta.device = tensor.device();
+}
+
+TensorMeta MetaOf(const at::Tensor& tensor) {
+  TensorMeta meta;
+  FillMeta(meta, tensor);
   return meta;
 }
 
@@ -218,16 +222,15 @@ bool SameLayout(const TensorMeta& a, const TensorMeta& b) {
 void CaptureOutputs(OpRecord& record, const c10::Stack& stack) {
   ForEachReturnedTensor(stack, record.op.schema().returns().size(), [&](int r, const at::Tensor& tensor) {
     if (!tensor.has_storage() || tensor.layout() != c10::kStrided) return;
-    CapturedOutput output;
+    CapturedOutput& output = record.outputs.emplace_back();  // filled in place: its shape vectors are not moved
     output.return_index = r;
     c10::StorageImpl* impl = tensor.storage().unsafeGetStorageImpl();
     output.storage = tensor.storage().getWeakStorageImpl();
     output.storage_nbytes = impl->sym_nbytes().is_heap_allocated() ? 0 : impl->nbytes();
-    output.meta = MetaOf(tensor);
+    FillMeta(output.meta, tensor);
     for (std::size_t i = 0; i < record.input_storages.size(); ++i) {
       if (record.input_storages[i].get() == impl) output.input_storage = static_cast<int>(i);
     }
-    record.outputs.push_back(std::move(output));
   });
 }
 
