@@ -57,14 +57,18 @@ bool IsPlain(const at::Tensor& tensor) {
 
 // A detached alias of a plain tensor. Anything else (sparse, Python subclasses, functorch wrappers) is kept as
 // it is, because detaching it would run user code, and the record is marked not replayable.
-at::Tensor DetachedAlias(const at::Tensor& tensor, bool* replayable) {
+// `versioned`: the alias gets a version counter of its own, as any tensor an op runs on needs (an in-place kernel
+// bumps it). A record's own aliases are only read (shapes, storages) and re-aliased for each replay
+// (ReplayArguments), so they go without one: no counter to allocate and free per tensor argument of every op.
+at::Tensor DetachedAlias(const at::Tensor& tensor, bool* replayable, bool versioned) {
   if (!tensor.defined()) return tensor;
   if (!IsPlain(tensor)) {
     *replayable = false;
     return tensor;
   }
-  return at::Tensor(tensor.unsafeGetTensorImpl()->shallow_copy_and_detach(c10::VariableVersion(0),
-                                                                           /*allow_tensor_metadata_change=*/true));
+  return at::Tensor(tensor.unsafeGetTensorImpl()->shallow_copy_and_detach(
+      versioned ? c10::VariableVersion(0) : c10::VariableVersion(c10::VariableVersion::DISABLED),
+      /*allow_tensor_metadata_change=*/true));
 }
 
 void NoteStorage(const at::Tensor& tensor, InputStorages* storages) {
@@ -81,9 +85,11 @@ void NoteStorage(const at::Tensor& tensor, InputStorages* storages) {
 // A copy of `value` in which every tensor is a detached alias; notes tensor storages when `storages` is set.
 c10::IValue AliasValue(const c10::IValue& value, InputStorages* storages,
                        bool* replayable) {
+  // Capture (storages set) keeps the alias in the record; a replay (no storages) runs the op on it.
+  const bool versioned = storages == nullptr;
   if (value.isTensor()) {
     NoteStorage(value.toTensor(), storages);
-    return DetachedAlias(value.toTensor(), replayable);
+    return DetachedAlias(value.toTensor(), replayable, versioned);
   }
   if (value.isTensorList()) {
     c10::List<at::Tensor> list;
@@ -91,7 +97,7 @@ c10::IValue AliasValue(const c10::IValue& value, InputStorages* storages,
     list.reserve(source.size());
     for (const at::Tensor& tensor : source) {
       NoteStorage(tensor, storages);
-      list.push_back(DetachedAlias(tensor, replayable));
+      list.push_back(DetachedAlias(tensor, replayable, versioned));
     }
     return list;
   }
@@ -192,13 +198,17 @@ void ForEachReturnedTensor(const c10::Stack& stack, std::size_t num_returns, Vis
   }
 }
 
-TensorMeta MetaOf(const at::Tensor& tensor) {
-  TensorMeta meta;
+void FillMeta(TensorMeta& meta, const at::Tensor& tensor) {
   meta.sizes.assign(tensor.sizes().begin(), tensor.sizes().end());
   meta.strides.assign(tensor.strides().begin(), tensor.strides().end());
   meta.storage_offset = tensor.storage_offset();
   meta.dtype = tensor.scalar_type();
   meta.device = tensor.device();
+}
+
+TensorMeta MetaOf(const at::Tensor& tensor) {
+  TensorMeta meta;
+  FillMeta(meta, tensor);
   return meta;
 }
 
@@ -212,16 +222,15 @@ bool SameLayout(const TensorMeta& a, const TensorMeta& b) {
 void CaptureOutputs(OpRecord& record, const c10::Stack& stack) {
   ForEachReturnedTensor(stack, record.op.schema().returns().size(), [&](int r, const at::Tensor& tensor) {
     if (!tensor.has_storage() || tensor.layout() != c10::kStrided) return;
-    CapturedOutput output;
+    CapturedOutput& output = record.outputs.emplace_back();  // filled in place: its shape vectors are not moved
     output.return_index = r;
     c10::StorageImpl* impl = tensor.storage().unsafeGetStorageImpl();
     output.storage = tensor.storage().getWeakStorageImpl();
     output.storage_nbytes = impl->sym_nbytes().is_heap_allocated() ? 0 : impl->nbytes();
-    output.meta = MetaOf(tensor);
+    FillMeta(output.meta, tensor);
     for (std::size_t i = 0; i < record.input_storages.size(); ++i) {
       if (record.input_storages[i].get() == impl) output.input_storage = static_cast<int>(i);
     }
-    record.outputs.push_back(std::move(output));
   });
 }
 

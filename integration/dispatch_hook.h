@@ -124,6 +124,9 @@ struct OpTraits {
   std::vector<int> return_aliases;
   // Some return is a view of an argument without writing it (view, transpose, split, ...).
   bool is_view = false;
+  // Its outputs are uninitialized memory (aten::empty and friends: op_effects.h ProducesUninitializedMemory),
+  // decided once here rather than by name on every op.
+  bool uninitialized = false;
 };
 
 const OpTraits& TraitsOf(const c10::OperatorHandle& op);

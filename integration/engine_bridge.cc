@@ -35,11 +35,30 @@ bool CoversStorage(const at::Tensor& t) {
          static_cast<std::size_t>(t.numel()) * t.element_size() == t.storage().nbytes();
 }
 
+// torch exposes the CPU generator's Mersenne Twister only by value (CPUGeneratorImpl::engine() and
+// mt19937_engine::data() each copy its 2.5 KiB state): the fingerprint reads the few words it needs in place through
+// pointers to the two private members, which an explicit instantiation may name (access checks do not apply there).
+template <typename Tag, typename Tag::type Member>
+struct PrivateMember {
+  friend typename Tag::type MemberPointer(Tag) { return Member; }
+};
+struct GeneratorEngineTag {
+  using type = at::mt19937 at::CPUGeneratorImpl::*;
+  friend type MemberPointer(GeneratorEngineTag);
+};
+struct EngineDataTag {
+  using type = at::mt19937_data_pod at::mt19937_engine::*;
+  friend type MemberPointer(EngineDataTag);
+};
+template struct PrivateMember<GeneratorEngineTag, &at::CPUGeneratorImpl::engine_>;
+template struct PrivateMember<EngineDataTag, &at::mt19937_engine::data_>;
+
 RngFingerprint DefaultCpuRngFingerprint() {
-  at::Generator generator = at::detail::getDefaultCPUGenerator();
+  // The default generator lives as long as the process (no reference taken: mutex() is not const).
+  auto& generator = const_cast<at::Generator&>(at::detail::getDefaultCPUGenerator());
   std::lock_guard<std::mutex> lock(generator.mutex());
   auto* cpu = generator.get<at::CPUGeneratorImpl>();
-  const at::mt19937_data_pod& data = cpu->engine().data();
+  const at::mt19937_data_pod& data = (cpu->*MemberPointer(GeneratorEngineTag{})).*MemberPointer(EngineDataTag{});
   return RngFingerprint{data.seed_, data.left_, data.next_, data.state_.front(), data.state_.back(),
                         cpu->next_float_normal_sample(), cpu->next_double_normal_sample()};
 }
@@ -149,7 +168,7 @@ void EngineBridge::NoteWrites(const OpRecord& record) {
   current_.written_returned.assign(n, false);
   current_.overwrite.assign(n, false);
   current_.covered.assign(n, false);
-  std::vector<bool>& covered = current_.covered;
+  std::vector<std::uint8_t>& covered = current_.covered;
   // The schema's written arguments, then the writes it does not declare (never returned: written on the side).
   const std::size_t annotated = traits.written_arguments.size();
   for (std::size_t w = 0; w < annotated + record.unannotated_writes.size(); ++w) {
@@ -299,7 +318,7 @@ bool EngineBridge::Replayable(const OpRecord& record) {
   // outputs costs a copy and no transient memory, so they stay constants (pageable); drop-only, they are replayed.
   const bool compiled_graph_paged =
       options_.paging.mode != OffloadMode::kOff && record.traits->name == kOpaqueCallOperator;
-  return record.replayable && !reads_export && !ProducesUninitializedMemory(record.traits->name) &&
+  return record.replayable && !reads_export && !record.traits->uninitialized &&
          !compiled_graph_paged && !(current_.check_rng && current_.rng_before != DefaultCpuRngFingerprint());
 }
 
@@ -329,8 +348,12 @@ void EngineBridge::AfterOp(OpRecord&& record) {
   std::vector<TensorId>& out_tensors = plan_.out_tensors;
   out_tensors.assign(outs->begin(), outs->end());
   const bool replayable = Replayable(record);
-  auto replay = std::make_unique<ReplayOp>(OpRecord(record.op, traits));
-  replay->output_storage.assign(record.outputs.size(), kNoIndex);
+  // What the kept record will say (ReplayOp), gathered in vectors kept between ops: the ReplayOp is made only for
+  // a record that is kept, with the record moved into it once.
+  std::vector<StorageIndex>& output_storage = plan_.output_storage;
+  output_storage.assign(record.outputs.size(), kNoIndex);
+  std::vector<std::pair<int, StorageIndex>>& in_place = plan_.in_place;
+  in_place.clear();
   bool keep = false;
   // An evictable result of a backward-pass op (a gradient, or one accumulated in place) goes last (header: Backward).
   auto defer_if_backward = [&](TensorId t) {
@@ -349,14 +372,14 @@ void EngineBridge::AfterOp(OpRecord&& record) {
       executor_.SetHome(s, impl);
       if (replayable && EvictableMemory(*memory_, *impl)) {
         executor_.SetOwner(AddressOf(*impl), s, /*evictable=*/true);
-        replay->output_storage[spec_output[j]] = s;
+        output_storage[spec_output[j]] = s;
         keep = true;
         defer_if_backward(t);
       } else {
         engine_->Pin(t);
         NotePinned(impl.get());
         entry.pinned = true;
-        entry.blank = ProducesUninitializedMemory(traits.name);
+        entry.blank = traits.uninitialized;
         ++stats_.pinned_outputs;
       }
       entry.key = impl.get();
@@ -381,7 +404,7 @@ void EngineBridge::AfterOp(OpRecord&& record) {
     if (entry.pinned) continue;  // a constant written in place stays a constant (the engine pinned it)
     if (replayable && EvictableMemory(*memory_, *impl)) {
       executor_.SetOwner(AddressOf(*impl), s, /*evictable=*/true);
-      replay->in_place.emplace_back(k, s);
+      in_place.emplace_back(k, s);
       keep = true;
       defer_if_backward(t);
     } else {
@@ -392,14 +415,16 @@ void EngineBridge::AfterOp(OpRecord&& record) {
     }
   }
   if (!keep) return;
+  CountRecordRefs(record, 1, current_.input_entries);  // before the record moves
+  auto replay = std::make_unique<ReplayOp>(std::move(record));
+  replay->output_storage.assign(output_storage.begin(), output_storage.end());
+  replay->in_place.assign(in_place.begin(), in_place.end());
   replay->inputs.assign(current_.inputs.begin(), current_.inputs.end());
   replay->written.assign(current_.written.begin(), current_.written.end());
   replay->overwritten.assign(current_.overwrite.begin(), current_.overwrite.end());
   for (const TensorId t : current_.inputs) {
     if (t != kNoIndex) readers_[engine_->StorageOf(t)].push_back(current_.op);
   }
-  CountRecordRefs(record, 1, current_.input_entries);
-  replay->record = std::move(record);
   executor_.AddOp(current_.op, std::move(replay));
   kept_ops_.push_back(current_.op);
 }

@@ -245,10 +245,11 @@ class EngineBridge final : public OpObserver, public PressureHandler, public Hel
     bool active = false;
     OpId op = 0;
     std::vector<TensorId> inputs;  // per record.input_storages, kNoIndex when not an engine input
-    std::vector<bool> written;
-    std::vector<bool> written_returned;
-    std::vector<bool> overwrite;  // per record.input_storages: a blank storage this op overwrites entirely
-    std::vector<bool> covered;    // per record.input_storages: the op overwrites all of it (NoteWrites)
+    // Flags per record.input_storages, one byte each (std::vector<bool>'s bit fills cost more per op).
+    std::vector<std::uint8_t> written;
+    std::vector<std::uint8_t> written_returned;
+    std::vector<std::uint8_t> overwrite;  // a blank storage this op overwrites entirely
+    std::vector<std::uint8_t> covered;    // the op overwrites all of it (NoteWrites)
     std::vector<TensorId> engine_inputs;  // GatherEngineInputs' result
     std::vector<Entry*> input_entries;    // per record.input_storages: its entry (stable: entries_ is a node map)
     std::vector<StorageIndex> written_constants;  // GatherEngineInputs: constants this op writes
@@ -283,6 +284,9 @@ class EngineBridge final : public OpObserver, public PressureHandler, public Hel
     std::vector<c10::intrusive_ptr<c10::StorageImpl>> spec_impl;
     std::vector<int> engine_position;  // per input storage: its position among the engine inputs, or -1
     std::vector<TensorId> out_tensors;  // EndOp's outputs, per spec
+    // The kept record's ReplayOp::output_storage and ReplayOp::in_place, gathered before it is made.
+    std::vector<StorageIndex> output_storage;
+    std::vector<std::pair<int, StorageIndex>> in_place;
   };
   // Fills plan_.
   void PlanOutputs(const OpRecord& record);

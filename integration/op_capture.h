@@ -22,7 +22,9 @@ const OpTraits* SharedTraits(const c10::OperatorHandle& op);
 std::mutex& TraitsMutex();
 
 // A copy of `value` in which every plain tensor is a detached alias over the same storage; notes tensor storages in
-// `storages` when set; clears `replayable` for a tensor that is not plain (sparse, a Python subclass).
+// `storages` when set; clears `replayable` for a tensor that is not plain (sparse, a Python subclass). With
+// `storages` set (a record's capture) the aliases have no version counter (they are only read, never run on: replays
+// alias them again with one, ReplayArguments).
 c10::IValue AliasValue(const c10::IValue& value, InputStorages* storages,
                        bool* replayable);
 // Fills record.outputs from the op's returns, the top of `stack`.

@@ -63,6 +63,7 @@ std::unique_ptr<OpTraits> ComputeTraits(const c10::FunctionSchema& schema) {
   traits->name = schema.overload_name().empty() ? schema.name() : absl::StrCat(schema.name(), ".", schema.overload_name());
   traits->tracked = !absl::StartsWith(schema.name(), "remat::");
   traits->replayable = !HasExternalEffects(schema.name());
+  traits->uninitialized = ProducesUninitializedMemory(traits->name);
   const auto& arguments = schema.arguments();
   std::vector<std::vector<c10::Symbol>> argument_sets(arguments.size());
   for (std::size_t i = 0; i < arguments.size(); ++i) {

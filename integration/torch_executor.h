@@ -64,7 +64,7 @@ inline constexpr std::uint32_t kNoIndex = std::numeric_limits<std::uint32_t>::ma
 
 // One recorded op the engine may replay.
 struct ReplayOp {
-  explicit ReplayOp(OpRecord r) : record(std::move(r)) {}
+  explicit ReplayOp(OpRecord&& r) : record(std::move(r)) {}
   OpRecord record;
   // Per record.input_storages: the engine tensor it was when the op ran, or kNoIndex for a written argument that
   // was not given to the engine (a constant the op writes but does not return: it is replayed on a copy).

@@ -300,7 +300,9 @@ void Engine::FreeDead(StorageIndex start) {
     bool children_dead = true;
     // A pinned child is never recomputed (it stays resident, or comes back from its host copy): it needs nothing.
     for (StorageIndex c : m.nb.Children(x)) {
-      children_dead = children_dead && (c == x || m.storages[c].dead || m.storages[c].pinned);
+      if (c == x || m.storages[c].dead || m.storages[c].pinned) continue;
+      children_dead = false;  // one live child is enough: no need to look at the rest
+      break;
     }
     if (!children_dead) continue;
     if (st.pinned) {  // not evictable: its memory leaves the books as a released constant's does
