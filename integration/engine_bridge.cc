@@ -97,6 +97,7 @@ EngineBridge::EngineBridge(const BridgeOptions& options, std::unique_ptr<Policy>
   engine_options.policy = policy_.get();
   engine_options.arena = memory_->arena();
   engine_options.free_released_constants = true;  // we free a dead constant's memory ourselves (Sweep)
+  engine_options.caller_guards_released_constants = true;  // PinDependents before a constant read by records goes
   engine_options.free_dead = true;
   engine_options.paging = options.paging;
   executor_.SetMemory(memory_);

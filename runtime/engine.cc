@@ -269,8 +269,9 @@ void Engine::Release(TensorId t) {
     DropPagedCopy(s);
     MarkEvicted(s, /*held_memory=*/false);
     stats_.release_evictions += 1;
-  } else if (st.ext_refs == 0 && st.pinned && options_.free_released_constants && !options_.free_dead) {
-    // With free_dead, FreeDead below gives a released constant's bytes back once nothing can read it any more (its
+  } else if (st.ext_refs == 0 && st.pinned && options_.free_released_constants &&
+             (!options_.free_dead || options_.caller_guards_released_constants)) {
+    // Otherwise FreeDead below gives a released constant's bytes back once nothing can read it any more (its
     // children are dead or pinned); dropping them before would make a replay of a child recompute the constant.
     DropPinnedBytes(s);
   }

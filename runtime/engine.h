@@ -113,6 +113,11 @@ struct EngineOptions {
   std::int64_t remat_limit = -1;           // thrash limit on summed replay cost + stall; < 0 disables
   bool replay_views = true;                // see the contract above
   bool free_released_constants = false;    // a constant whose last reference dies is freed (baseline runs)
+  // With free_released_constants and free_dead: a released constant gives its bytes back at once, because the
+  // caller makes sure no replay reads it afterwards (the PyTorch bridge pins what was computed from a constant
+  // before it lets the constant go). Off (remat-sim): the bytes go once nothing can read the constant (FreeDead),
+  // so that a replay never has to recompute a constant.
+  bool caller_guards_released_constants = false;
   // Free storages for good once nothing can need them (no reference, every storage computed from them dead):
   // they leave the neighbourhood costs. Off in the prototype's model (simrd keeps them forever).
   bool free_dead = false;

@@ -425,7 +425,7 @@ TEST(EngineDeadTest, APinnedStorageWithNoReferenceLeftDiesToo) {
   EngineOptions o;
   o.policy = policy.get();
   o.free_dead = true;
-  o.free_released_constants = true;  // as the PyTorch bridge runs it
+  o.free_released_constants = true;  // as remat-sim runs it (the bridge guards released constants itself)
   Engine e(o, &ex);
   TensorId a = *e.Constant(10);
   OutputSpec out{100, -1};

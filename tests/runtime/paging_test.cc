@@ -323,10 +323,10 @@ class NoPagingExecutor : public Executor {
   int evictions = 0;
 };
 
-// Places outputs in the arena (whose pressure handler is the engine) and cannot write page-outs: a full disk.
-class FullDiskExecutor : public Executor {
+// Places outputs in the arena (whose pressure handler is the engine) and frees evicted ones; counts evictions.
+class ArenaPlacingExecutor : public Executor {
  public:
-  explicit FullDiskExecutor(Arena* arena) : arena_(arena) {}
+  explicit ArenaPlacingExecutor(Arena* arena) : arena_(arena) {}
   absl::Status Execute(Engine& e, OpId, bool, std::span<const std::uint32_t> fresh) override {
     for (std::uint32_t s : fresh) {
       e.NoteAllocation();
@@ -336,13 +336,23 @@ class FullDiskExecutor : public Executor {
     }
     return absl::OkStatus();
   }
-  void Evict(Engine& e, std::uint32_t s) override { (void)arena_->Free(e.StorageAddress(s)); }
-  absl::Status PageOut(Engine&, std::uint32_t) override {
-    return absl::UnavailableError("writing the page-out failed: No space left on device");
+  void Evict(Engine& e, std::uint32_t s) override {
+    ++evictions;
+    (void)arena_->Free(e.StorageAddress(s));
   }
+  int evictions = 0;
 
  private:
   Arena* arena_;
+};
+
+// Cannot write page-outs: a full disk.
+class FullDiskExecutor : public ArenaPlacingExecutor {
+ public:
+  using ArenaPlacingExecutor::ArenaPlacingExecutor;
+  absl::Status PageOut(Engine&, std::uint32_t) override {
+    return absl::UnavailableError("writing the page-out failed: No space left on device");
+  }
 };
 
 // A page-out that cannot be written is the error of the op that needed the room, with its cause and code: not an
@@ -378,29 +388,12 @@ TEST(PagingTest, AFailedPageOutIsTheOpsErrorWithItsCause) {
 
 // A victim whose bytes are gone already (its last holder died before the engine heard of it: PageOut says
 // NotFound) is dropped instead of paged, and the op goes on.
-class GoneBytesExecutor : public Executor {
+class GoneBytesExecutor : public ArenaPlacingExecutor {
  public:
-  explicit GoneBytesExecutor(Arena* arena) : arena_(arena) {}
-  absl::Status Execute(Engine& e, OpId, bool, std::span<const std::uint32_t> fresh) override {
-    for (std::uint32_t s : fresh) {
-      e.NoteAllocation();
-      absl::StatusOr<std::uintptr_t> a = arena_->Allocate(e.StorageBytes(s), OwnerId{s} + 1);
-      if (!a.ok()) return a.status();
-      e.SetAddress(s, *a);
-    }
-    return absl::OkStatus();
-  }
-  void Evict(Engine& e, std::uint32_t s) override {
-    ++evictions;
-    (void)arena_->Free(e.StorageAddress(s));
-  }
+  using ArenaPlacingExecutor::ArenaPlacingExecutor;
   absl::Status PageOut(Engine&, std::uint32_t s) override {
     return absl::NotFoundError(absl::StrCat("storage ", s, ": its bytes are gone"));
   }
-  int evictions = 0;
-
- private:
-  Arena* arena_;
 };
 
 TEST(PagingTest, AVictimWhoseBytesAreGoneIsDroppedInsteadOfPaged) {
