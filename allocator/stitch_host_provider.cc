@@ -94,7 +94,6 @@ class StitchHostProvider final : public MemoryProvider {
         physical_of_.erase(victim);
         mmap(reinterpret_cast<void*>(victim * granule_), granule_, PROT_NONE,
              MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0);
-        ++steals_;
       } else {
         Rollback(first, g);
         return absl::ResourceExhaustedError(
@@ -110,7 +109,6 @@ class StitchHostProvider final : public MemoryProvider {
                                                          g * granule_, " failed: ", Errno(e)));
       }
       physical_of_[g] = physical;
-      ++mappings_;
     }
     return absl::OkStatus();
   }
@@ -148,8 +146,6 @@ class StitchHostProvider final : public MemoryProvider {
   absl::flat_hash_map<std::uintptr_t, std::uint32_t> physical_of_;  // virtual granule index -> physical granule
   absl::btree_set<std::uintptr_t> cached_;  // mapped virtual granules no block uses (their memory is reusable)
   absl::flat_hash_map<std::uintptr_t, std::size_t> segments_;       // base -> size
-  std::uint64_t mappings_ = 0;
-  std::uint64_t steals_ = 0;  // cached granules unmapped so that their memory could back another range
 };
 
 }  // namespace

@@ -355,23 +355,37 @@ class FullDiskExecutor : public ArenaPlacingExecutor {
   }
 };
 
+// A 2000-byte virtual arena whose pressure handler is an engine that always pages (dtr-eq), over executor X.
+template <typename X>
+struct PagingArena {
+  static ArenaOptions Options() {
+    ArenaOptions ao;
+    ao.alignment = 8;
+    ao.capacity = 2000;
+    return ao;
+  }
+  static EngineOptions EngineOptionsFor(const Policy* policy, Arena* arena) {
+    EngineOptions o;
+    o.policy = policy;
+    o.mode = AccountingMode::kArena;
+    o.budget = 2000;
+    o.arena = arena;
+    o.paging.mode = OffloadMode::kAlways;
+    return o;
+  }
+  PagingArena() { arena->SetPressureHandler(&engine); }
+  ~PagingArena() { arena->SetPressureHandler(nullptr); }
+  std::unique_ptr<Policy> policy = *MakePolicy("dtr-eq");
+  std::unique_ptr<Arena> arena = *Arena::Create(MakeVirtualProvider(), Options());
+  X executor{arena.get()};
+  Engine engine{EngineOptionsFor(policy.get(), arena.get()), &executor};
+};
+
 // A page-out that cannot be written is the error of the op that needed the room, with its cause and code: not an
 // out-of-memory error (there was a victim), and nothing is lost (the victim stays resident).
 TEST(PagingTest, AFailedPageOutIsTheOpsErrorWithItsCause) {
-  std::unique_ptr<Policy> policy = *MakePolicy("dtr-eq");
-  ArenaOptions ao;
-  ao.alignment = 8;
-  ao.capacity = 2000;
-  std::unique_ptr<Arena> arena = *Arena::Create(MakeVirtualProvider(), ao);
-  FullDiskExecutor ex(arena.get());
-  EngineOptions o;
-  o.policy = policy.get();
-  o.mode = AccountingMode::kArena;
-  o.budget = 2000;
-  o.arena = arena.get();
-  o.paging.mode = OffloadMode::kAlways;
-  Engine e(o, &ex);
-  arena->SetPressureHandler(&e);
+  PagingArena<FullDiskExecutor> f;
+  Engine& e = f.engine;
   OutputSpec out{1000, -1};
   const TensorId a = (*e.Call({}, {&out, 1}, 10, "a"))[0];
   const TensorId b = (*e.Call({}, {&out, 1}, 10, "b"))[0];
@@ -397,20 +411,9 @@ class GoneBytesExecutor : public ArenaPlacingExecutor {
 };
 
 TEST(PagingTest, AVictimWhoseBytesAreGoneIsDroppedInsteadOfPaged) {
-  std::unique_ptr<Policy> policy = *MakePolicy("dtr-eq");
-  ArenaOptions ao;
-  ao.alignment = 8;
-  ao.capacity = 2000;
-  std::unique_ptr<Arena> arena = *Arena::Create(MakeVirtualProvider(), ao);
-  GoneBytesExecutor ex(arena.get());
-  EngineOptions o;
-  o.policy = policy.get();
-  o.mode = AccountingMode::kArena;
-  o.budget = 2000;
-  o.arena = arena.get();
-  o.paging.mode = OffloadMode::kAlways;
-  Engine e(o, &ex);
-  arena->SetPressureHandler(&e);
+  PagingArena<GoneBytesExecutor> f;
+  Engine& e = f.engine;
+  GoneBytesExecutor& ex = f.executor;
   OutputSpec out{1000, -1};
   (void)*e.Call({}, {&out, 1}, 10, "a");
   (void)*e.Call({}, {&out, 1}, 10, "b");

@@ -13,13 +13,7 @@ namespace {
 using ::testing::ElementsAre;
 using ::testing::IsEmpty;
 
-PlanProblem Build(const char* text) {
-  absl::StatusOr<Trace> trace = ParseTrace(text, "t.log");
-  EXPECT_TRUE(trace.ok()) << trace.status();
-  absl::StatusOr<PlanProblem> problem = BuildPlanProblem(*trace);
-  EXPECT_TRUE(problem.ok()) << problem.status();
-  return *std::move(problem);
-}
+PlanProblem Build(const char* text) { return testing::BuildProblem(text); }
 
 TEST(PlanProblemTest, ChainHasOneValuePerResultAndTheUnreleasedOneIsTheOutput) {
   const PlanProblem p = Build(testing::kChain);

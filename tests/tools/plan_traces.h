@@ -2,7 +2,22 @@
 // worked out by hand next to each.
 #pragma once
 
+#include <utility>
+
+#include "gtest/gtest.h"
+#include "runtime/trace.h"
+#include "tools/plan_problem.h"
+
 namespace remat::plan::testing {
+
+// The planning problem of a trace text (a test failure if it does not parse or build).
+inline PlanProblem BuildProblem(const char* text) {
+  absl::StatusOr<Trace> trace = ParseTrace(text, "t.log");
+  EXPECT_TRUE(trace.ok()) << trace.status();
+  absl::StatusOr<PlanProblem> problem = BuildPlanProblem(*trace);
+  EXPECT_TRUE(problem.ok()) << problem.status();
+  return *std::move(problem);
+}
 
 // A chain whose first value is read again at the end:
 //   a = op0()       100 B, 5 ns
