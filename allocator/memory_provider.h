@@ -10,11 +10,12 @@
 // nothing (virtual) accepts both as no-ops; a stitching provider (allocator/stitch_host_provider.cc) maps physical
 // granules from its pool there.
 //
-// Four providers exist:
-//   virtual  addresses only, no memory behind them (trace replay); segments come from a private address range
-//   host     aligned host memory (the CPU path)
-//   stitch   address space, backed granule by granule from a memfd pool (the CPU path with a stitching arena)
-//   cuda     cudaMalloc'd device segments (allocator/cuda/, compiled with nvcc)
+// Five providers exist:
+//   virtual      addresses only, no memory behind them (trace replay); segments come from a private address range
+//   host         aligned host memory (the CPU path)
+//   stitch       address space, backed granule by granule from a memfd pool (the CPU path with a stitching arena)
+//   cuda         cudaMalloc'd device segments (allocator/cuda/, compiled with nvcc)
+//   cuda stitch  reserved device address space, backed by cuMemCreate'd granules (allocator/cuda/cuda_stitch_provider.h)
 #pragma once
 
 #include <cstddef>

@@ -14,11 +14,18 @@
 //   - MemcpyAsync, EventRecord and StreamWaitEvent are ordered on their stream; EventQuery is true once all work
 //     before the most recent EventRecord of that event has finished (true for an event never recorded).
 //   - Events are created without timing (cudaEventDisableTiming): they only order and report completion.
+//   - Virtual memory management (the driver's cuMem* calls, for the stitching arena, issue 18): address space is
+//     reserved apart from physical memory; a physical allocation (a handle) is mapped into reserved space and is
+//     usable only after SetAccess grants the device read-write access there. UnmapPhysical gives the range back to
+//     the reservation (what ran on it must have finished: the host waits first, DeviceSynchronize); a handle is
+//     released only once nothing maps it; a reservation is freed only once nothing is mapped in it. Sizes and
+//     addresses are multiples of the device's granularity (VirtualMemory).
 #pragma once
 
 #include <cuda_runtime_api.h>
 
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 
 #include "absl/status/status.h"
@@ -32,6 +39,16 @@ struct DeviceMemoryInfo {
   std::size_t free = 0;
   std::size_t total = 0;
 };
+
+// What a device offers for virtual memory management (CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED and
+// cuMemGetAllocationGranularity's recommended granularity; 0 when unsupported).
+struct VirtualMemorySupport {
+  bool supported = false;
+  std::size_t granularity = 0;
+};
+
+// A physical allocation (CUmemGenericAllocationHandle).
+using PhysicalHandle = unsigned long long;
 
 class CudaRuntime {
  public:
@@ -61,6 +78,17 @@ class CudaRuntime {
   virtual absl::StatusOr<bool> EventQuery(cudaEvent_t event) = 0;
   virtual absl::Status EventSynchronize(cudaEvent_t event) = 0;
   virtual absl::Status EventDestroy(cudaEvent_t event) = 0;
+  virtual absl::Status DeviceSynchronize() = 0;  // the current device
+
+  // Virtual memory management (above). Device arguments name the device; the current device is not used.
+  virtual absl::StatusOr<VirtualMemorySupport> VirtualMemory(int device) = 0;
+  virtual absl::StatusOr<std::uintptr_t> AddressReserve(std::size_t bytes, std::size_t alignment) = 0;
+  virtual absl::Status AddressFree(std::uintptr_t address, std::size_t bytes) = 0;
+  virtual absl::StatusOr<PhysicalHandle> PhysicalCreate(std::size_t bytes, int device) = 0;  // ResourceExhausted
+  virtual absl::Status PhysicalRelease(PhysicalHandle handle) = 0;
+  virtual absl::Status MapPhysical(std::uintptr_t address, std::size_t bytes, PhysicalHandle handle) = 0;
+  virtual absl::Status SetAccess(std::uintptr_t address, std::size_t bytes, int device) = 0;  // read-write
+  virtual absl::Status UnmapPhysical(std::uintptr_t address, std::size_t bytes) = 0;
 };
 
 // Switches the calling thread's current device to `device` for its lifetime (a no-op when it already is), like

@@ -1,5 +1,6 @@
 // The real CudaRuntime: one cudart call per method, no logic (everything testable lives above the seam).
 // Not exercised in CI (there is no device); see cuda_runtime.h for the contract.
+#include <cuda.h>
 #include <cuda_runtime_api.h>
 
 #include <string>
@@ -26,6 +27,70 @@ cudaMemcpyKind KindOf(CopyKind kind) {
     case CopyKind::kDefault: return cudaMemcpyDefault;
   }
   return cudaMemcpyDefault;
+}
+
+// The driver's virtual memory calls, found through cudart (cudaGetDriverEntryPointByVersion) so that the library
+// links against cudart alone and loads on machines without a driver; resolved once, at the first use.
+struct DriverVmm {
+  CUresult (*get_error_string)(CUresult, const char**) = nullptr;
+  CUresult (*device_get)(CUdevice*, int) = nullptr;
+  CUresult (*device_attribute)(int*, CUdevice_attribute, CUdevice) = nullptr;
+  CUresult (*granularity)(size_t*, const CUmemAllocationProp*, CUmemAllocationGranularity_flags) = nullptr;
+  CUresult (*address_reserve)(CUdeviceptr*, size_t, size_t, CUdeviceptr, unsigned long long) = nullptr;
+  CUresult (*address_free)(CUdeviceptr, size_t) = nullptr;
+  CUresult (*create)(CUmemGenericAllocationHandle*, size_t, const CUmemAllocationProp*, unsigned long long) = nullptr;
+  CUresult (*release)(CUmemGenericAllocationHandle) = nullptr;
+  CUresult (*map)(CUdeviceptr, size_t, size_t, CUmemGenericAllocationHandle, unsigned long long) = nullptr;
+  CUresult (*set_access)(CUdeviceptr, size_t, const CUmemAccessDesc*, size_t) = nullptr;
+  CUresult (*unmap)(CUdeviceptr, size_t) = nullptr;
+  absl::Status status;  // why the entry points could not be found
+};
+
+template <typename Function>
+absl::Status Resolve(const char* name, Function* out) {
+  void* pointer = nullptr;
+  cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
+  const cudaError_t error = cudaGetDriverEntryPointByVersion(name, &pointer, 12000, cudaEnableDefault, &found);
+  if (error != cudaSuccess || found != cudaDriverEntryPointSuccess || pointer == nullptr) {
+    cudaGetLastError();
+    return absl::UnavailableError(absl::StrCat("the CUDA driver has no ", name, " (", cudaGetErrorString(error), ")"));
+  }
+  *out = reinterpret_cast<Function>(pointer);
+  return absl::OkStatus();
+}
+
+const DriverVmm& Vmm() {
+  static const DriverVmm* vmm = [] {
+    auto* v = new DriverVmm();
+    for (absl::Status s : {Resolve("cuGetErrorString", &v->get_error_string), Resolve("cuDeviceGet", &v->device_get),
+                           Resolve("cuDeviceGetAttribute", &v->device_attribute),
+                           Resolve("cuMemGetAllocationGranularity", &v->granularity),
+                           Resolve("cuMemAddressReserve", &v->address_reserve),
+                           Resolve("cuMemAddressFree", &v->address_free), Resolve("cuMemCreate", &v->create),
+                           Resolve("cuMemRelease", &v->release), Resolve("cuMemMap", &v->map),
+                           Resolve("cuMemSetAccess", &v->set_access), Resolve("cuMemUnmap", &v->unmap)}) {
+      if (!s.ok() && v->status.ok()) v->status = s;
+    }
+    return v;
+  }();
+  return *vmm;
+}
+
+absl::Status CheckDriver(CUresult result, const std::string& call) {
+  if (result == CUDA_SUCCESS) return absl::OkStatus();
+  const char* text = "unknown error";
+  if (Vmm().get_error_string != nullptr) (void)Vmm().get_error_string(result, &text);
+  const std::string message = absl::StrCat(call, ": CUresult ", static_cast<int>(result), ": ", text);
+  if (result == CUDA_ERROR_OUT_OF_MEMORY) return absl::ResourceExhaustedError(message);
+  return absl::InternalError(message);
+}
+
+CUmemAllocationProp DeviceProp(int device) {
+  CUmemAllocationProp prop = {};
+  prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+  prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  prop.location.id = device;
+  return prop;
 }
 
 class Cudart final : public CudaRuntime {
@@ -116,6 +181,67 @@ class Cudart final : public CudaRuntime {
     return Check(cudaEventSynchronize(event), "cudaEventSynchronize");
   }
   absl::Status EventDestroy(cudaEvent_t event) override { return Check(cudaEventDestroy(event), "cudaEventDestroy"); }
+  absl::Status DeviceSynchronize() override { return Check(cudaDeviceSynchronize(), "cudaDeviceSynchronize"); }
+
+  absl::StatusOr<VirtualMemorySupport> VirtualMemory(int device) override {
+    if (!Vmm().status.ok()) return VirtualMemorySupport{};  // a driver without the calls: no stitching
+    CUdevice handle = 0;
+    absl::Status status = CheckDriver(Vmm().device_get(&handle, device), "cuDeviceGet");
+    if (!status.ok()) return status;
+    int supported = 0;
+    status = CheckDriver(
+        Vmm().device_attribute(&supported, CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED, handle),
+        "cuDeviceGetAttribute(VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED)");
+    if (!status.ok()) return status;
+    if (supported == 0) return VirtualMemorySupport{};
+    const CUmemAllocationProp prop = DeviceProp(device);
+    size_t granularity = 0;
+    status = CheckDriver(Vmm().granularity(&granularity, &prop, CU_MEM_ALLOC_GRANULARITY_RECOMMENDED),
+                         "cuMemGetAllocationGranularity");
+    if (!status.ok()) return status;
+    return VirtualMemorySupport{true, granularity};
+  }
+  absl::StatusOr<std::uintptr_t> AddressReserve(std::size_t bytes, std::size_t alignment) override {
+    if (!Vmm().status.ok()) return Vmm().status;
+    (void)cudaFree(nullptr);  // the driver's calls need the current device's primary context: make sure it exists
+    CUdeviceptr address = 0;
+    absl::Status status = CheckDriver(Vmm().address_reserve(&address, bytes, alignment, 0, 0),
+                                      absl::StrCat("cuMemAddressReserve(", bytes, ")"));
+    if (!status.ok()) return status;
+    return static_cast<std::uintptr_t>(address);
+  }
+  absl::Status AddressFree(std::uintptr_t address, std::size_t bytes) override {
+    if (!Vmm().status.ok()) return Vmm().status;
+    return CheckDriver(Vmm().address_free(address, bytes), "cuMemAddressFree");
+  }
+  absl::StatusOr<PhysicalHandle> PhysicalCreate(std::size_t bytes, int device) override {
+    if (!Vmm().status.ok()) return Vmm().status;
+    const CUmemAllocationProp prop = DeviceProp(device);
+    CUmemGenericAllocationHandle handle = 0;
+    absl::Status status = CheckDriver(Vmm().create(&handle, bytes, &prop, 0), absl::StrCat("cuMemCreate(", bytes, ")"));
+    if (!status.ok()) return status;
+    return static_cast<PhysicalHandle>(handle);
+  }
+  absl::Status PhysicalRelease(PhysicalHandle handle) override {
+    if (!Vmm().status.ok()) return Vmm().status;
+    return CheckDriver(Vmm().release(handle), "cuMemRelease");
+  }
+  absl::Status MapPhysical(std::uintptr_t address, std::size_t bytes, PhysicalHandle handle) override {
+    if (!Vmm().status.ok()) return Vmm().status;
+    return CheckDriver(Vmm().map(address, bytes, 0, handle, 0), absl::StrCat("cuMemMap(", bytes, ")"));
+  }
+  absl::Status SetAccess(std::uintptr_t address, std::size_t bytes, int device) override {
+    if (!Vmm().status.ok()) return Vmm().status;
+    CUmemAccessDesc access = {};
+    access.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    access.location.id = device;
+    access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    return CheckDriver(Vmm().set_access(address, bytes, &access, 1), "cuMemSetAccess");
+  }
+  absl::Status UnmapPhysical(std::uintptr_t address, std::size_t bytes) override {
+    if (!Vmm().status.ok()) return Vmm().status;
+    return CheckDriver(Vmm().unmap(address, bytes), "cuMemUnmap");
+  }
 };
 
 }  // namespace

@@ -1,5 +1,6 @@
-// DeviceArena: see device_arena.h for the contract. About 670 lines on purpose: the stream-ordered bookkeeping below
-// (live and pending blocks, events, the single-to-multi-stream barrier) is one state under one lock.
+// DeviceArena: see device_arena.h for the contract. About 730 lines on purpose: the stream-ordered bookkeeping below
+// (live and pending blocks, events, the single-to-multi-stream barrier) is one state under one lock; the stitching
+// provider's own logic lives in cuda_stitch_provider.cc, only its choice and statistics are here.
 //
 // State under one mutex: live blocks (address -> size, requested size, stream, recorded streams), pending blocks
 // (freed, waiting for their events), the streams seen, the single-to-multi-stream barrier event, a pool of
@@ -18,6 +19,7 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "allocator/cuda/cuda_provider.h"
+#include "allocator/cuda/cuda_stitch_provider.h"
 
 namespace remat::cuda {
 
@@ -86,6 +88,10 @@ struct DeviceArena::State {
   std::atomic<PressureHandler*> handler{nullptr};
   DeviceArenaStats stats;                            // counters only; the rest is filled in by Stats()
   std::uint64_t retired_pressure = 0;                // pressure_allocations of arenas already released
+  CudaStitchProvider* stitch_provider = nullptr;     // the arena's provider when it stitches (owned by the arena)
+  std::size_t granule = 0;                           // the stitch granule, once chosen
+  std::string stitch_fallback;                       // why a stitch arena asked for is contiguous
+  StitchCounters retired_stitch;                     // the counters of the last stitch provider released
 
   ~State() {
     std::lock_guard<std::mutex> lock(mu);
@@ -123,9 +129,21 @@ struct DeviceArena::State {
     arena_options.capacity = *budget;
     arena_options.alignment = options.alignment;
     arena_options.grow = false;
-    absl::StatusOr<std::unique_ptr<Arena>> created =
-        Arena::Create(MakeCudaDeviceProvider(runtime, options.device), arena_options);
+    std::unique_ptr<MemoryProvider> provider;
+    absl::StatusOr<std::unique_ptr<CudaStitchProvider>> stitching = MakeStitchProviderLocked(*budget);
+    if (!stitching.ok()) return stitching.status();
+    stitch_provider = stitching->get();
+    if (stitch_provider != nullptr) {
+      arena_options.granule = granule;
+      arena_options.physical_limit = *budget / granule * granule;
+      arena_options.capacity = 8 * arena_options.physical_limit;  // address space to spare costs nothing
+      provider = std::move(*stitching);
+    } else {
+      provider = MakeCudaDeviceProvider(runtime, options.device);
+    }
+    absl::StatusOr<std::unique_ptr<Arena>> created = Arena::Create(std::move(provider), arena_options);
     if (!created.ok()) {
+      stitch_provider = nullptr;
       return absl::Status(created.status().code(),
                           absl::StrCat("remat: cannot reserve the CUDA budget of ", *budget, " bytes on device ",
                                        options.device, ": ", created.status().message()));
@@ -139,20 +157,50 @@ struct DeviceArena::State {
       segment_size += block.size;
     });
     stats.segment.Increase(1);
-    stats.reserved_bytes.Increase(static_cast<std::int64_t>(segment_size));
+    stats.reserved_bytes.Increase(static_cast<std::int64_t>(ReservedBytesLocked()));
     ++stats.device_mallocs;
     return absl::OkStatus();
+  }
+
+  // For a stitch arena on a device that supports it, the provider; nullptr for a contiguous arena (asked for, or the
+  // fallback, with the reason in stitch_fallback). An error for a granule or budget that cannot stitch.
+  absl::StatusOr<std::unique_ptr<CudaStitchProvider>> MakeStitchProviderLocked(std::size_t budget) {
+    if (options.kind != DeviceArenaKind::kStitch) return std::unique_ptr<CudaStitchProvider>();
+    absl::StatusOr<VirtualMemorySupport> support = runtime->VirtualMemory(options.device);
+    if (!support.ok()) return support.status();
+    if (!support->supported) {
+      stitch_fallback = absl::StrCat("CUDA device ", options.device,
+                                     " does not support virtual memory management: the arena is contiguous");
+      return std::unique_ptr<CudaStitchProvider>();
+    }
+    granule = options.granule != 0 ? options.granule : std::max(support->granularity, kDefaultStitchGranule);
+    absl::StatusOr<std::unique_ptr<CudaStitchProvider>> made =
+        MakeCudaStitchProvider(runtime, options.device, budget, granule);
+    if (!made.ok()) {
+      return absl::Status(made.status().code(), absl::StrCat("remat: cannot stitch the CUDA budget of ", budget,
+                                                             " bytes on device ", options.device, ": ",
+                                                             made.status().message()));
+    }
+    return made;
+  }
+
+  // What torch reports as reserved: the segment, or the most a stitch arena may map (its physical budget).
+  std::size_t ReservedBytesLocked() const {
+    return stitch_provider != nullptr ? arena->Stats().physical_limit : segment_size;
   }
 
   void ReleaseArenaLocked() {
     if (arena == nullptr) return;
     retired_pressure += arena->Stats().pressure_allocations;
+    const std::size_t reserved = ReservedBytesLocked();
+    if (stitch_provider != nullptr) retired_stitch = stitch_provider->counters();
+    stitch_provider = nullptr;
     {
       ScopedDevice device(runtime, options.device);
       arena.reset();
     }
     stats.segment.Decrease(1);
-    stats.reserved_bytes.Decrease(static_cast<std::int64_t>(segment_size));
+    stats.reserved_bytes.Decrease(static_cast<std::int64_t>(reserved));
     ++stats.device_frees;
     segment_base = 0;
     segment_size = 0;
@@ -346,11 +394,22 @@ struct DeviceArena::State {
                                 options.alignment;
     ArenaStats arena_stats;
     if (arena != nullptr) arena_stats = arena->Stats();
+    std::string where;
+    if (stitch_provider != nullptr) {
+      // The budget counts physical granules: say how many are mapped and how many are free.
+      const std::size_t free_physical = arena_stats.physical_limit - arena_stats.physical_bytes;
+      where = absl::StrCat("; budget ", arena_stats.physical_limit, " bytes of physical memory in ", granule,
+                           "-byte granules, mapped ", arena_stats.physical_bytes, " (", free_physical / granule,
+                           " granule(s) free), allocated ", stats.allocated_bytes.current, ", pending frees ",
+                           pending_bytes);
+    } else {
+      where = absl::StrCat("; budget ", resolved_budget, " bytes, allocated ", stats.allocated_bytes.current,
+                           ", pending frees ", pending_bytes, ", free ", arena_stats.free_bytes,
+                           ", largest free block ", arena_stats.largest_free_block);
+    }
     return absl::StrCat("remat: CUDA memory budget exhausted on device ", options.device, ": tried to allocate ",
                         bytes, " bytes (", aligned, " aligned) on stream ",
-                        absl::Hex(reinterpret_cast<std::uintptr_t>(stream)), "; budget ", resolved_budget,
-                        " bytes, allocated ", stats.allocated_bytes.current, ", pending frees ", pending_bytes,
-                        ", free ", arena_stats.free_bytes, ", largest free block ", arena_stats.largest_free_block,
+                        absl::Hex(reinterpret_cast<std::uintptr_t>(stream)), where,
                         ". Raise the budget (REMAT_BUDGET) or let remat evict. (", status.message(), ")");
   }
 };
@@ -634,7 +693,13 @@ DeviceArenaStats DeviceArena::Stats() const {
     out.free_bytes = a.free_bytes;
     out.largest_free_block = a.largest_free_block;
     out.pressure_allocations += static_cast<std::int64_t>(a.pressure_allocations);
+    out.physical_bytes = a.physical_bytes;
+    out.peak_physical_bytes = a.peak_physical_bytes;
   }
+  out.stitched = s.stitch_provider != nullptr;
+  out.granule = out.stitched ? s.granule : 0;
+  out.stitch = out.stitched ? s.stitch_provider->counters() : s.retired_stitch;
+  out.stitch_fallback = s.stitch_fallback;
   return out;
 }
 

@@ -2,8 +2,8 @@
 // and "PyTorch integration": CUDA). Knows blocks and streams, not tensors or torch.
 //
 // Memory. One Arena over the cuda provider, created at the first allocation with a single cudaMalloc'd segment of
-// exactly the budget (bytes, or a fraction of the device's total memory resolved then). The budget is a hard
-// limit: the arena never grows. EmptyCache gives the segment back to CUDA when no block is allocated (the Arena
+// exactly the budget (bytes, or a fraction of the device's total memory resolved then), or a stitching arena (see
+// DeviceArenaKind) whose budget counts mapped physical granules. The budget is a hard limit: the arena never grows. EmptyCache gives the segment back to CUDA when no block is allocated (the Arena
 // object, and any Arena* taken from arena(), dies with it); the next allocation reserves it again.
 //
 // Streams (what PyTorch users expect of the caching allocator). Each block belongs to the stream it was allocated
@@ -28,21 +28,34 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "allocator/arena.h"
 #include "allocator/cuda/cuda_runtime.h"
+#include "allocator/cuda/cuda_stitch_provider.h"
 
 namespace remat::cuda {
+
+// Contiguous: one cudaMalloc'd segment of the budget. Stitch (issue 18): address space of 8 times the budget, backed
+// granule by granule with physical memory (cuda_stitch_provider.h); the budget counts mapped granules, so a request
+// needs enough free granules, not a hole. Used when the device supports virtual memory management; otherwise the
+// arena is contiguous and DeviceArenaStats::stitch_fallback says why. Blocks of a stitched arena do not Move.
+enum class DeviceArenaKind { kContiguous, kStitch };
 
 struct DeviceArenaOptions {
   int device = 0;
   std::size_t budget = 0;        // bytes; when 0, `budget_fraction` of the device's total memory
   double budget_fraction = 0;    // in (0, 1]
   std::size_t alignment = 512;   // every block's address and size (CUDA's caching allocator uses 512 too)
+  DeviceArenaKind kind = DeviceArenaKind::kContiguous;
+  // Stitch only: bytes per granule, a power of two and a multiple of the device's granularity; 0 takes the device's
+  // recommended granularity, at least kDefaultStitchGranule.
+  std::size_t granule = 0;
 };
+inline constexpr std::size_t kDefaultStitchGranule = std::size_t{2} << 20;
 
 // A statistic as PyTorch keeps it (c10::CachingAllocator::Stat): current value, peak since reset, and the
 // running sums of increases and decreases.
@@ -75,6 +88,14 @@ struct DeviceArenaStats {
   std::int64_t device_frees = 0;
   std::int64_t move_bounces = 0;          // slides whose bytes went through pinned host memory (Move)
   bool multi_stream = false;
+  // Stitching: whether the arena stitches, its granule, the bytes of granules mapped now and at the peak (what the
+  // budget counts), the provider's counters; `stitch_fallback` says why a stitch arena asked for is contiguous.
+  bool stitched = false;
+  std::size_t granule = 0;
+  std::size_t physical_bytes = 0;
+  std::size_t peak_physical_bytes = 0;
+  StitchCounters stitch;
+  std::string stitch_fallback;
 };
 
 class DeviceArena {

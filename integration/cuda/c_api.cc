@@ -38,6 +38,37 @@ int Report(const absl::Status& status, char* error, std::size_t error_size) {
   return static_cast<int>(status.code());
 }
 
+// "contiguous", "stitch" or "stitch:SIZE" (a power of two; the device checks it is a multiple of its granularity),
+// from `arena`, else REMAT_ARENA, else contiguous.
+absl::Status ArenaFrom(const char* arena, CudaAllocatorOptions* options) {
+  std::string source = "arena";
+  const char* text = arena;
+  if (text == nullptr || text[0] == '\0') {
+    text = std::getenv("REMAT_ARENA");
+    source = "REMAT_ARENA";
+  }
+  if (text == nullptr || text[0] == '\0') return absl::OkStatus();
+  const std::string value(text);
+  const std::size_t colon = value.find(':');
+  const std::string kind = value.substr(0, colon);
+  const auto unknown = [&] {
+    return absl::InvalidArgumentError(absl::StrCat("remat: unknown ", source, " '", value,
+                                                   "'; expected contiguous, stitch or stitch:SIZE (such as 2MiB)"));
+  };
+  if (kind == "contiguous" && colon == std::string::npos) return absl::OkStatus();
+  if (kind != "stitch") return unknown();
+  options->arena = cuda::DeviceArenaKind::kStitch;
+  if (colon == std::string::npos) return absl::OkStatus();
+  absl::StatusOr<std::uint64_t> granule = ParseByteSize(value.substr(colon + 1));
+  if (!granule.ok() || *granule < 4096 || (*granule & (*granule - 1)) != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("remat: ", source, " '", value,
+                                                   "': the granule must be a power of two of at least 4 KiB (a "
+                                                   "multiple of the device's granularity, 2 MiB on most GPUs)"));
+  }
+  options->stitch_granule = static_cast<std::size_t>(*granule);
+  return absl::OkStatus();
+}
+
 absl::StatusOr<CudaAllocatorOptions> OptionsFrom(const char* budget, const char* host_budget) {
   absl::StatusOr<Settings> env = SettingsFromEnvironment();
   if (!env.ok()) return env.status();
@@ -71,6 +102,9 @@ RematCudaAllocator* Pluggable() {
   std::lock_guard<std::mutex> lock(mu);
   if (own == nullptr) {
     absl::StatusOr<CudaAllocatorOptions> options = OptionsFrom(nullptr, nullptr);
+    if (options.ok()) {
+      if (absl::Status chosen = ArenaFrom(nullptr, &*options); !chosen.ok()) options = chosen;
+    }
     TORCH_CHECK(options.ok(), std::string(options.status().message()));
     own = new RematCudaAllocator(cuda::RealCudaRuntime(), *options, TorchCudaStreams());
   }
@@ -82,10 +116,14 @@ RematCudaAllocator* Pluggable() {
 
 extern "C" {
 
-int remat_install_cuda_allocator(const char* budget, const char* host_budget, char* error, std::size_t error_size) {
+int remat_install_cuda_allocator(const char* budget, const char* host_budget, const char* arena, char* error,
+                                 std::size_t error_size) {
   using namespace remat::integration;
   try {
     absl::StatusOr<CudaAllocatorOptions> options = OptionsFrom(budget, host_budget);
+    if (options.ok()) {
+      if (absl::Status chosen = ArenaFrom(arena, &*options); !chosen.ok()) options = chosen;
+    }
     absl::Status status = options.ok() ? InstallRematCudaAllocator(*options) : options.status();
     return Report(status, error, error_size);
   } catch (const c10::Error& e) {

@@ -3,9 +3,12 @@
 // 1. remat_install_cuda_allocator: makes remat PyTorch's CUDA allocator (the full c10 interface: stats,
 //    empty_cache, record_stream, ...). Call it through ctypes after `import torch` and before CUDA initializes:
 //        lib = ctypes.CDLL(path); err = ctypes.create_string_buffer(1024)
-//        lib.remat_install_cuda_allocator(b"6GiB", None, err, 1024)  # 0 on success, else err holds the message
+//        lib.remat_install_cuda_allocator(b"6GiB", None, None, err, 1024)  # 0 on success, else err holds the message
 //    `budget` is bytes with a unit or a fraction of device memory ("0.5"); NULL or "" reads REMAT_BUDGET.
 //    `host_budget` (pinned host memory for paging) NULL or "" reads REMAT_HOST_BUDGET (unset: no paging).
+//    `arena` "contiguous" (one cudaMalloc'd segment per device), "stitch" or "stitch:SIZE" (physical granules mapped
+//    into contiguous address ranges where the device supports virtual memory management; issue 18); NULL or ""
+//    reads REMAT_ARENA, else contiguous. Malformed: 3. (The pluggable path below reads REMAT_ARENA too.)
 //    A failure returns the absl::StatusCode number, never 0: 3 for a malformed or missing budget, 6 when one is
 //    already installed, 9 when CUDA was already initialized or there is no CUDA device, 13 for other errors.
 //    Nothing is installed on failure. remat.install_cuda_allocator() (integration/python/remat/cuda.py) wraps it.
@@ -58,7 +61,8 @@
 
 extern "C" {
 
-int remat_install_cuda_allocator(const char* budget, const char* host_budget, char* error, std::size_t error_size);
+int remat_install_cuda_allocator(const char* budget, const char* host_budget, const char* arena, char* error,
+                                 std::size_t error_size);
 const char* remat_cuda_torch_version();
 int remat_cuda_set_pressure_handler(int device, void* handler, char* error, std::size_t error_size);
 int remat_cuda_enable_engine(int device, const char* policy, const char* costs, const char* offload,

@@ -114,6 +114,8 @@ cuda::DeviceArena& RematCudaAllocator::Device(c10::DeviceIndex device) {
   arena_options.device = device;
   arena_options.budget = options_.budget;
   arena_options.budget_fraction = options_.budget_fraction;
+  arena_options.kind = options_.arena;
+  arena_options.granule = options_.stitch_granule;
   absl::StatusOr<std::unique_ptr<cuda::DeviceArena>> arena = cuda::DeviceArena::Create(runtime_, arena_options);
   TORCH_CHECK(arena.ok(), std::string(arena.status().message()));
   owned_devices_.push_back(std::move(*arena));

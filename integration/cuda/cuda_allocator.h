@@ -60,6 +60,10 @@ struct CudaAllocatorOptions {
   std::size_t budget = 0;          // bytes per device; when 0, `budget_fraction` of each device's memory
   double budget_fraction = 0;      // in (0, 1]
   std::size_t host_budget = 0;     // pinned host bytes for paging (per device); 0: paging unavailable
+  // Each device's arena: contiguous, or stitching granules where the device supports virtual memory management
+  // (cuda::DeviceArenaKind; issue 18). `stitch_granule` 0 takes the device's granularity, at least 2 MiB.
+  cuda::DeviceArenaKind arena = cuda::DeviceArenaKind::kContiguous;
+  std::size_t stitch_granule = 0;
 };
 
 // How the allocator learns about torch's streams. Both touch the CUDA driver in production, so they are injected:

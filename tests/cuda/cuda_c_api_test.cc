@@ -79,23 +79,32 @@ TEST_F(CudaCApi, MallocBeyondTheBudgetThrowsOutOfMemoryError) {
 
 TEST_F(CudaCApi, InstallReportsErrorsAsTextAndStatusCodes) {
   char error[512] = {};
-  EXPECT_EQ(remat_install_cuda_allocator("lots", nullptr, error, sizeof(error)), 3);  // InvalidArgument
+  EXPECT_EQ(remat_install_cuda_allocator("lots", nullptr, nullptr, error, sizeof(error)), 3);  // InvalidArgument
   EXPECT_THAT(error, HasSubstr("malformed byte size \"lots\""));
-  EXPECT_EQ(remat_install_cuda_allocator("1GiB", "many", error, sizeof(error)), 3);
+  EXPECT_EQ(remat_install_cuda_allocator("1GiB", "many", nullptr, error, sizeof(error)), 3);
   EXPECT_THAT(error, HasSubstr("\"many\""));
   // One is installed already (this fixture's): a second install says so.
-  EXPECT_EQ(remat_install_cuda_allocator("1GiB", nullptr, error, sizeof(error)), 6);  // AlreadyExists
+  EXPECT_EQ(remat_install_cuda_allocator("1GiB", nullptr, nullptr, error, sizeof(error)), 6);  // AlreadyExists
   EXPECT_THAT(error, HasSubstr("already installed"));
   ::unsetenv("REMAT_BUDGET");
-  EXPECT_EQ(remat_install_cuda_allocator(nullptr, nullptr, error, sizeof(error)), 3);
+  EXPECT_EQ(remat_install_cuda_allocator(nullptr, nullptr, nullptr, error, sizeof(error)), 3);
   EXPECT_THAT(error, HasSubstr("set REMAT_BUDGET"));
   ::setenv("REMAT_BUDGET", "6 bananas", 1);
-  EXPECT_EQ(remat_install_cuda_allocator(nullptr, nullptr, error, sizeof(error)), 3);
+  EXPECT_EQ(remat_install_cuda_allocator(nullptr, nullptr, nullptr, error, sizeof(error)), 3);
   EXPECT_THAT(error, HasSubstr("REMAT_BUDGET=\"6 bananas\" is not valid"));
   ::unsetenv("REMAT_BUDGET");
+  // The arena: an unknown kind or a granule that is no power of two is named, from the argument or REMAT_ARENA.
+  EXPECT_EQ(remat_install_cuda_allocator("1GiB", nullptr, "stiched", error, sizeof(error)), 3);
+  EXPECT_THAT(error, HasSubstr("unknown arena 'stiched'; expected contiguous, stitch or stitch:SIZE"));
+  EXPECT_EQ(remat_install_cuda_allocator("1GiB", nullptr, "stitch:3MiB", error, sizeof(error)), 3);
+  EXPECT_THAT(error, HasSubstr("arena 'stitch:3MiB': the granule must be a power of two"));
+  ::setenv("REMAT_ARENA", "paged", 1);
+  EXPECT_EQ(remat_install_cuda_allocator("1GiB", nullptr, nullptr, error, sizeof(error)), 3);
+  EXPECT_THAT(error, HasSubstr("unknown REMAT_ARENA 'paged'"));
+  ::unsetenv("REMAT_ARENA");
   // A truncated message is still terminated.
   char tiny[8];
-  EXPECT_NE(remat_install_cuda_allocator("lots", nullptr, tiny, sizeof(tiny)), 0);
+  EXPECT_NE(remat_install_cuda_allocator("lots", nullptr, nullptr, tiny, sizeof(tiny)), 0);
   EXPECT_EQ(std::string(tiny).size(), 7u);
   EXPECT_STREQ(remat_cuda_torch_version(), "2.14");
 }

@@ -38,10 +38,12 @@ struct Fixture {
     return wrapped;
   }
   std::unique_ptr<RematCudaAllocator> allocator;
-  explicit Fixture(std::size_t budget = kBudget, std::size_t host_budget = 8 << 20) {
+  explicit Fixture(std::size_t budget = kBudget, std::size_t host_budget = 8 << 20,
+                   cuda::DeviceArenaKind arena = cuda::DeviceArenaKind::kContiguous) {
     CudaAllocatorOptions options;
     options.budget = budget;
     options.host_budget = host_budget;
+    options.arena = arena;
     CudaStreams streams;
     streams.current = [this](c10::DeviceIndex) { return current; };
     // CUDAStream::stream() would initialize the driver: the test maps c10 stream ids to the double's handles.
@@ -171,6 +173,27 @@ TEST(CudaTorchAllocator, OutOfBudgetRaisesOutOfMemoryErrorNamingTheRequest) {
   }
   EXPECT_EQ(observed, 1);
   EXPECT_EQ(f.allocator->getDeviceStats(0).num_ooms, 1);
+}
+
+// A stitching arena through torch's interface (issue 18): memory_reserved is the budget (what may be mapped), a
+// request larger than any hole fits once enough granules are free, and out of memory names physical bytes.
+TEST(CudaTorchAllocator, AStitchingArenaServesAcrossHolesAndReportsPhysicalBytes) {
+  constexpr std::size_t kMiB = std::size_t{1} << 20;
+  Fixture f(8 * kMiB, 0, cuda::DeviceArenaKind::kStitch);
+  std::vector<c10::DataPtr> blocks;
+  for (int i = 0; i < 4; ++i) blocks.push_back(f.allocator->allocate(2 * kMiB));
+  blocks[0].clear();
+  blocks[2].clear();
+  c10::DataPtr big = f.allocator->allocate(4 * kMiB);  // no 4 MiB hole: two free granules of 2 MiB
+  ASSERT_NE(big.get(), nullptr);
+  const auto stats = f.allocator->getDeviceStats(0);
+  EXPECT_EQ(stats.reserved_bytes[0].current, static_cast<std::int64_t>(8 * kMiB));
+  EXPECT_EQ(stats.allocated_bytes[0].current, static_cast<std::int64_t>(8 * kMiB));
+  EXPECT_TRUE(f.allocator->Device(0).Stats().stitched);
+  EXPECT_EQ(f.rt.device_bytes_in_use(0), 8 * kMiB);
+  const std::string error = ErrorOf([&] { (void)f.allocator->allocate(kMiB); });
+  EXPECT_THAT(error, HasSubstr("tried to allocate 1048576 bytes"));
+  EXPECT_THAT(error, HasSubstr("budget 8388608 bytes of physical memory in 2097152-byte granules, mapped 8388608"));
 }
 
 // What the engine does under pressure, simulated: evicting a storage drops its DataPtr, which frees the block.

@@ -24,6 +24,7 @@ struct FakeCudaRuntime::Event {
 struct FakeCudaRuntime::Work {
   enum class Kind { kRun, kRecord, kWait } kind = Kind::kRun;
   std::function<void()> run;
+  std::vector<std::pair<std::uintptr_t, std::size_t>> touches;  // memory a copy or declared kernel uses
   Event* event = nullptr;
   std::uint64_t generation = 0;
 };
@@ -41,6 +42,7 @@ FakeCudaRuntime::FakeCudaRuntime(FakeCudaOptions options) : options_(options) {
 
 FakeCudaRuntime::~FakeCudaRuntime() {
   for (const auto& [address, allocation] : allocations_) std::free(reinterpret_cast<void*>(address));
+  ReleaseVirtualMemory();
 }
 
 FakeCudaRuntime::Stream* FakeCudaRuntime::StreamOf(cudaStream_t stream) const {
@@ -140,6 +142,7 @@ absl::Status FakeCudaRuntime::HostFreePinned(void* pointer) {
 
 bool FakeCudaRuntime::InAllocation(const void* pointer, std::size_t bytes, bool device) const {
   const auto address = reinterpret_cast<std::uintptr_t>(pointer);
+  if (device && InMappedRange(address, bytes)) return true;
   auto it = allocations_.upper_bound(address);
   if (it == allocations_.begin()) return false;
   --it;
@@ -174,7 +177,15 @@ absl::Status FakeCudaRuntime::MemcpyAsync(void* dst, const void* src, std::size_
   }
   ++counters_.copies;
   Work work;
-  work.run = [dst, src, bytes] { std::memmove(dst, src, bytes); };
+  // Checked again when it runs: the memory may have gone since (an unmap, a free) on a real device too.
+  work.run = [this, dst, src, bytes, dst_device, src_device] {
+    if (!InAllocation(dst, bytes, dst_device) || !InAllocation(src, bytes, src_device)) {
+      ++counters_.faults;
+      return;
+    }
+    std::memmove(dst, src, bytes);
+  };
+  work.touches = {{reinterpret_cast<std::uintptr_t>(dst), bytes}, {reinterpret_cast<std::uintptr_t>(src), bytes}};
   Enqueue(s, std::move(work));
   return absl::OkStatus();
 }
@@ -323,6 +334,29 @@ absl::Status FakeCudaRuntime::EventDestroy(cudaEvent_t event) {
   return absl::OkStatus();
 }
 
+absl::Status FakeCudaRuntime::DeviceSynchronize() {
+  std::lock_guard<std::recursive_mutex> lock(mu_);
+  ++counters_.device_synchronizations;
+  return SyncUntil([this] {
+    for (const auto& s : streams_) {
+      if (!s->queue.empty()) return false;
+    }
+    return true;
+  });
+}
+
+// Used by UnmapPhysical (fake_cuda_vmm.cc): streams' queues live here.
+bool FakeCudaRuntime::QueuedWorkTouches(std::uintptr_t address, std::size_t bytes) const {
+  for (const auto& s : streams_) {
+    for (const Work& work : s->queue) {
+      for (const auto& [at, size] : work.touches) {
+        if (at < address + bytes && address < at + size) return true;
+      }
+    }
+  }
+  return false;
+}
+
 void FakeCudaRuntime::HoldStream(cudaStream_t stream) {
   std::lock_guard<std::recursive_mutex> lock(mu_);
   if (Stream* s = StreamOf(stream)) s->held = true;
@@ -337,11 +371,17 @@ void FakeCudaRuntime::ReleaseStream(cudaStream_t stream) {
 }
 
 void FakeCudaRuntime::Launch(cudaStream_t stream, std::function<void()> kernel) {
+  Launch(stream, 0, 0, std::move(kernel));
+}
+
+void FakeCudaRuntime::Launch(cudaStream_t stream, std::uintptr_t address, std::size_t bytes,
+                             std::function<void()> kernel) {
   std::lock_guard<std::recursive_mutex> lock(mu_);
   Stream* s = StreamOf(stream);
   if (s == nullptr) std::abort();  // a test bug
   Work work;
   work.run = std::move(kernel);
+  if (bytes > 0) work.touches = {{address, bytes}};
   Enqueue(s, std::move(work));
 }
 

@@ -11,7 +11,14 @@
 //     default stream (nullptr) is a stream like any other.
 //   - Events complete when their stream reaches the record. Synchronize (stream or event) models the host waiting
 //     for the GPU: it runs the held queues it depends on to the point waited for, and counts as a synchronization.
-//   - Launch(stream, fn) enqueues a host function as a kernel, so tests can model uses of memory in stream order.
+//   - Launch(stream, fn) enqueues a host function as a kernel, so tests can model uses of memory in stream order;
+//     with a range, the kernel is declared to touch it (an unmap checks queued work against it).
+//   - Virtual memory (fake_cuda_vmm.cc): reservations are PROT_NONE host address space; a physical handle is a
+//     memfd of its size, counted against its device's bytes; MapPhysical maps it there without access, SetAccess
+//     opens it read-write. Each call checks CUDA's rules (granularity-aligned, inside a reservation, no double
+//     mapping, unmapping whole mappings, releasing only unmapped handles, freeing only empty reservations) and is
+//     logged in order (vmm_log). An unmap while queued work (a copy or a declared kernel) still touches the range is
+//     an error, as is running a copy on memory that is no longer mapped with access (counted as a fault).
 // Thread-safe (one recursive mutex); kernels run under it and may call back into the runtime.
 #pragma once
 
@@ -32,6 +39,17 @@ namespace remat::cuda {
 struct FakeCudaOptions {
   int device_count = 1;
   std::size_t device_bytes = std::size_t{1} << 30;
+  bool virtual_memory = true;                        // CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED
+  std::size_t vmm_granularity = std::size_t{2} << 20;  // recommended and minimum granularity
+};
+
+// One virtual memory call, as the double saw it.
+struct VmmCall {
+  enum class Kind { kReserve, kFreeAddress, kCreate, kRelease, kMap, kSetAccess, kUnmap } kind;
+  std::uintptr_t address = 0;  // reserve/free/map/access/unmap
+  std::size_t bytes = 0;
+  PhysicalHandle handle = 0;   // create/release/map
+  int device = -1;             // create/access
 };
 
 struct FakeCudaCounters {
@@ -44,6 +62,8 @@ struct FakeCudaCounters {
   std::uint64_t events_created = 0;
   std::uint64_t events_destroyed = 0;
   std::uint64_t stream_waits = 0;
+  std::uint64_t device_synchronizations = 0;  // DeviceSynchronize calls (also counted in synchronizations)
+  std::uint64_t faults = 0;                   // copies that ran on memory no longer mapped with access (skipped)
 };
 
 class FakeCudaRuntime final : public CudaRuntime {
@@ -72,11 +92,21 @@ class FakeCudaRuntime final : public CudaRuntime {
   absl::StatusOr<bool> EventQuery(cudaEvent_t event) override;
   absl::Status EventSynchronize(cudaEvent_t event) override;
   absl::Status EventDestroy(cudaEvent_t event) override;
+  absl::Status DeviceSynchronize() override;
+  absl::StatusOr<VirtualMemorySupport> VirtualMemory(int device) override;
+  absl::StatusOr<std::uintptr_t> AddressReserve(std::size_t bytes, std::size_t alignment) override;
+  absl::Status AddressFree(std::uintptr_t address, std::size_t bytes) override;
+  absl::StatusOr<PhysicalHandle> PhysicalCreate(std::size_t bytes, int device) override;
+  absl::Status PhysicalRelease(PhysicalHandle handle) override;
+  absl::Status MapPhysical(std::uintptr_t address, std::size_t bytes, PhysicalHandle handle) override;
+  absl::Status SetAccess(std::uintptr_t address, std::size_t bytes, int device) override;
+  absl::Status UnmapPhysical(std::uintptr_t address, std::size_t bytes) override;
 
   // Test controls.
   void HoldStream(cudaStream_t stream);     // queue work instead of running it
   void ReleaseStream(cudaStream_t stream);  // run what is queued (as far as waits allow), then run on enqueue
   void Launch(cudaStream_t stream, std::function<void()> kernel);
+  void Launch(cudaStream_t stream, std::uintptr_t address, std::size_t bytes, std::function<void()> kernel);
   std::size_t PendingWork(cudaStream_t stream) const;
   void FailNextDeviceMalloc(std::string message = "injected cudaErrorMemoryAllocation");
   // The next MemcpyAsync fails without copying anything (a sticky CUDA error in a real run).
@@ -86,6 +116,12 @@ class FakeCudaRuntime final : public CudaRuntime {
   std::size_t live_host_allocations() const;
   std::size_t live_events() const;
   std::size_t device_bytes_in_use(int device) const;
+  std::vector<VmmCall> vmm_log() const;
+  std::size_t live_handles() const;       // physical handles not released
+  std::size_t live_mappings() const;      // mapped ranges
+  std::size_t live_reservations() const;  // reserved address ranges
+  // Whether every byte of [address, address + bytes) is mapped with read-write access for `device`.
+  bool Accessible(std::uintptr_t address, std::size_t bytes, int device) const;
 
  private:
   struct Event;
@@ -95,6 +131,17 @@ class FakeCudaRuntime final : public CudaRuntime {
     std::size_t bytes = 0;
     int device = -1;  // -1: pinned host
   };
+  struct Handle {
+    std::size_t bytes = 0;
+    int device = 0;
+    int fd = -1;
+    int maps = 0;
+  };
+  struct Mapping {
+    std::size_t bytes = 0;
+    PhysicalHandle handle = 0;
+    int access_device = -1;  // -1: mapped, no access yet
+  };
 
   Stream* StreamOf(cudaStream_t stream) const;  // nullptr for an unknown handle
   Event* EventOf(cudaEvent_t event) const;
@@ -103,6 +150,10 @@ class FakeCudaRuntime final : public CudaRuntime {
   void Pump();                    // runs every released stream until nothing more can run
   absl::Status SyncUntil(const std::function<bool()>& done);
   bool InAllocation(const void* pointer, std::size_t bytes, bool device) const;
+  // Virtual memory (fake_cuda_vmm.cc): whether [address, address + bytes) is mapped with access for some device.
+  bool InMappedRange(std::uintptr_t address, std::size_t bytes) const;
+  bool QueuedWorkTouches(std::uintptr_t address, std::size_t bytes) const;
+  void ReleaseVirtualMemory();  // at destruction
 
   FakeCudaOptions options_;
   mutable std::recursive_mutex mu_;
@@ -113,6 +164,11 @@ class FakeCudaRuntime final : public CudaRuntime {
   FakeCudaCounters counters_;
   std::string fail_next_malloc_;
   std::string fail_next_copy_;
+  std::map<std::uintptr_t, std::size_t> reservations_;  // base -> bytes
+  std::map<PhysicalHandle, Handle> handles_;
+  std::map<std::uintptr_t, Mapping> mappings_;          // address -> mapping
+  PhysicalHandle next_handle_ = 1;
+  std::vector<VmmCall> vmm_log_;
   static thread_local int current_device_;
 };
 

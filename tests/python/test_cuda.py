@@ -108,6 +108,14 @@ def test_malformed_budgets_and_policies_are_value_errors(monkeypatch):
         remat.install_cuda_allocator(budget="1GiB", host_budget="many")
     with pytest.raises(ValueError, match="unknown policy 'nope'; registered policies: .*dtr-eq"):
         remat.install_cuda_allocator(budget="1GiB", policy="nope")
+    with pytest.raises(ValueError, match="unknown arena 'stiched'; expected contiguous, stitch or stitch:SIZE"):
+        remat.install_cuda_allocator(budget="1GiB", arena="stiched")
+    with pytest.raises(ValueError, match="arena 'stitch:3MiB': the granule must be a power of two"):
+        remat.install_cuda_allocator(budget="1GiB", arena="stitch:3MiB")
+    monkeypatch.setenv("REMAT_ARENA", "paged")
+    with pytest.raises(ValueError, match="unknown REMAT_ARENA 'paged'"):
+        remat.install_cuda_allocator(budget="1GiB")
+    monkeypatch.delenv("REMAT_ARENA")
     with pytest.raises(ValueError, match="set REMAT_BUDGET"):
         remat.install_cuda_allocator()
     monkeypatch.setenv("REMAT_BUDGET", "6 bananas")

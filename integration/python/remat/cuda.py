@@ -68,6 +68,7 @@ class CudaAllocator:
     policy: str                  # the engine's eviction policy
     engine: bool                 # the engine evicts on device 0 (install_cuda_allocator(engine=True))
     library: Path
+    arena: str = "contiguous"    # as asked ("contiguous", "stitch", "stitch:SIZE"), or as read from REMAT_ARENA
 
 
 _lock = threading.Lock()
@@ -121,7 +122,7 @@ def _load_library() -> ctypes.CDLL:
             "library is tied to the torch minor version it was compiled against: rebuild remat with this torch."
         )
     lib.remat_install_cuda_allocator.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p,
-                                                 ctypes.c_size_t]
+                                                 ctypes.c_char_p, ctypes.c_size_t]
     lib.remat_install_cuda_allocator.restype = ctypes.c_int
     lib.remat_cuda_enable_engine.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p,
                                              ctypes.c_char_p, ctypes.c_char_p, ctypes.c_size_t]
@@ -152,7 +153,8 @@ def _size_text(value: Union[int, float, str, None], name: str, fraction_ok: bool
 
 def install_cuda_allocator(budget: Union[int, float, str, None] = None, policy: Optional[str] = None,
                            host_budget: Union[int, str, None] = None, costs: str = "measured",
-                           offload: Optional[str] = None, engine: bool = True) -> CudaAllocator:
+                           offload: Optional[str] = None, engine: bool = True,
+                           arena: Optional[str] = None) -> CudaAllocator:
     """Makes remat PyTorch's CUDA allocator: one arena of `budget` per device, a hard limit (see the module's
     docstring). Call it after `import torch` and before anything initializes CUDA (the first CUDA tensor,
     stream or torch.cuda call that initializes CUDA).
@@ -163,7 +165,11 @@ def install_cuda_allocator(budget: Union[int, float, str, None] = None, policy: 
         REMAT_POLICY). costs: "measured" or "estimated", as for remat.enable(). offload: "off", "auto" or "always"
         (None reads REMAT_OFFLOAD, else off): page the engine's victims to host memory, up to host_budget. engine: also switch the engine on
         for this thread on device 0 (evict and rematerialize when the budget is full); False installs the allocator
-        alone (a budget below the peak then raises torch.OutOfMemoryError).
+        alone (a budget below the peak then raises torch.OutOfMemoryError). arena: "contiguous" (one segment of
+        the budget per device), "stitch" or "stitch:SIZE" (physical granules, 2 MiB by default, mapped into
+        contiguous address ranges, so that a request needs free granules rather than a hole; used where the device
+        supports virtual memory management, else contiguous); None reads REMAT_ARENA, else contiguous. Never run
+        on a GPU so far: tested on a test double of the CUDA runtime.
 
     Raises ValueError for a malformed budget, unknown policy or costs, and RuntimeError, with nothing installed, if
     CUDA was already initialized, if remat's CUDA allocator is already installed, if remat is already enabled (on
@@ -193,7 +199,8 @@ def install_cuda_allocator(budget: Union[int, float, str, None] = None, policy: 
         error = ctypes.create_string_buffer(4096)
         status = lib.remat_install_cuda_allocator(
             budget_text.encode() if budget_text is not None else None,
-            host_text.encode() if host_text is not None else None, error, len(error))
+            host_text.encode() if host_text is not None else None,
+            arena.encode() if arena else None, error, len(error))
         if status != 0:
             message = error.value.decode(errors="replace")
             if not message.startswith("remat:"):
@@ -204,7 +211,8 @@ def install_cuda_allocator(budget: Union[int, float, str, None] = None, policy: 
         _installed = CudaAllocator(
             budget=budget_text if budget_text is not None else os.environ.get("REMAT_BUDGET", ""),
             host_budget=host_text if host_text is not None else (os.environ.get("REMAT_HOST_BUDGET") or None),
-            policy=policy_name, engine=engine, library=_library_file)
+            policy=policy_name, engine=engine, library=_library_file,
+            arena=arena or os.environ.get("REMAT_ARENA") or "contiguous")
         if engine:
             status = lib.remat_cuda_enable_engine(0, policy_name.encode(), costs.encode(), offload_mode.encode(),
                                                   host_text.encode() if host_text is not None else None, error,
