@@ -191,6 +191,8 @@ class ScopedTimer {
 // Reading the clock twice costs about as much as a best-fit lookup (some 20 ns per TSC read under KVM), so
 // lookups are timed one in kLookupSample and the sample is scaled; window searches are always timed.
 constexpr std::uint64_t kLookupSample = 16;
+// Stitching: how many of the best-fitting holes a placement compares by the granules it would newly map.
+constexpr int kStitchCandidates = 16;
 
 // The arena whose lock this thread holds while it runs a caller's callback (FindWindow's cost function,
 // ForEachBlock's visitor). A call back into that arena from the callback skips the lock instead of deadlocking;
@@ -322,15 +324,12 @@ struct Arena::State {
         if (candidate->block->address > it->block->address) it = candidate;
       }
     }
-    Node* f = it->block;
     physically_full = false;
-    if (granules) {
-      const std::uintptr_t at = placement == Placement::kLow ? f->address : f->address + f->size - aligned;
-      if (!granules->Fits(at, aligned)) {
-        physically_full = true;
-        return nullptr;
-      }
+    if (granules && !ChooseStitchedHole(aligned, &it, &placement)) {
+      physically_full = true;
+      return nullptr;
     }
+    Node* f = it->block;
     free_index.erase(it);
     Node* b;
     if (f->size == aligned) {
@@ -368,6 +367,40 @@ struct Arena::State {
     ++allocations;
     if (granules && !MapGranules(b)) return nullptr;
     return b;
+  }
+
+  // Stitching: among the best-fitting holes (the first kStitchCandidates in size order from `*it`), the hole and end
+  // that map the fewest new granules, the better fit on a tie: a small block goes into granules already mapped
+  // rather than into a fresh one, and a request fails only when no candidate fits the physical limit. Sets `*it` and
+  // `*placement` (kLow or kHigh) to the choice; false when even the best does not fit.
+  bool ChooseStitchedHole(std::size_t aligned, decltype(free_index)::iterator* it, Placement* placement) const {
+    const std::size_t spanned = granules->MinGranules(aligned);
+    const std::size_t least = spanned > 2 ? spanned - 2 : 0;  // at best both edge granules are shared
+    const bool low_first = *placement == Placement::kLow;
+    std::size_t best_new = std::numeric_limits<std::size_t>::max();
+    auto best = *it;
+    Placement best_end = *placement;
+    int seen = 0;
+    for (auto candidate = *it; candidate != free_index.end() && seen < kStitchCandidates; ++candidate, ++seen) {
+      const Node* hole = candidate->block;
+      for (const bool low : {low_first, !low_first}) {
+        const std::uintptr_t at = low ? hole->address : hole->address + hole->size - aligned;
+        const std::size_t added = granules->NewGranules(at, aligned);
+        if (added < best_new) {
+          best_new = added;
+          best = candidate;
+          best_end = low ? Placement::kLow : Placement::kHigh;
+        }
+        if (hole->size == aligned) break;  // both ends are the same place
+      }
+      if (best_new == least) break;
+    }
+    const Node* hole = best->block;
+    const std::uintptr_t at = best_end == Placement::kLow ? hole->address : hole->address + hole->size - aligned;
+    if (!granules->Fits(at, aligned)) return false;
+    *it = best;
+    *placement = best_end;
+    return true;
   }
 
   // Stitching: backs b's newly used granules with memory. On a provider error, b is freed again (its granules

@@ -7,13 +7,13 @@
 // Stitching (ArenaOptions::granule): the arena's segments are address space only, and the arena asks for physical
 // memory granule by granule: Map backs [address, address + bytes) (whole granules inside a segment) with memory,
 // Unmap gives it back (the contents are lost). A provider that backs its segments fully (host, CUDA) or backs
-// nothing (virtual) accepts both as no-ops; a stitching provider (allocator/stitch_host_provider.cc) maps physical
-// granules from its pool there.
+// nothing (virtual) accepts both as no-ops; a stitching provider (allocator/stitch_host_provider.cc) backs granules
+// with memory there, never more than its pool's worth at once.
 //
 // Five providers exist:
 //   virtual      addresses only, no memory behind them (trace replay); segments come from a private address range
 //   host         aligned host memory (the CPU path)
-//   stitch       address space, backed granule by granule from a memfd pool (the CPU path with a stitching arena)
+//   stitch       address space, backed granule by granule with private memory (the CPU path with a stitching arena)
 //   cuda         cudaMalloc'd device segments (allocator/cuda/, compiled with nvcc)
 //   cuda stitch  reserved device address space, backed by cuMemCreate'd granules (allocator/cuda/cuda_stitch_provider.h)
 #pragma once
@@ -54,8 +54,8 @@ class MemoryProvider {
 
 std::unique_ptr<MemoryProvider> MakeVirtualProvider();
 std::unique_ptr<MemoryProvider> MakeHostProvider();
-// Stitching on the CPU (allocator/stitch_host_provider.cc): address-space segments, and a memfd of
-// `physical_bytes` (rounded down to the granule) whose granules Map/Unmap place into them. `granule`: a power of two
+// Stitching on the CPU (allocator/stitch_host_provider.cc): address-space segments whose granules Map backs with
+// private memory, at most `physical_bytes` (rounded down to the granule) at once. `granule`: a power of two
 // and a multiple of the page size. InvalidArgument for a bad granule or pool size; the system's error otherwise.
 absl::StatusOr<std::unique_ptr<MemoryProvider>> MakeStitchHostProvider(std::size_t physical_bytes,
                                                                        std::size_t granule);

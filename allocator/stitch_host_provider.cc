@@ -1,21 +1,25 @@
 // Stitching host provider (issue 18; memory_provider.h, "Stitching"): segments are address space only (an
-// anonymous PROT_NONE reservation, MAP_NORESERVE: no memory, no commit charge); physical memory is one memfd of
-// `physical_bytes`, cut into granules. Map backs each granule of a range with a physical granule
-// (mmap(MAP_FIXED | MAP_SHARED | MAP_POPULATE), so the block's first touch does not fault page by page). Unmap only
-// marks the range's granules unused: they stay mapped, so a block placed there again (best fit reuses freed
-// ranges) costs no system call; Map takes the physical granule of an unused mapping (unmapping it) only when the
-// pool has no free one left. The arena never has more granules in use than the pool holds, so Map always finds
-// one. The memfd's pages are never punched out: the process holds at most the pool (the budget). Contents are not
-// preserved (a fresh block has undefined contents, as from any allocator).
-#include <fcntl.h>
+// anonymous PROT_NONE reservation, MAP_NORESERVE: no memory, no commit charge); a granule gets memory when a block
+// first needs it (mmap(MAP_FIXED | MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE), so the block's first touch does not
+// fault page by page). Unmap only marks the range's granules unused: they keep their memory, so a block placed there
+// again (best fit reuses freed ranges) costs no system call; Map gives back an unused granule's memory (remapping it
+// PROT_NONE) only when `physical_bytes` worth of granules already hold memory. So the process holds at most
+// `physical_bytes` (the budget) whatever the arena does.
+//
+// Why private anonymous memory rather than one shared pool (a memfd mapped granule by granule, which moves pages
+// without zeroing them): shared mappings survive fork() shared, so a forked child (a DataLoader worker) writing a
+// tensor it inherited would change the parent's tensor. Private memory is copied on write, as with any allocator.
+// Contents are not preserved across Map (a fresh block has undefined contents, as from any allocator).
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 
 #include "absl/container/btree_set.h"
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "allocator/memory_provider.h"
@@ -27,13 +31,10 @@ std::string Errno(int e) { return std::strerror(e); }
 
 class StitchHostProvider final : public MemoryProvider {
  public:
-  StitchHostProvider(int fd, std::size_t physical_bytes, std::size_t granule)
-      : fd_(fd), granule_(granule) {
-    for (std::size_t p = physical_bytes / granule; p > 0; --p) free_.push_back(static_cast<std::uint32_t>(p - 1));
-  }
+  StitchHostProvider(std::size_t physical_bytes, std::size_t granule)
+      : granule_(granule), capacity_(physical_bytes / granule) {}
   ~StitchHostProvider() override {
     for (const auto& [base, size] : segments_) munmap(reinterpret_cast<void*>(base), size);
-    close(fd_);
   }
 
   absl::StatusOr<Segment> Reserve(std::size_t bytes, std::size_t alignment) override {
@@ -65,7 +66,9 @@ class StitchHostProvider final : public MemoryProvider {
       auto it = segments_.find(segment.base);
       if (it == segments_.end()) return;
       segments_.erase(it);
-      ReturnPhysical(segment.base, segment.size);
+      for (std::uintptr_t g = segment.base / granule_; g < (segment.base + segment.size) / granule_; ++g) {
+        if (backed_.erase(g) > 0) cached_.erase(g);
+      }
     }
     munmap(reinterpret_cast<void*>(segment.base), segment.size);
   }
@@ -77,75 +80,58 @@ class StitchHostProvider final : public MemoryProvider {
     absl::MutexLock lock(&mu_);
     const std::uintptr_t first = address / granule_, count = bytes / granule_;
     for (std::uintptr_t g = first; g < first + count; ++g) {
-      auto it = physical_of_.find(g);
-      if (it != physical_of_.end()) {  // still mapped from an earlier use: nothing to do
+      if (backed_.contains(g)) {  // still holds memory from an earlier use: nothing to do
         cached_.erase(g);
         continue;
       }
-      std::uint32_t physical;
-      if (!free_.empty()) {
-        physical = free_.back();
-        free_.pop_back();
-      } else if (!cached_.empty()) {
-        // Every physical granule is mapped somewhere: take one whose virtual granule no block uses.
+      if (backed_.size() >= capacity_) {
+        if (cached_.empty()) {
+          Rollback(first, g);
+          return absl::ResourceExhaustedError(
+              absl::StrCat("stitch provider: no physical granule left for ", bytes, " bytes at ", address));
+        }
+        // Every granule's worth of memory is in use somewhere: give back that of one no block uses.
         const std::uintptr_t victim = *cached_.begin();
         cached_.erase(cached_.begin());
-        physical = physical_of_[victim];
-        physical_of_.erase(victim);
+        backed_.erase(victim);
         mmap(reinterpret_cast<void*>(victim * granule_), granule_, PROT_NONE,
              MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0);
-      } else {
-        Rollback(first, g);
-        return absl::ResourceExhaustedError(
-            absl::StrCat("stitch provider: no physical granule left for ", bytes, " bytes at ", address));
       }
       void* p = mmap(reinterpret_cast<void*>(g * granule_), granule_, PROT_READ | PROT_WRITE,
-                     MAP_SHARED | MAP_FIXED | MAP_POPULATE, fd_, static_cast<off_t>(physical) * static_cast<off_t>(granule_));
+                     MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED | MAP_POPULATE, -1, 0);
       if (p == MAP_FAILED) {
         const int e = errno;
-        free_.push_back(physical);
         Rollback(first, g);
         return absl::ResourceExhaustedError(absl::StrCat("stitch provider: mapping ", granule_, " bytes at ",
                                                          g * granule_, " failed: ", Errno(e)));
       }
-      physical_of_[g] = physical;
+      backed_.insert(g);
     }
     return absl::OkStatus();
   }
 
-  // The granules stay mapped (a block placed there again, as best fit often does, costs no system call and no page
-  // fault); their physical granules go to another range only when the pool has no free one left (Map).
+  // The granules keep their memory (a block placed there again, as best fit often does, costs no system call and no
+  // page fault); it goes to another range only when the budget's worth of granules is in use (Map).
   void Unmap(std::uintptr_t address, std::size_t bytes) override {
     absl::MutexLock lock(&mu_);
     for (std::uintptr_t g = address / granule_; g < (address + bytes) / granule_; ++g) {
-      if (physical_of_.contains(g)) cached_.insert(g);
+      if (backed_.contains(g)) cached_.insert(g);
     }
   }
 
  private:
-  // Map failed at granule `failed`: the granules [first, failed) this call took become cached (still mapped, free
-  // for any use), as if unmapped.
+  // Map failed at granule `failed`: the granules [first, failed) this call backed become unused (they keep their
+  // memory, free for any use), as if unmapped.
   void Rollback(std::uintptr_t first, std::uintptr_t failed) {
     for (std::uintptr_t g = first; g < failed; ++g) cached_.insert(g);
   }
-  // A segment goes: its granules' physical memory goes back to the pool (with mu_ held).
-  void ReturnPhysical(std::uintptr_t address, std::size_t bytes) {
-    for (std::uintptr_t g = address / granule_; g < (address + bytes) / granule_; ++g) {
-      auto it = physical_of_.find(g);
-      if (it == physical_of_.end()) continue;
-      free_.push_back(it->second);
-      physical_of_.erase(it);
-      cached_.erase(g);
-    }
-  }
 
-  const int fd_;
   const std::size_t granule_;
+  const std::size_t capacity_;  // granules that may hold memory at once
   absl::Mutex mu_;
-  std::vector<std::uint32_t> free_;                                 // physical granules mapped nowhere
-  absl::flat_hash_map<std::uintptr_t, std::uint32_t> physical_of_;  // virtual granule index -> physical granule
-  absl::btree_set<std::uintptr_t> cached_;  // mapped virtual granules no block uses (their memory is reusable)
-  absl::flat_hash_map<std::uintptr_t, std::size_t> segments_;       // base -> size
+  absl::flat_hash_set<std::uintptr_t> backed_;  // virtual granule indices holding memory
+  absl::btree_set<std::uintptr_t> cached_;       // those no block uses (their memory is reusable)
+  absl::flat_hash_map<std::uintptr_t, std::size_t> segments_;  // base -> size
 };
 
 }  // namespace
@@ -163,17 +149,7 @@ absl::StatusOr<std::unique_ptr<MemoryProvider>> MakeStitchHostProvider(std::size
     return absl::InvalidArgumentError(absl::StrCat("stitch provider: the physical pool must hold between one and 2^31 "
                                                    "granules of ", granule, " bytes"));
   }
-  const int fd = memfd_create("remat-stitch-pool", MFD_CLOEXEC);
-  if (fd < 0) {
-    return absl::UnavailableError(absl::StrCat("stitch provider: memfd_create failed: ", Errno(errno)));
-  }
-  if (ftruncate(fd, static_cast<off_t>(physical_bytes)) != 0) {
-    const int e = errno;
-    close(fd);
-    return absl::ResourceExhaustedError(
-        absl::StrCat("stitch provider: cannot size the physical pool to ", physical_bytes, " bytes: ", Errno(e)));
-  }
-  return std::unique_ptr<MemoryProvider>(new StitchHostProvider(fd, physical_bytes, granule));
+  return std::unique_ptr<MemoryProvider>(new StitchHostProvider(physical_bytes, granule));
 }
 
 }  // namespace remat

@@ -1,6 +1,6 @@
 // Mapping cost of the stitching arena on the CPU (issue 18, item 3): one allocate + touch + free of a block, with
-// the stitching provider (a memfd pool mapped granule by granule: mmap on allocation, mmap back to PROT_NONE on
-// free) against the contiguous arena over host memory (no system call), in the same run. Each iteration writes one
+// the stitching provider (private memory mapped granule by granule, kept by freed granules until another range
+// needs it) against the contiguous arena over host memory (no system call), in the same run. Each iteration writes one
 // byte per page of the block, so the stitched block's page faults are counted (the contiguous arena's pages stay
 // faulted in after the first iteration: that is the difference a user pays).
 //
@@ -62,8 +62,8 @@ void BM_AllocateTouchFree(benchmark::State& state) {
 }
 
 // The worst case: every allocation lands on a virtual range whose granules are not mapped, and the pool has no
-// free granule, so each granule's memory is taken from an unused mapping elsewhere (unmapped there, mapped here
-// with MAP_POPULATE). The provider alone, alternating two ranges of one pool's size.
+// free granule, so each granule's memory is taken from an unused mapping elsewhere (given back there, fresh zeroed
+// memory mapped here with MAP_POPULATE). The provider alone, alternating two ranges of one pool's size.
 void BM_RemapEveryAllocation(benchmark::State& state) {
   const std::size_t block = static_cast<std::size_t>(state.range(0)) << 10;
   const std::size_t granule = static_cast<std::size_t>(state.range(1)) << 10;

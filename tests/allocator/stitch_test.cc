@@ -1,8 +1,14 @@
 // Stitching (ArenaOptions::granule, allocator/granule_map.h): the budget counts mapped granules; a granule is
 // mapped while an allocated block overlaps it and the provider is told exactly when; a request needs free
 // granules, not a hole, so scattered frees make room for one large block.
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
+#include <fstream>
+#include <string>
 #include <memory>
 #include <utility>
 #include <vector>
@@ -19,6 +25,24 @@ namespace remat {
 namespace {
 
 constexpr std::size_t kGranule = 4096;
+
+// Bytes of this process's memory resident in [low, high), from /proc/self/smaps.
+std::size_t ResidentBytesIn(std::uintptr_t low, std::uintptr_t high) {
+  std::ifstream smaps("/proc/self/smaps");
+  std::string line;
+  std::size_t total = 0;
+  bool inside = false;
+  while (std::getline(smaps, line)) {
+    unsigned long start = 0, end = 0;
+    if (std::sscanf(line.c_str(), "%lx-%lx ", &start, &end) == 2) {  // a mapping's first line
+      inside = start < high && end > low;
+      continue;
+    }
+    unsigned long kb = 0;
+    if (inside && std::sscanf(line.c_str(), "Rss: %lu kB", &kb) == 1) total += kb * 1024;
+  }
+  return total;
+}
 
 TEST(GranuleMapTest, CountsWholeAndSharedGranulesOnce) {
   GranuleMap map(kGranule, 100 * kGranule);
@@ -144,6 +168,20 @@ TEST(StitchedArenaTest, TheLimitCountsGranulesNotBytesAndErrorsSayPhysical) {
   EXPECT_EQ(s.arena->Move(small[0], small[0]).code(), absl::StatusCode::kFailedPrecondition);
 }
 
+// A block goes where it maps the fewest new granules: with every granule of the limit in use, a small request asked
+// at the high end of the free space (fresh address space) goes to the low end, inside a granule already mapped.
+TEST(StitchedArenaTest, ABlockGoesWhereItMapsTheFewestNewGranules) {
+  Stitched s(2);
+  const std::uintptr_t base = *s.arena->Allocate(512, 1);  // granule 0
+  ASSERT_TRUE(s.arena->Allocate(kGranule, 2).ok());          // the rest of granule 0 and the start of granule 1
+  EXPECT_EQ(s.arena->Stats().physical_bytes, 2 * kGranule);
+  absl::StatusOr<std::uintptr_t> small = s.arena->Allocate(1024, 3, Placement::kHigh);
+  ASSERT_TRUE(small.ok()) << small.status();
+  EXPECT_EQ(*small, base + 512 + kGranule);  // right after the second block, in granule 1
+  EXPECT_EQ(s.arena->Stats().physical_bytes, 2 * kGranule);
+  EXPECT_EQ(s.provider->mapped_granules(), 2u);
+}
+
 TEST(StitchedArenaTest, AFailedMappingFailsTheAllocationAndLeavesNothingMapped) {
   Stitched s(4);
   s.provider->fail_maps_ = 1;
@@ -200,8 +238,46 @@ TEST(StitchHostProviderTest, BlocksStitchedFromScatteredGranulesHoldTheirBytes) 
   EXPECT_EQ(z[0], 'z');
   EXPECT_EQ(z[4 * kG - 1], 'z');
   EXPECT_EQ((*arena)->Stats().physical_bytes, 8 * kG);
+  // The process holds no more than the pool: the granules freed and taken again gave their memory back.
+  EXPECT_LE(ResidentBytesIn(blocks[0], *big + 4 * kG), 8 * kG);
   ASSERT_TRUE((*arena)->Free(*big).ok());
   EXPECT_EQ((*arena)->Stats().physical_bytes, 4 * kG);
+}
+
+// A forked child (a DataLoader worker) writing a block it inherited must not change the parent's bytes, and the
+// parent's later writes must not reach the child: stitched memory is private, copied on write, like any allocator's.
+TEST(StitchHostProviderTest, AForkedChildsWritesStayInTheChild) {
+  constexpr std::size_t kG = 64 << 10;
+  ArenaOptions o;
+  o.alignment = 64;
+  o.capacity = 16 * kG;
+  o.granule = kG;
+  o.physical_limit = 4 * kG;
+  std::unique_ptr<Arena> arena = *Arena::Create(*MakeStitchHostProvider(4 * kG, kG), o);
+  char* block = reinterpret_cast<char*>(*arena->TryAllocate(2 * kG, 1));
+  std::memset(block, 'p', 2 * kG);
+  int to_child[2], to_parent[2];
+  ASSERT_EQ(pipe(to_child), 0);
+  ASSERT_EQ(pipe(to_parent), 0);
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    std::memset(block, 'c', 2 * kG);
+    char go = 0;
+    if (write(to_parent[1], &go, 1) != 1 || read(to_child[0], &go, 1) != 1) _exit(3);
+    _exit(block[0] == 'c' && block[2 * kG - 1] == 'c' ? 0 : 4);  // the parent wrote 'q' meanwhile
+  }
+  char go = 0;
+  ASSERT_EQ(read(to_parent[0], &go, 1), 1);
+  EXPECT_EQ(block[0], 'p');
+  EXPECT_EQ(block[2 * kG - 1], 'p');
+  std::memset(block, 'q', 2 * kG);
+  ASSERT_EQ(write(to_child[1], &go, 1), 1);
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 0) << "the child saw the parent's write (or failed to talk)";
+  for (int fd : {to_child[0], to_child[1], to_parent[0], to_parent[1]}) close(fd);
 }
 
 TEST(StitchHostProviderTest, RejectsAGranuleThatIsNotAPageMultiple) {
