@@ -2,14 +2,17 @@
 // anonymous PROT_NONE reservation, MAP_NORESERVE: no memory, no commit charge); a granule gets memory when a block
 // first needs it (mmap(MAP_FIXED | MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE), so the block's first touch does not
 // fault page by page). Unmap only marks the range's granules unused: they keep their memory, so a block placed there
-// again (best fit reuses freed ranges) costs no system call; Map gives back an unused granule's memory (remapping it
-// PROT_NONE) only when `physical_bytes` worth of granules already hold memory. So the process holds at most
-// `physical_bytes` (the budget) whatever the arena does.
+// again (best fit reuses freed ranges) costs no system call; when `physical_bytes` worth of granules already hold
+// memory, Map moves an unused granule's pages to the range that needs them (mremap, no copy and no zeroing) and
+// reserves its old place again. So the process holds at most `physical_bytes` (the budget) whatever the arena does.
 //
 // Why private anonymous memory rather than one shared pool (a memfd mapped granule by granule, which moves pages
 // without zeroing them): shared mappings survive fork() shared, so a forked child (a DataLoader worker) writing a
 // tensor it inherited would change the parent's tensor. Private memory is copied on write, as with any allocator.
 // Contents are not preserved across Map (a fresh block has undefined contents, as from any allocator).
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE  // mremap
+#endif
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -84,21 +87,25 @@ class StitchHostProvider final : public MemoryProvider {
         cached_.erase(g);
         continue;
       }
+      void* p = MAP_FAILED;
       if (backed_.size() >= capacity_) {
         if (cached_.empty()) {
           Rollback(first, g);
           return absl::ResourceExhaustedError(
               absl::StrCat("stitch provider: no physical granule left for ", bytes, " bytes at ", address));
         }
-        // Every granule's worth of memory is in use somewhere: give back that of one no block uses.
+        // Every granule's worth of memory is in use somewhere: move the pages of one no block uses here (mremap:
+        // no copy, no zeroing, no fault), and reserve its old place again.
         const std::uintptr_t victim = *cached_.begin();
         cached_.erase(cached_.begin());
         backed_.erase(victim);
-        mmap(reinterpret_cast<void*>(victim * granule_), granule_, PROT_NONE,
-             MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0);
+        void* from = reinterpret_cast<void*>(victim * granule_);
+        p = mremap(from, granule_, granule_, MREMAP_MAYMOVE | MREMAP_FIXED, reinterpret_cast<void*>(g * granule_));
+        mmap(from, granule_, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0);
+      } else {
+        p = mmap(reinterpret_cast<void*>(g * granule_), granule_, PROT_READ | PROT_WRITE,
+                 MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED | MAP_POPULATE, -1, 0);
       }
-      void* p = mmap(reinterpret_cast<void*>(g * granule_), granule_, PROT_READ | PROT_WRITE,
-                     MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED | MAP_POPULATE, -1, 0);
       if (p == MAP_FAILED) {
         const int e = errno;
         Rollback(first, g);

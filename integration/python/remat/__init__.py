@@ -170,7 +170,8 @@ def enable(budget: Union[int, str], policy: Optional[str] = None, costs: str = "
     paged too when nothing else can leave the arena. ValueError names the option or variable of a bad value.
 
     `arena` (default $REMAT_ARENA, else "contiguous"): "contiguous" is one block of `budget` bytes, where a request
-    needs a hole; "stitch" maps memory in 64 KiB granules into address space eight times the budget, and the budget
+    needs a hole; "stitch" maps memory in 64 KiB granules (larger above 1 GiB budgets: at most 16,384 granules) into
+    address space eight times the budget, and the budget
     counts granules in use, so free memory scattered in small pieces still serves a large request (issue 18; blocks
     then never move, and remat.stats() shows granule, physical_bytes and peak_physical_bytes)."""
     nbytes = parse_size(budget)

@@ -67,16 +67,19 @@ HOST_TIERS = ("memory", "file")
 # The CPU arena (issue 18): "contiguous", one block of the budget's size (a request needs a hole), or "stitch",
 # address space eight times the budget backed granule by granule from a pool of the budget's size (a request
 # needs free granules: fragmentation cannot make it fail). STITCH_GRANULE: the CPU granule, chosen by measurement
-# (README, "Stitching arena").
+# (README, "Stitching arena"); above STITCH_MAX_GRANULES granules in the budget it doubles until they fit, because
+# each granule can be a mapping of its own and Linux allows 65,530 per process (vm.max_map_count).
 ARENAS = ("contiguous", "stitch")
 DEFAULT_ARENA = "contiguous"
 STITCH_GRANULE = 64 << 10
+STITCH_MAX_GRANULES = 16384
 
 
-def resolve_arena(arena: Optional[str]) -> Tuple[str, int]:
+def resolve_arena(arena: Optional[str], budget: Optional[int] = None) -> Tuple[str, int]:
     """(arena kind, stitching granule in bytes or 0): `arena`, else $REMAT_ARENA, else the default. "stitch:SIZE"
-    (e.g. "stitch:2MiB") chooses the granule: a power of two of at least a page. ValueError naming the option or
-    the variable for anything else."""
+    (e.g. "stitch:2MiB") chooses the granule: a power of two of at least a page; plain "stitch" takes STITCH_GRANULE,
+    doubled while `budget` (bytes) holds more than STITCH_MAX_GRANULES of them. ValueError naming the option or the
+    variable for anything else."""
     source = "arena"
     if arena is None:
         arena = os.environ.get("REMAT_ARENA") or None
@@ -89,6 +92,8 @@ def resolve_arena(arena: Optional[str]) -> Tuple[str, int]:
     if kind != "stitch":
         return kind, 0
     granule = STITCH_GRANULE
+    while budget is not None and budget > STITCH_MAX_GRANULES * granule:
+        granule *= 2
     if size:
         try:
             granule = int(torch.ops.remat.parse_budget(size))
@@ -114,7 +119,7 @@ def enable(nbytes: int, policy: Optional[str] = None, costs: str = "measured", o
     mode, host_bytes = resolve_paging(offload, host_budget)
     if host_tier not in HOST_TIERS:
         raise ValueError(f"remat: unknown host_tier {host_tier!r}; expected one of {', '.join(HOST_TIERS)}")
-    _, granule = resolve_arena(arena)
+    _, granule = resolve_arena(arena, int(nbytes))
     torch.ops.remat.enable_engine(int(nbytes), name, costs, mode, host_bytes, host_tier, bool(page_constants),
                                   granule)
     global enabled_costs
