@@ -98,34 +98,40 @@ struct Dp {
   std::vector<bool> reads_input;
   std::vector<std::array<std::array<std::int64_t, 2>, 2>> pf;  // [stage][all][input freed]
   std::vector<std::array<std::int64_t, 2>> pb;                 // [stage][input counted]
+  std::vector<bool> tape_is_x;                                 // F_all makes nothing F_no does not
   std::vector<std::int64_t> cost;
-  std::vector<std::int16_t> choice;  // -1: F_all then B (s == t); -2: F_all, C(s+1, t), B; s': checkpoint
+  // -1: F_all (unless `have`) then B (s == t); -2: F_all, C(s+1, t), B; next + kKeep * keep: checkpoint at next.
+  std::vector<std::int32_t> choice;
+  static constexpr std::int32_t kKeep = 1 << 20;
 
   std::int64_t Xin(std::int32_t s) const { return s > 0 ? x[s - 1] : 0; }
-  std::size_t Index(std::int32_t s, std::int32_t t, std::int64_t m, bool own) const {
-    return ((static_cast<std::size_t>(s) * L + t) * static_cast<std::size_t>(slots + 1) + m) * 2 + (own ? 1 : 0);
+  std::size_t Index(std::int32_t s, std::int32_t t, std::int64_t m, bool own, bool have) const {
+    return ((static_cast<std::size_t>(s) * L + t) * static_cast<std::size_t>(slots + 1) + m) * 4 + (own ? 1 : 0) +
+           (have ? 2 : 0);
   }
   bool ForwardAll(std::int32_t s, std::int32_t t, std::int64_t m, bool own) const {
     if (own && !reads_input[s]) return carried[t] + pf[s][1][1] <= m;
     return carried[t] + (own ? Xin(s) : 0) + pf[s][1][0] <= m;
   }
-  std::int64_t C(std::int32_t s, std::int32_t t, std::int64_t m, bool own) {
+  // `own`: x^{s-1} is counted in m and may go once nothing here reads it. `have`: stage t's tape (= x^t) is
+  // resident already, counted in m: F_t need not run again before B_t.
+  std::int64_t C(std::int32_t s, std::int32_t t, std::int64_t m, bool own, bool have) {
     if (m < 0) return kInf;
-    const std::size_t i = Index(s, t, m, own);
+    const std::size_t i = Index(s, t, m, own, have);
     if (cost[i] >= 0) return cost[i];
     std::int64_t best = kInf;
-    std::int16_t chosen = 0;
+    std::int32_t chosen = 0;
     const std::int64_t xi = own ? Xin(s) : 0;
     const bool input_in_b = own && reads_input[s];
-    const bool all_fits = ForwardAll(s, t, m, own) && pb[s][input_in_b ? 1 : 0] <= m;
+    const bool b_fits = pb[s][input_in_b ? 1 : 0] <= m;
     if (s == t) {
-      if (all_fits) {
-        best = f[s];
+      if (b_fits && (have || ForwardAll(s, t, m, own))) {
+        best = have ? 0 : f[s];
         chosen = -1;
       }
     } else {
-      if (all_fits) {
-        const std::int64_t sub = C(s + 1, t, m - tape[s] - (input_in_b ? Xin(s) : 0), false);
+      if (b_fits && ForwardAll(s, t, m, own)) {
+        const std::int64_t sub = C(s + 1, t, m - tape[s] - (input_in_b ? Xin(s) : 0), false, have);
         if (sub < kInf) {
           best = f[s] + sub;
           chosen = -2;
@@ -138,12 +144,17 @@ struct Dp {
             if (carried[t] + xi + pf[next - 1][0][1] > m) break;
             forward += f[next - 1];
           }
-          const std::int64_t right = C(next, t, m - xi, true);
-          if (right >= kInf || forward + right >= best) continue;
-          const std::int64_t left = C(s, next - 1, m, own);
-          if (left < kInf && forward + right + left < best) {
-            best = forward + right + left;
-            chosen = static_cast<std::int16_t>(next);
+          for (bool keep : {false, true}) {
+            // keep: x^{next-1} stays for B_{next-1} (it is that stage's whole tape), held outside the right part.
+            if (keep && !tape_is_x[next - 1]) continue;
+            const std::int64_t right =
+                keep ? C(next, t, m - xi - x[next - 1], false, have) : C(next, t, m - xi, true, have);
+            if (right >= kInf || forward + right >= best) continue;
+            const std::int64_t left = C(s, next - 1, m, own, keep);
+            if (left < kInf && forward + right + left < best) {
+              best = forward + right + left;
+              chosen = next + (keep ? kKeep : 0);
+            }
           }
         }
       }
@@ -166,7 +177,7 @@ absl::StatusOr<RotorOutcome> PlanRotor(const PlanProblem& problem, std::int64_t 
     return outcome;
   }
   const std::int32_t L = static_cast<std::int32_t>(chain->stages.size());
-  if (L > std::numeric_limits<std::int16_t>::max()) return absl::InternalError("too many stages");
+  if (L >= Dp::kKeep) return absl::InternalError("too many stages");
   outcome.stages = L;
   outcome.finest_stages = chain->finest_stages;
   // Stage by stage, in bytes.
@@ -177,6 +188,7 @@ absl::StatusOr<RotorOutcome> PlanRotor(const PlanProblem& problem, std::int64_t 
   dp.tape.resize(L);
   dp.carried.resize(L);
   dp.reads_input.resize(L);
+  dp.tape_is_x.resize(L);
   dp.pf.resize(L);
   dp.pb.resize(L);
   std::vector<std::int32_t> none, outputs;
@@ -193,6 +205,7 @@ absl::StatusOr<RotorOutcome> PlanRotor(const PlanProblem& problem, std::int64_t 
     dp.tape[l] = Bytes(problem, s.tape);
     dp.carried[l] = Bytes(problem, s.carried);
     dp.reads_input[l] = s.reads_input;
+    dp.tape_is_x[l] = s.tape.size() == s.x.size();
     for (int all = 0; all < 2; ++all) {
       for (int freed = 0; freed < 2; ++freed) {
         const std::vector<std::int32_t>& keep = all ? s.tape : s.x;
@@ -238,7 +251,7 @@ absl::StatusOr<RotorOutcome> PlanRotor(const PlanProblem& problem, std::int64_t 
   }
   if (unit == 0) unit = 1;
   const std::int64_t table_slots = std::max<std::int64_t>(
-      1, std::min<std::int64_t>(options.max_slots, kMaxEntries / (2 * static_cast<std::int64_t>(L) * L)));
+      1, std::min<std::int64_t>(options.max_slots, kMaxEntries / (4 * static_cast<std::int64_t>(L) * L)));
   outcome.exact = memory / unit <= table_slots;
   if (!outcome.exact) unit = (memory + table_slots - 1) / table_slots;
   outcome.unit_bytes = unit;
@@ -253,10 +266,10 @@ absl::StatusOr<RotorOutcome> PlanRotor(const PlanProblem& problem, std::int64_t 
     for (std::int64_t& q : dp.pb[l]) q = up(q);
   }
   dp.slots = memory / unit;
-  const std::size_t entries = static_cast<std::size_t>(L) * L * static_cast<std::size_t>(dp.slots + 1) * 2;
+  const std::size_t entries = static_cast<std::size_t>(L) * L * static_cast<std::size_t>(dp.slots + 1) * 4;
   dp.cost.assign(entries, -1);
   dp.choice.assign(entries, 0);
-  const std::int64_t best = dp.C(0, L - 1, dp.slots, false);
+  const std::int64_t best = dp.C(0, L - 1, dp.slots, false, false);
   if (best >= kInf) {
     return infeasible(absl::StrCat("no schedule of the DP's form fits (", L, " stages, ",
                                    outcome.exact ? "exact" : "rounded", " units of ", unit, " bytes)"));
@@ -272,20 +285,32 @@ absl::StatusOr<RotorOutcome> PlanRotor(const PlanProblem& problem, std::int64_t 
   auto backward = [&](std::int32_t l) {
     for (std::int32_t k = chain->stages[l].bwd_begin; k < chain->stages[l].bwd_end; ++k) outcome.schedule.push_back(k);
   };
-  auto emit = [&](auto&& self, std::int32_t s, std::int32_t t, std::int64_t m, bool own) -> void {
-    const std::int16_t c = dp.choice[dp.Index(s, t, m, own)];
+  auto emit = [&](auto&& self, std::int32_t s, std::int32_t t, std::int64_t m, bool own, bool have) -> void {
+    const std::int32_t c = dp.choice[dp.Index(s, t, m, own, have)];
     const bool input_in_b = own && dp.reads_input[s];
-    if (c == -1 || c == -2) {
-      forward(s);
-      if (c == -2) self(self, s + 1, t, m - dp.tape[s] - (input_in_b ? dp.Xin(s) : 0), false);
+    if (c == -1) {
+      if (!have) forward(s);
       backward(s);
       return;
     }
-    for (std::int32_t j = s; j < c; ++j) forward(j);
-    self(self, c, t, m - (own ? dp.Xin(s) : 0), true);
-    self(self, s, c - 1, m, own);
+    if (c == -2) {
+      forward(s);
+      self(self, s + 1, t, m - dp.tape[s] - (input_in_b ? dp.Xin(s) : 0), false, have);
+      backward(s);
+      return;
+    }
+    const bool keep = c >= Dp::kKeep;
+    const std::int32_t next = c % Dp::kKeep;
+    const std::int64_t xi = own ? dp.Xin(s) : 0;
+    for (std::int32_t j = s; j < next; ++j) forward(j);
+    if (keep) {
+      self(self, next, t, m - xi - dp.x[next - 1], false, have);
+    } else {
+      self(self, next, t, m - xi, true, have);
+    }
+    self(self, s, next - 1, m, own, keep);
   };
-  emit(emit, 0, L - 1, dp.slots, false);
+  emit(emit, 0, L - 1, dp.slots, false, false);
   outcome.solve_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - begin).count();
   std::int64_t first_runs = 0;
   for (std::int64_t f : dp.f) first_runs += f;
