@@ -99,6 +99,7 @@ struct Dp {
   std::vector<std::array<std::array<std::int64_t, 2>, 2>> pf;  // [stage][all][input freed]
   std::vector<std::array<std::int64_t, 2>> pb;                 // [stage][input counted]
   std::vector<bool> tape_is_x;                                 // F_all makes nothing F_no does not
+  std::vector<bool> needs_tape;                                // B_l reads a value of F_l
   std::vector<std::int64_t> cost;
   // -1: F_all (unless `have`) then B (s == t); -2: F_all, C(s+1, t), B; next + kKeep * keep: checkpoint at next.
   std::vector<std::int32_t> choice;
@@ -125,8 +126,10 @@ struct Dp {
     const bool input_in_b = own && reads_input[s];
     const bool b_fits = pb[s][input_in_b ? 1 : 0] <= m;
     if (s == t) {
-      if (b_fits && (have || ForwardAll(s, t, m, own))) {
-        best = have ? 0 : f[s];
+      // After the first forward pass (t < L - 1), B_t needs F_t again only for what it reads of it.
+      const bool skip = t < L - 1 && (have || !needs_tape[t]);
+      if (b_fits && (skip || ForwardAll(s, t, m, own))) {
+        best = skip ? 0 : f[s];
         chosen = -1;
       }
     } else {
@@ -189,6 +192,7 @@ absl::StatusOr<RotorOutcome> PlanRotor(const PlanProblem& problem, std::int64_t 
   dp.carried.resize(L);
   dp.reads_input.resize(L);
   dp.tape_is_x.resize(L);
+  dp.needs_tape.resize(L);
   dp.pf.resize(L);
   dp.pb.resize(L);
   std::vector<std::int32_t> none, outputs;
@@ -206,6 +210,16 @@ absl::StatusOr<RotorOutcome> PlanRotor(const PlanProblem& problem, std::int64_t 
     dp.carried[l] = Bytes(problem, s.carried);
     dp.reads_input[l] = s.reads_input;
     dp.tape_is_x[l] = s.tape.size() == s.x.size();
+    // What of its tape B_l reads: the rest (x^l read only by stage l + 1) is gone by the time B_l runs.
+    std::vector<std::int32_t> read_tape;
+    for (std::int32_t v : s.tape) {
+      bool read = false;
+      for (std::int32_t k = s.bwd_begin; k < s.bwd_end && !read; ++k) {
+        read = std::find(problem.ops[k].inputs.begin(), problem.ops[k].inputs.end(), v) != problem.ops[k].inputs.end();
+      }
+      if (read) read_tape.push_back(v);
+    }
+    dp.needs_tape[l] = !read_tape.empty();
     for (int all = 0; all < 2; ++all) {
       for (int freed = 0; freed < 2; ++freed) {
         const std::vector<std::int32_t>& keep = all ? s.tape : s.x;
@@ -221,7 +235,7 @@ absl::StatusOr<RotorOutcome> PlanRotor(const PlanProblem& problem, std::int64_t 
     }
     const std::vector<std::int32_t>& after = l > 0 ? chain->stages[l - 1].carried : outputs;
     for (int counted = 0; counted < 2; ++counted) {
-      std::vector<std::int32_t> start = s.tape;
+      std::vector<std::int32_t> start = read_tape;
       start.insert(start.end(), s.carried.begin(), s.carried.end());
       if (counted) start.insert(start.end(), input.begin(), input.end());
       const std::int64_t run =
@@ -289,7 +303,7 @@ absl::StatusOr<RotorOutcome> PlanRotor(const PlanProblem& problem, std::int64_t 
     const std::int32_t c = dp.choice[dp.Index(s, t, m, own, have)];
     const bool input_in_b = own && dp.reads_input[s];
     if (c == -1) {
-      if (!have) forward(s);
+      if (!(t < L - 1 && (have || !dp.needs_tape[t]))) forward(s);
       backward(s);
       return;
     }

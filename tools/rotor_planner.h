@@ -10,7 +10,8 @@
 //     make no value, such as views, or only pinned outputs, run at their place only). Two refinements over Rotor, so that it reaches the
 //     checker's optimum on chains: a state says whether x^{s-1} is the subproblem's own (a checkpoint it may free
 //     once nothing in it reads x^{s-1}, as the checker does) or its caller's; and when a stage's tape is its x (F_all
-//     keeps nothing more than F_no), a checkpoint of it may stay for its backward instead of F_l running again.
+//     keeps nothing more than F_no), a checkpoint of it may stay for its backward instead of F_l running again (and
+//     after the first forward pass, a backward that reads nothing of its own forward does not run it again).
 //   - Memory is the checker's, stage by stage: each stage's peak (in use plus outputs before each op, values freed
 //     after their last read in the stage, original and recomputed runs alike, the larger of the two) is measured by
 //     running the stage's ops alone; the constants count at their largest over the trace, and pinned forward outputs
