@@ -18,6 +18,7 @@
 #include "absl/strings/str_split.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/tools/plan_traces.h"
 
 namespace {
 
@@ -214,18 +215,7 @@ TEST_F(RematSimTest, EveryPlannerPrintsItsPlanWithAndWithoutPaging) {
   EXPECT_EQ(rows[5].at("result"), "n/a");
   EXPECT_THAT(out_, HasSubstr("rotor plans drop-only"));
   // A trace that is not a chain: its Rotor row says why.
-  const std::string writes = Write("writes.log", R"({"ANNOTATION":"START","INSTRUCTION":"ANNOTATE"}
-{"INSTRUCTION":"CONSTANT","NAME":"v"}
-{"INSTRUCTION":"MEMORY","MEMORY":"32","NAME":"v"}
-{"ARGS":["v"],"INSTRUCTION":"CALL","NAME":"op0","RESULT":["x"],"TIME":"10"}
-{"INSTRUCTION":"MEMORY","MEMORY":"100","NAME":"x"}
-{"ALIAS":"-1","INSTRUCTION":"ALIAS","NAME":"x"}
-{"INSTRUCTION":"RELEASE","NAME":"v"}
-{"ARGS":["x"],"INSTRUCTION":"CALL","NAME":"op1","RESULT":["y"],"TIME":"2"}
-{"INSTRUCTION":"MEMORY","MEMORY":"50","NAME":"y"}
-{"ALIAS":"-1","INSTRUCTION":"ALIAS","NAME":"y"}
-{"INSTRUCTION":"RELEASE","NAME":"x"}
-)");
+  const std::string writes = Write("writes.log", remat::plan::testing::kWrites);  // v is released too early
   ASSERT_EQ(Run({writes, "--ratios", "0.9", "--planner", "rotor", "--jobs", "1"}), 0) << err_;
   EXPECT_THAT(out_, HasSubstr("not-chain"));
   EXPECT_THAT(out_, HasSubstr("not a chain"));
