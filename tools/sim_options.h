@@ -5,7 +5,7 @@
 //             [--jobs N] [--seed N]
 //             [--sample-sqrt] [--ignore-small] [--dtr-paper] [--no-partition]
 //             [--offload off|auto|always[,...]] [--bandwidth RATE] [--link-latency TIME] [--host-budget SIZE]
-//             [--page-constants] [--duplex-link] [--planner NAME] [--planner-time-limit SECONDS]
+//             [--page-constants] [--duplex-link] [--planner NAME,...] [--planner-time-limit SECONDS]
 //             [--planner-max-binaries N] [--segment FIRST+COUNT] [--help]
 //
 // Contract:

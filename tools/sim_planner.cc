@@ -1,7 +1,6 @@
 #include "tools/sim_planner.h"
 
 #include <algorithm>
-#include <cstdlib>
 #include <limits>
 #include <map>
 #include <string>
