@@ -15,13 +15,29 @@ std::string OpName(const PlanProblem& p, std::int32_t k) {
 // One turn's attempt: the stages it reaches, or why not.
 struct Attempt {
   ChainView view;
-  bool fatal = false;
-  std::string reason;  // the fatal reason, or the last merge
+  std::string reason;  // the last merge
 };
+
+// The forward values a schedule keeps from their making on: final outputs, and what an op makes that reads a
+// constant released before the last op (a recomputation in the backward might come too late for it). So every op
+// a recomputation runs reads constants that stay to the end.
+std::vector<bool> Pinned(const PlanProblem& p, std::int32_t turn) {
+  const std::int32_t n = static_cast<std::int32_t>(p.ops.size());
+  std::vector<bool> pinned(p.values.size(), false);
+  for (std::size_t v = 0; v < p.values.size(); ++v) {
+    const std::int32_t g = p.values[v].producer;
+    if (g >= turn) continue;
+    bool stuck = p.values[v].output;
+    for (std::int32_t c : p.ops[g].constant_inputs) stuck = stuck || p.constant_death[c] < n;
+    pinned[v] = stuck;
+  }
+  return pinned;
+}
 
 // The view of a stage assignment (forward ops' stages non-decreasing, backward ops' non-increasing).
 ChainView BuildView(const PlanProblem& p, std::int32_t turn, std::int32_t stages,
                     const std::vector<std::int32_t>& op_stage, const std::vector<std::vector<std::int32_t>>& readers) {
+  const std::vector<bool> pinned = Pinned(p, turn);
   const std::int32_t n = static_cast<std::int32_t>(p.ops.size());
   ChainView view;
   view.turn = turn;
@@ -46,7 +62,7 @@ ChainView BuildView(const PlanProblem& p, std::int32_t turn, std::int32_t stages
   for (std::size_t v = 0; v < p.values.size(); ++v) {
     const std::int32_t g = p.values[v].producer;
     if (g >= turn) continue;
-    if (p.values[v].output) {
+    if (pinned[v]) {
       view.pinned.push_back(static_cast<std::int32_t>(v));
       continue;
     }
@@ -62,8 +78,8 @@ ChainView BuildView(const PlanProblem& p, std::int32_t turn, std::int32_t stages
   view.rerun.assign(n, false);
   for (std::int32_t k = 0; k < turn; ++k) {
     bool unpinned = false;
-    for (std::int32_t v : p.ops[k].fresh) unpinned = unpinned || !p.values[v].output;
-    for (const auto& [old_value, made] : p.ops[k].in_place) unpinned = unpinned || !p.values[made].output;
+    for (std::int32_t v : p.ops[k].fresh) unpinned = unpinned || !pinned[v];
+    for (const auto& [old_value, made] : p.ops[k].in_place) unpinned = unpinned || !pinned[made];
     view.rerun[k] = unpinned;
   }
   for (std::int32_t l = 1; l < stages; ++l) {
@@ -91,8 +107,8 @@ Attempt TryTurn(const PlanProblem& p, std::int32_t turn, const std::vector<std::
   Attempt a;
   const std::int32_t n = static_cast<std::int32_t>(p.ops.size());
   auto producer = [&](std::int32_t v) { return p.values[v].producer; };
-  // A forward value that is a final output stays resident to the end: pinned, it constrains no stage.
-  auto pinned = [&](std::int32_t v) { return producer(v) < turn && p.values[v].output; };
+  // A pinned forward value (Pinned) stays resident: it constrains no stage.
+  const std::vector<bool> pinned = Pinned(p, turn);
   std::vector<bool> cut(turn + 1, false);  // cut[c]: a stage begins at op c
   for (std::int32_t c = 1; c < turn; ++c) cut[c] = true;
   std::vector<std::int32_t> stage(turn), start, assigned(n);
@@ -119,7 +135,7 @@ Attempt TryTurn(const PlanProblem& p, std::int32_t turn, const std::vector<std::
     bool restart = false;
     for (std::int32_t f = 0; f < turn && !restart; ++f) {
       for (std::int32_t v : p.ops[f].inputs) {
-        if (pinned(v)) continue;
+        if (pinned[v]) continue;
         const std::int32_t g = producer(v);
         const bool in_place = consumed(f, v);
         if (stage[f] - stage[g] > (in_place ? 0 : 1)) {
@@ -136,7 +152,7 @@ Attempt TryTurn(const PlanProblem& p, std::int32_t turn, const std::vector<std::
     for (std::int32_t b = turn; b < n && !restart; ++b) {
       std::int32_t hi = -1, lo = stages, written = stages;
       for (std::int32_t v : p.ops[b].inputs) {
-        if (producer(v) >= turn || pinned(v)) continue;
+        if (producer(v) >= turn || pinned[v]) continue;
         hi = std::max(hi, stage[producer(v)]);
         lo = std::min(lo, stage[producer(v)]);
         if (consumed(b, v)) written = std::min(written, stage[producer(v)]);
@@ -164,22 +180,6 @@ Attempt TryTurn(const PlanProblem& p, std::int32_t turn, const std::vector<std::
   std::vector<std::int32_t> op_stage(n);
   for (std::int32_t k = 0; k < n; ++k) op_stage[k] = k < turn ? stage[k] : assigned[k];
   a.view = BuildView(p, turn, static_cast<std::int32_t>(start.size()), op_stage, readers);
-  const std::int32_t stages = static_cast<std::int32_t>(start.size());
-  // Constants a recomputation of F_l reads must be in memory until B_l begins.
-  for (std::int32_t l = 0; l < stages; ++l) {
-    const ChainStage& s = a.view.stages[l];
-    for (std::int32_t f = s.fwd_begin; f < s.fwd_end; ++f) {
-      if (!a.view.rerun[f]) continue;
-      for (std::int32_t c : p.ops[f].constant_inputs) {
-        if (p.constant_death[c] <= s.bwd_begin) {
-          a.fatal = true;
-          a.reason = absl::StrCat(OpName(p, f), " reads constant ", c, ", released before its stage's backward "
-                                  "begins: it could not be recomputed there");
-          return a;
-        }
-      }
-    }
-  }
   return a;
 }
 
@@ -198,19 +198,13 @@ absl::StatusOr<ChainView> FindChain(const PlanProblem& problem, std::int32_t max
   }
   Attempt best;
   bool have = false;
-  std::string fatal_reason;
   for (std::int32_t turn = 1; turn < n; ++turn) {
     Attempt a = TryTurn(problem, turn, readers);
-    if (a.fatal) {
-      if (fatal_reason.empty()) fatal_reason = absl::StrCat("with the backward from op ", turn, ": ", a.reason);
-      continue;
-    }
     if (!have || a.view.stages.size() > best.view.stages.size()) {
       best = std::move(a);
       have = true;
     }
   }
-  if (have && best.view.stages.size() < 2 && !fatal_reason.empty()) best.reason = fatal_reason;
   if (have && best.view.stages.size() >= 2) {
     ChainView view = std::move(best.view);
     view.finest_stages = static_cast<std::int32_t>(view.stages.size());
@@ -242,11 +236,10 @@ absl::StatusOr<ChainView> FindChain(const PlanProblem& problem, std::int32_t max
     view.finest_stages = finest;
     return view;
   }
-  std::string why = have ? absl::StrCat("with the backward from op ", best.view.turn,
-                                        ", every stage merges into one",
-                                        best.reason.empty() ? "" : absl::StrCat(" (last merge: ", best.reason, ")"))
-                         : fatal_reason;
-  if (!have && why.empty()) why = "fewer than 2 ops";
+  const std::string why =
+      have ? absl::StrCat("with the backward from op ", best.view.turn, ", every stage merges into one",
+                          best.reason.empty() ? "" : absl::StrCat(" (last merge: ", best.reason, ")"))
+           : "fewer than 2 ops";
   return absl::FailedPreconditionError(absl::StrCat(
       "not a chain: no split into forward stages and backward stages in reverse order with 2 or more stages (",
       why, "); Rotor's dynamic program does not apply, use --planner checkmate"));

@@ -9,19 +9,21 @@
 //   - The chain rules, which every op satisfies: a forward op of stage l reads values of F_l and F_{l-1} only (and
 //     constants), and writes in place only values of F_l; a backward op of stage l reads forward values of F_l and
 //     F_{l-1} only, writes in place forward values of F_l only, and reads any value made earlier in the backward.
-//     A forward value that is a final output is `pinned`: resident from its making to the end, it constrains no
-//     stage and belongs to no x or tape (the DP counts it as resident throughout), and an op that makes only pinned values is never
-//     recomputed (`rerun` false, as for ops that make no value). Every constant a `rerun` op of stage l reads is in memory until B_l
-//     begins (so a recomputation of F_l can run anywhere before it).
+//     A forward value is `pinned` when it is a final output, or made by an op that reads a constant released before
+//     the last op (a recomputation in the backward could come after the release): it stays from its
+//     making until its last read, constrains no stage and belongs to no x or tape (the DP counts it as resident
+//     throughout), and an op that makes only pinned values is never recomputed (`rerun` false, as for ops that make
+//     no value). So the constants a `rerun` op reads stay to the end.
 //   - x[l] (X_l, "x^l"): the values of F_l read by an op outside F_l and B_l (so by F_{l+1} or B_{l+1}). tape[l]
 //     ("x-bar^l"): the values of F_l that B_l reads, and X_l. reads_input[l]: B_l reads a value of X_{l-1}.
 //     carried[l]: the values made in the backward before B_l begins that an op of B_l or later reads or that are
 //     outputs (what is resident, whatever the schedule, when B_l begins; a backward op is never recomputed).
 //   - FindChain tries every turn and, for each, starts from one stage per forward op and merges neighbouring stages
 //     until the rules hold; it keeps the turn with the most stages (ties: the earliest). A view needs at least 2
-//     stages; otherwise, and when a constant is released too early, the answer is
-//     FailedPrecondition "not a chain: ..." saying why (for the turn that came closest). Problems of more than
-//     `max_ops` ops are refused the same way (the search is quadratic in ops), advising --segment.
+//     stages; otherwise the answer is FailedPrecondition "not a chain: ..." saying why (for the turn that came
+//     closest). Problems of more than `max_ops` ops are refused the same way (the search is quadratic in ops),
+//     advising --segment. (Most traces of a few ops can be seen as 2 stages, the first op and the rest: the number
+//     of stages found says how chain-like a trace is; 2 is barely.)
 //   - With more than `max_stages` stages (the DP's cost grows as stages^3), neighbouring stages are merged, the pair
 //     of least forward time first, until `max_stages` remain (merging neighbours keeps the rules);
 //     `finest_stages` says how many there were.

@@ -100,8 +100,10 @@ struct Dp {
   std::vector<std::array<std::int64_t, 2>> pb;                 // [stage][input counted]
   std::vector<bool> tape_is_x;                                 // F_all makes nothing F_no does not
   std::vector<bool> needs_tape;                                // B_l reads a value of F_l
+  std::vector<std::int32_t> bwd_begin, bwd_end;                // B_l's ops
   std::vector<std::int64_t> cost;
-  // -1: F_all (unless `have`) then B (s == t); -2: F_all, C(s+1, t), B; next + kKeep * keep: checkpoint at next.
+  // -1: F_all (unless `have`) then B (s == t); -2: F_all, C(s+1, t), B; next + kKeep * keep: checkpoint at next;
+  // -3: nothing (B_s..B_t have no op, after the first forward pass).
   std::vector<std::int32_t> choice;
   static constexpr std::int32_t kKeep = 1 << 20;
 
@@ -125,7 +127,10 @@ struct Dp {
     const std::int64_t xi = own ? Xin(s) : 0;
     const bool input_in_b = own && reads_input[s];
     const bool b_fits = pb[s][input_in_b ? 1 : 0] <= m;
-    if (s == t) {
+    if (t < L - 1 && bwd_begin[t] == bwd_end[s]) {
+      best = 0;  // B_s..B_t are empty: nothing to run (a recomputation would come after the trace's last op)
+      chosen = -3;
+    } else if (s == t) {
       // After the first forward pass (t < L - 1), B_t needs F_t again only for what it reads of it.
       const bool skip = t < L - 1 && (have || !needs_tape[t]);
       if (b_fits && (skip || ForwardAll(s, t, m, own))) {
@@ -193,6 +198,8 @@ absl::StatusOr<RotorOutcome> PlanRotor(const PlanProblem& problem, std::int64_t 
   dp.reads_input.resize(L);
   dp.tape_is_x.resize(L);
   dp.needs_tape.resize(L);
+  dp.bwd_begin.resize(L);
+  dp.bwd_end.resize(L);
   dp.pf.resize(L);
   dp.pb.resize(L);
   std::vector<std::int32_t> none, outputs;
@@ -209,6 +216,8 @@ absl::StatusOr<RotorOutcome> PlanRotor(const PlanProblem& problem, std::int64_t 
     dp.tape[l] = Bytes(problem, s.tape);
     dp.carried[l] = Bytes(problem, s.carried);
     dp.reads_input[l] = s.reads_input;
+    dp.bwd_begin[l] = s.bwd_begin;
+    dp.bwd_end[l] = s.bwd_end;
     dp.tape_is_x[l] = s.tape.size() == s.x.size();
     // What of its tape B_l reads: the rest (x^l read only by stage l + 1) is gone by the time B_l runs.
     std::vector<std::int32_t> read_tape;
@@ -302,6 +311,7 @@ absl::StatusOr<RotorOutcome> PlanRotor(const PlanProblem& problem, std::int64_t 
   auto emit = [&](auto&& self, std::int32_t s, std::int32_t t, std::int64_t m, bool own, bool have) -> void {
     const std::int32_t c = dp.choice[dp.Index(s, t, m, own, have)];
     const bool input_in_b = own && dp.reads_input[s];
+    if (c == -3) return;
     if (c == -1) {
       if (!(t < L - 1 && (have || !dp.needs_tape[t]))) forward(s);
       backward(s);

@@ -215,8 +215,8 @@ TEST_F(RematSimTest, EveryPlannerPrintsItsPlanWithAndWithoutPaging) {
   EXPECT_EQ(rows[5].at("result"), "n/a");
   EXPECT_THAT(out_, HasSubstr("rotor plans drop-only"));
   // A trace that is not a chain: its Rotor row says why.
-  const std::string writes = Write("writes.log", remat::plan::testing::kWrites);  // v is released too early
-  ASSERT_EQ(Run({writes, "--ratios", "0.9", "--planner", "rotor", "--jobs", "1"}), 0) << err_;
+  const std::string pair = Write("pair.log", remat::plan::testing::TrainingTrace(1));  // 2 ops: 1 stage
+  ASSERT_EQ(Run({pair, "--ratios", "0.9", "--planner", "rotor", "--jobs", "1"}), 0) << err_;
   EXPECT_THAT(out_, HasSubstr("not-chain"));
   EXPECT_THAT(out_, HasSubstr("not a chain"));
   // Bad flags.

@@ -3,6 +3,7 @@
 // stages and rounded units give valid (never better) schedules, and what is not a chain is refused with the reason.
 #include "tools/rotor_planner.h"
 
+#include <algorithm>
 #include <string>
 #include <utility>
 #include <vector>
@@ -113,20 +114,36 @@ TEST(RotorPlannerTest, MergedStagesAndRoundedUnitsGiveValidSchedulesNeverBetter)
 }
 
 TEST(RotorPlannerTest, WhatIsNotAChainIsRefusedWithTheReason) {
-  // kWrites: op0 reads constant v, released right after it, so no forward stage of op0 could be recomputed before
-  // any backward.
-  const RotorOutcome writes = Rotor(Build(testing::kWrites), 1000);
-  EXPECT_EQ(writes.status, PlanStatus::kTooBig);
-  EXPECT_THAT(writes.message, HasSubstr("not a chain"));
-  EXPECT_THAT(writes.message, HasSubstr("released before its stage's backward"));
-  EXPECT_THAT(writes.message, HasSubstr("--planner checkmate"));
-  EXPECT_TRUE(writes.schedule.empty());
+  // One layer: f0, then its backward b0 (two ops): no split gives 2 stages.
+  const RotorOutcome pair = Rotor(Build(testing::TrainingTrace(1)), 1000);
+  EXPECT_EQ(pair.status, PlanStatus::kTooBig);
+  EXPECT_THAT(pair.message, HasSubstr("not a chain"));
+  EXPECT_THAT(pair.message, HasSubstr("every stage merges into one"));
+  EXPECT_THAT(pair.message, HasSubstr("--planner checkmate"));
+  EXPECT_TRUE(pair.schedule.empty());
   // Too many ops for the stage search: refused with advice.
   RotorOptions small;
   small.max_ops = 3;
   const RotorOutcome big = Rotor(Build(testing::TrainingTrace(4)), 1000, small);
   EXPECT_EQ(big.status, PlanStatus::kTooBig);
   EXPECT_THAT(big.message, HasSubstr("--segment"));
+}
+
+// kWrites: op0 reads constant v, released right after it, so a recomputation of op0 could come too late: its value
+// is pinned (kept until its last read) and op0 never runs again. The DP counts pinned values and the constants at
+// their largest throughout: at 214 bytes, where the ILP fits with nothing recomputed
+// (CheckmatePlannerTest.InPlaceWritesAndConstantsArePlanned), it finds nothing; with room for that, it plans 1.0.
+TEST(RotorPlannerTest, WhatReadsAReleasedConstantIsKeptNotRecomputed) {
+  const PlanProblem p = Build(testing::kWrites);
+  absl::StatusOr<ChainView> chain = FindChain(p);
+  ASSERT_TRUE(chain.ok()) << chain.status();
+  ASSERT_FALSE(chain->pinned.empty());
+  EXPECT_FALSE(chain->rerun[0]);
+  EXPECT_EQ(Rotor(p, 214).status, PlanStatus::kInfeasible);
+  const RotorOutcome o = Rotor(p, 214 + 32 + 100);  // v's 32 bytes and x's 100 counted throughout
+  ASSERT_EQ(o.status, PlanStatus::kOptimal) << o.message;
+  EXPECT_DOUBLE_EQ(o.overhead, 1.0);
+  EXPECT_EQ(std::count(o.schedule.begin(), o.schedule.end(), 0), 1);
 }
 
 TEST(RotorPlannerTest, InfeasibleBelowWhatTheLastStageNeeds) {
