@@ -263,6 +263,9 @@ TEST(SimOptionsTest, PlannerFlags) {
   EXPECT_DOUBLE_EQ(Parse({"t.log", "--planner-time-limit", "90s"})->planner_time_limit_s, 90);
   EXPECT_EQ(Parse({"t.log"})->segment_first, -1);
   EXPECT_THAT(Parse({"t.log", "--planner", "pofo"}).status().message(), HasSubstr("unknown planner 'pofo'"));
+  EXPECT_EQ(Parse({"t.log", "--planner", "checkmate,rotor"})->planners,
+            (std::vector<std::string>{"checkmate", "rotor"}));
+  EXPECT_THAT(Parse({"t.log", "--planner", "rotor,rotor"}).status().message(), HasSubstr("listed twice"));
   EXPECT_THAT(Parse({"t.log", "--planner-time-limit", "0"}).status().message(), HasSubstr("--planner-time-limit"));
   EXPECT_THAT(Parse({"t.log", "--segment", "10"}).status().message(), HasSubstr("FIRST+COUNT"));
   EXPECT_THAT(Parse({"t.log", "--segment", "5+0"}).status().message(), HasSubstr("FIRST+COUNT"));
