@@ -17,6 +17,17 @@ may be recomputed, in index order.
              recomputed in-place write makes a new copy, as the engine replays it out of place).
   Memory:    before op k: constants(t) + U[t,k-1] + R[t,k] * fresh bytes(k) <= budget (remat-sim's counter rule).
   Objective: minimize the op time of all executions.
+Paging (when the problem has "paging": the joint drop-or-page plan), per useful value v and stage t:
+  O[t,v]  binary: v is paged out at the end of stage t (after op t's original); it must be resident there.
+  I[t,v]  binary: v is paged in at the start of stage t (before the stage's recomputations).
+  H[t,v]  binary: a host copy of v exists when stage t begins (within the host budget, if any).
+  Keep:      S[t+1,v] <= S[t,v] + R[t,p(v)] + I[t+1,v];  S[t+1,v] + O[t,v] - I[t+1,v] <= 1.
+  Host:      I[t,v] <= H[t,v];  H[t+1,v] <= H[t,v] - I[t,v] + O[t,v] (a page-in uses the copy up);
+             H[t+1,v] + R[t,p(v)] - O[t,v] <= 1 (a recomputation drops the host copy, as the checker does).
+  Objective: + the link time of every copy (runtime/link_model.h TransferNs, given per value as transfer_ns). The
+             engine overlaps copies with compute (a page-out never delays an op; an op waits for its inputs'
+             page-ins), so the stall the checker measures is at most this sum: the objective is an upper bound of the
+             schedule's cost, and the checker's figure is the one reported.
 Where it is conservative (never optimistic) against remat-sim's accounting: a value held from an earlier stage and
 also recomputed is counted twice, and a value held into a stage where nothing reads it is counted in that stage.
 The C++ side verifies the schedule (tools/schedule_check.h), freeing every value as early as possible, and reports
@@ -71,6 +82,7 @@ def solve(problem):
     # A recomputed in-place write makes a new copy (the engine replays it out of place): its value adds bytes.
     replay_bytes = [fresh_bytes[k] + sum(vbytes[made] for _, made in op["in_place"]) for k, op in enumerate(ops)]
     useful = [bool(readers[v]) or output[v] for v in range(len(values))]
+    paging = problem.get("paging")
 
     # Costs in thousandths of the baseline compute (the objective is 1000 x overhead): ns would span 1e2..1e8 and
     # upset HiGHS's tolerances.
@@ -96,6 +108,23 @@ def solve(problem):
             continue
         for t in range(producer[v] + 1, T + 1):
             S[(t, v)] = new_col(0.0, 0.0, 1.0, True)
+
+    # Paging columns: O[t,v] for producer <= t < the last stage that reads v (T for an output), I and H for
+    # producer < t <= that stage; none after an original in-place write consumes v.
+    O, I, H = {}, {}, {}
+    if paging:
+        transfer = paging["transfer_ns"]
+        for v in range(len(values)):
+            if not useful[v]:
+                continue
+            last = T if output[v] else max(readers[v])
+            if consumer[v] >= 0:
+                last = min(last, consumer[v])
+            for t in range(producer[v], last):
+                O[(t, v)] = new_col(transfer[v] * scale, 0.0, 1.0, True)
+            for t in range(producer[v] + 1, last + 1):
+                I[(t, v)] = new_col(transfer[v] * scale, 0.0, 1.0, True)
+                H[(t, v)] = new_col(0.0, 0.0, 1.0, True)
 
     rows_lo, rows_hi, starts, index, value = [], [], [0], [], []
 
@@ -148,9 +177,41 @@ def solve(problem):
                     terms.append((S[(t, v)], -1.0))
                 p_terms, p_const = r_term(t, producer[v])
                 terms += [(c, -a) for c, a in p_terms]
+                if (t + 1, v) in I:
+                    terms.append((I[(t + 1, v)], -1.0))
                 add_row(terms, -INF, p_const)
+                if (t, v) in O:  # paged out at the end of stage t: not kept unless paged in again
+                    add_row([(S[(t + 1, v)], 1.0), (O[(t, v)], 1.0)] +
+                            ([(I[(t + 1, v)], -1.0)] if (t + 1, v) in I else []), -INF, 1.0)
                 if consumer[v] == t:  # the original in-place write consumes v
                     col_hi[S[(t + 1, v)]] = 0.0
+        # Paging: a page-out needs v resident in stage t; host copies.
+        if paging:
+            for v in range(len(values)):
+                if (t, v) in O:
+                    p_terms, p_const = r_term(t, producer[v])
+                    terms = [(O[(t, v)], 1.0)] + [(c, -a) for c, a in p_terms]
+                    if (t, v) in S:
+                        terms.append((S[(t, v)], -1.0))
+                    add_row(terms, -INF, p_const)
+                if (t, v) in I:
+                    add_row([(I[(t, v)], 1.0), (H[(t, v)], -1.0)], -INF, 0.0)
+                if (t + 1, v) in H:
+                    terms = [(H[(t + 1, v)], 1.0)]
+                    if (t, v) in H:
+                        terms += [(H[(t, v)], -1.0), (I[(t, v)], 1.0)]
+                    if (t, v) in O:
+                        terms.append((O[(t, v)], -1.0))
+                    add_row(terms, -INF, 0.0)
+                    p_terms, p_const = r_term(t, producer[v])
+                    terms = [(H[(t + 1, v)], 1.0)] + p_terms
+                    if (t, v) in O:
+                        terms.append((O[(t, v)], -1.0))
+                    add_row(terms, -INF, 1.0 - p_const)
+            if paging.get("host_budget") is not None:
+                host_terms = [(H[(t, v)], vbytes[v]) for v in range(len(values)) if (t, v) in H]
+                if host_terms:
+                    add_row(host_terms, -INF, (paging["host_budget"] + 0.5) / MIB)
         # Memory, op by op.
         position = {k: n for n, k in enumerate(stage_ops)}
         prev_terms = [(S[(t, v)], vbytes[v]) for v in range(len(values)) if (t, v) in S]
@@ -178,6 +239,8 @@ def solve(problem):
                     add_row([(f, 1.0)] + [(c, -a) for c, a in k_terms], -INF, 0.0)
                 if (t + 1, v) in S:
                     add_row([(f, 1.0), (S[(t + 1, v)], 1.0)], -INF, 1.0)
+                if (t, v) in O:
+                    add_row([(f, 1.0), (O[(t, v)], 1.0)], -INF, 1.0)
                 for j in later:
                     add_row([(f, 1.0), (R[(t, j)], 1.0)], -INF, 1.0)
             add_row(terms, 0.0, 0.0)
@@ -284,15 +347,27 @@ def solve(problem):
         x = h.getSolution().col_value
         result["objective_ns"] = info.objective_function_value / scale
         result["mip_gap"] = info.mip_gap
-        schedule = []
+        schedule, steps = [], []  # steps: [kind, index], kind 0 run, 1 page out, 2 page in
         for t in range(T + 1):
+            for v in range(len(values)):
+                col = I.get((t, v))
+                if col is not None and x[col] > 0.5:
+                    steps.append([2, v])
             for i in range(t):
                 col = R.get((t, i))
                 if col is not None and x[col] > 0.5:
                     schedule.append(i)
+                    steps.append([0, i])
             if t < T:
                 schedule.append(t)
+                steps.append([0, t])
+            for v in range(len(values)):
+                col = O.get((t, v))
+                if col is not None and x[col] > 0.5:
+                    steps.append([1, v])
         result["schedule"] = schedule
+        if paging:
+            result["steps"] = steps
     return result
 
 

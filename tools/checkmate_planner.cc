@@ -11,11 +11,13 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "nlohmann/json.hpp"
+#include "runtime/link_model.h"
 #include "tools/plot_launcher.h"
 #include "tools/schedule_check.h"
 
@@ -59,6 +61,18 @@ nlohmann::json ProblemJson(const PlanProblem& problem, std::int64_t budget, cons
   }
   j["ops"] = std::move(ops);
   j["start"] = options.start;
+  if (options.paging) {
+    const LinkModel link(options.link);
+    std::vector<std::int64_t> transfer;
+    for (const PlanValue& v : problem.values) transfer.push_back(link.TransferNs(v.bytes));
+    nlohmann::json paging = {{"transfer_ns", transfer}};
+    if (options.link.host_budget < std::numeric_limits<std::int64_t>::max()) {
+      paging["host_budget"] = options.link.host_budget;
+    } else {
+      paging["host_budget"] = nullptr;
+    }
+    j["paging"] = std::move(paging);
+  }
   return j;
 }
 
@@ -114,7 +128,7 @@ std::string_view ToString(PlanStatus status) {
   return "unsolved";
 }
 
-std::int64_t CountBinaries(const PlanProblem& problem) {
+std::int64_t CountBinaries(const PlanProblem& problem, bool paging) {
   const std::int64_t stages = static_cast<std::int64_t>(problem.ops.size());  // the end stage is `stages`
   std::int64_t count = 0;
   for (std::size_t i = 0; i < problem.ops.size(); ++i) {
@@ -129,7 +143,9 @@ std::int64_t CountBinaries(const PlanProblem& problem) {
     for (std::int32_t v : op.inputs) read[v] = true;
   }
   for (std::size_t v = 0; v < problem.values.size(); ++v) {
-    if (read[v] || problem.values[v].output) count += stages - problem.values[v].producer;
+    if (read[v] || problem.values[v].output) {
+      count += (paging ? 4 : 1) * (stages - problem.values[v].producer);  // S, and O, I, H with paging
+    }
   }
   return count;
 }
@@ -138,7 +154,7 @@ absl::StatusOr<PlanOutcome> PlanCheckmate(const PlanProblem& problem, std::int64
                                           const PlannerOptions& options) {
   const auto begin = std::chrono::steady_clock::now();
   PlanOutcome outcome;
-  outcome.binaries = CountBinaries(problem);
+  outcome.binaries = CountBinaries(problem, options.paging);
   if (outcome.binaries > options.max_binaries) {
     outcome.status = PlanStatus::kTooBig;
     outcome.message = absl::StrCat("the ILP would have ", outcome.binaries, " binaries (", problem.ops.size(),
@@ -184,41 +200,60 @@ absl::StatusOr<PlanOutcome> PlanCheckmate(const PlanProblem& problem, std::int64
   }
   const std::string status = result.value("status", "error");
   outcome.start_accepted = result.value("start_accepted", false);
+  auto check = [&](const std::vector<PlanStep>& steps) {
+    return CheckSteps(problem, budget, options.paging ? &options.link : nullptr, steps);
+  };
   ScheduleVerdict start;
+  std::vector<PlanStep> start_steps;
+  for (std::int32_t k : options.start) start_steps.push_back({StepKind::kRun, k});
   if (!options.start.empty()) {
-    start = CheckSchedule(problem, budget, options.start);
+    start = check(start_steps);
     if (!start.valid) return absl::InvalidArgumentError(absl::StrCat("the start schedule fails the check: ", start.violation));
   }
-  auto use = [&](const ScheduleVerdict& verdict) {
+  auto use = [&](const ScheduleVerdict& verdict, std::vector<PlanStep> steps) {
     outcome.overhead = verdict.overhead;
     outcome.peak_bytes = verdict.peak_bytes;
     outcome.recomputations = verdict.recomputations;
+    outcome.stall_ns = verdict.stall_ns;
+    outcome.page_outs = verdict.page_outs;
+    outcome.page_ins = verdict.page_ins;
+    outcome.steps = std::move(steps);
   };
+  auto cost = [](const ScheduleVerdict& verdict) { return verdict.total_ns + verdict.stall_ns; };
   if (status == "infeasible" && start.valid) {
     // The ILP's memory model is stricter than the checker's (double counts, see checkmate_ilp.py): the start fits
     // the budget while no ILP schedule does. The start is still a valid answer.
     outcome.status = PlanStatus::kFeasible;
     outcome.from_start = true;
-    use(start);
+    use(start, start_steps);
   } else if (status == "infeasible") {
     outcome.status = PlanStatus::kInfeasible;
   } else if (result.contains("schedule")) {
     outcome.status = status == "optimal" ? PlanStatus::kOptimal : PlanStatus::kFeasible;
-    const std::vector<std::int32_t> schedule = result["schedule"].get<std::vector<std::int32_t>>();
-    const ScheduleVerdict verdict = CheckSchedule(problem, budget, schedule);
+    std::vector<PlanStep> steps;
+    if (options.paging && result.contains("steps")) {
+      for (const auto& step : result["steps"]) {
+        const int kind = step[0].get<int>();
+        steps.push_back({kind == 0 ? StepKind::kRun : kind == 1 ? StepKind::kPageOut : StepKind::kPageIn,
+                         step[1].get<std::int32_t>()});
+      }
+    } else {
+      for (std::int32_t k : result["schedule"].get<std::vector<std::int32_t>>()) steps.push_back({StepKind::kRun, k});
+    }
+    const ScheduleVerdict verdict = check(steps);
     if (!verdict.valid) {
       return absl::InternalError(absl::StrCat("the ILP's schedule fails the check: ", verdict.violation));
     }
-    use(verdict);
-    if (start.valid && start.total_ns < verdict.total_ns) {
+    use(verdict, std::move(steps));
+    if (start.valid && cost(start) < cost(verdict)) {
       outcome.status = PlanStatus::kFeasible;
       outcome.from_start = true;
-      use(start);
+      use(start, start_steps);
     }
   } else if (status == "time-limit" && start.valid) {
     outcome.status = PlanStatus::kFeasible;
     outcome.from_start = true;
-    use(start);
+    use(start, start_steps);
   } else if (status == "time-limit") {
     outcome.status = PlanStatus::kUnsolved;
     outcome.message = absl::StrFormat("no schedule found within the time limit of %g s (--planner-time-limit)",
@@ -226,6 +261,11 @@ absl::StatusOr<PlanOutcome> PlanCheckmate(const PlanProblem& problem, std::int64
   } else {
     return absl::InternalError(absl::StrCat("the solver ended with model status '",
                                             result.value("model_status", "?"), "'"));
+  }
+  if (options.paging) {
+    // The solver's bound is for the ILP's upper-bound cost of copies (see the contract), not for the schedule's
+    // cost with overlap: the only bound left is the compute itself.
+    outcome.lower_bound_overhead = 0;
   }
   if (outcome.status == PlanStatus::kFeasible && outcome.lower_bound_overhead > 0 &&
       outcome.overhead <= outcome.lower_bound_overhead * (1 + 1e-4)) {

@@ -19,6 +19,14 @@
 //   - Every schedule the solver returns is checked; `overhead` is the checker's (op time of the schedule / compute)
 //     and a schedule the checker rejects is an Internal error naming the violation (a bug in the ILP, never a
 //     result).
+//   - Paging (`paging` set): the joint drop-or-page plan. The ILP gets page-out, page-in and host-copy binaries per
+//     value and stage and pays every copy's link time (runtime/link_model.h TransferNs with paging's bandwidth and
+//     latency; checkmate_ilp.py says why that sum bounds the stall). Its steps are checked by CheckSteps with paging
+//     (tools/schedule_check.h) with the engine's link model, overlap included, and `overhead` is the checker's
+//     (op time + stall) / compute; the solver's bound is then a bound of the ILP's upper-bound cost, not of the
+//     schedule's, so `lower_bound_overhead` is 0 (none: only the compute itself bounds it), and kOptimal means
+//     optimal for the ILP's cost (copies on the critical path), the checker's cost being at most that. Constants are never
+//     paged. Drop-only schedules are part of the model, so with the same start it is never worse than drop-only.
 //   - Errors: FailedPrecondition when the helper cannot run or highspy is missing (saying how to install it),
 //     Internal when it fails otherwise.
 #pragma once
@@ -29,7 +37,9 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "runtime/engine.h"
 #include "tools/plan_problem.h"
+#include "tools/schedule_check.h"
 
 namespace remat::plan {
 
@@ -47,6 +57,8 @@ struct PlannerOptions {
   // the ILP's memory model; whatever happens, the outcome is never worse than it: when the solver ends with
   // nothing better (or nothing), the start itself is the answer (status kFeasible, or kOptimal if the bound meets it).
   std::vector<std::int32_t> start;
+  bool paging = false;            // plan page-outs and page-ins too, with `link` (bandwidth, latency, duplex, host)
+  PagingOptions link;
 };
 
 struct PlanOutcome {
@@ -62,10 +74,13 @@ struct PlanOutcome {
   std::string message;               // kTooBig, kUnsolved: why
   bool start_accepted = false;       // options.start was given to the solver (HiGHS uses it if it fits its model)
   bool from_start = false;           // the answer is options.start itself (the solver found nothing better)
+  std::vector<PlanStep> steps;       // the verified schedule (kOptimal, kFeasible)
+  std::int64_t stall_ns = 0;         // paging: the checker's stall
+  std::int64_t page_outs = 0, page_ins = 0;
 };
 
-// Binaries the ILP would have (see the contract).
-std::int64_t CountBinaries(const PlanProblem& problem);
+// Binaries the ILP would have (see the contract); with paging, an upper bound (the helper prunes some).
+std::int64_t CountBinaries(const PlanProblem& problem, bool paging = false);
 
 absl::StatusOr<PlanOutcome> PlanCheckmate(const PlanProblem& problem, std::int64_t budget,
                                           const PlannerOptions& options);

@@ -330,11 +330,15 @@ void DefineFlags(CLI::App& app, SimOptions& o, const Vocabulary& vocabulary) {
         });
   app.add_flag("--page-constants", o.page_constants, "constants (weights) may be paged out too");
   app.add_flag("--duplex-link", o.duplex_link, "page-ins do not queue behind page-outs (one link per direction)");
-  value("--planner", "NAME",
+  value("--planner", "NAME,...",
         absl::StrCat("also plan each trace and budget offline and print the optimum next to\n"
-                     "the policies (a Checkmate-style ILP solved by HiGHS, its schedule checked);\n"
-                     "known: ", Quoted(vocabulary.planners)),
-        [&](const std::string& t) { return Set(Known("--planner", "planner", vocabulary.planners, t), o.planner); });
+                     "the policies, its schedule checked: checkmate (an ILP solved by HiGHS; with\n"
+                     "--offload, drop or page), rotor (Rotor's DP on chains); known: ",
+                     Quoted(vocabulary.planners)),
+        [&](const std::string& t) {
+          auto known = [&](const std::string& i) { return Known("--planner", "planner", vocabulary.planners, i); };
+          return ParseList("--planner", "planner", t, known, o.planners);
+        });
   value("--planner-time-limit", "SECONDS", "solver time limit per solve: 300, 90s, 5min (default 300)",
         [&](const std::string& t) {
           absl::string_view number = t;

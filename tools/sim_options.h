@@ -5,7 +5,7 @@
 //             [--jobs N] [--seed N]
 //             [--sample-sqrt] [--ignore-small] [--dtr-paper] [--no-partition]
 //             [--offload off|auto|always[,...]] [--bandwidth RATE] [--link-latency TIME] [--host-budget SIZE]
-//             [--page-constants] [--duplex-link] [--planner NAME] [--planner-time-limit SECONDS]
+//             [--page-constants] [--duplex-link] [--planner NAME,...] [--planner-time-limit SECONDS]
 //             [--planner-max-binaries N] [--segment FIRST+COUNT] [--help]
 //
 // Contract:
@@ -30,9 +30,9 @@
 //     decimal with a unit ns, us, ms or s ("10us", "0.5ms"; "0" alone is allowed); default ReplayOptions'
 //     (10 us). --host-budget is a byte size > 0 (default: unlimited). --page-constants and --duplex-link are
 //     switches. The paging flags are accepted with --offload off (they then change nothing).
-//   - --planner names an offline planner from the vocabulary (`checkmate`): after the policies' rows, remat-sim
-//     plans each (trace, ratio or budget) offline and prints the optimum next to the policies (tools/
-//     checkmate_planner.h). --planner-time-limit is the solver's limit in seconds per solve (a positive number,
+//   - --planner is a comma list of offline planners from the vocabulary (`checkmate`, `rotor`), no duplicates:
+//     after the policies' rows, remat-sim plans each (trace, ratio or budget, paging or not) offline and prints
+//     the optimum next to the policies (tools/sim_planner.h). --planner-time-limit is the solver's limit in seconds per solve (a positive number,
 //     optionally with "s" or "min": 300, 90s, 5min; default 300); --planner-max-binaries a positive integer
 //     (default 400000). --segment FIRST+COUNT replaces every trace by its window of COUNT ops starting at op FIRST
 //     (0-based, CALL and MUTATE counted; tools/trace_segment.h), for the policies and the planner alike.
@@ -89,7 +89,7 @@ struct SimOptions {
   bool page_constants = false;
   bool duplex_link = false;
   // Offline references (tools/checkmate_planner.h).
-  std::string planner;                  // empty: none
+  std::vector<std::string> planners;    // empty: none
   double planner_time_limit_s = 300;
   std::int64_t planner_max_binaries = 400'000;
   std::int64_t segment_first = -1;      // -1: whole traces

@@ -47,38 +47,8 @@ TEST(CheckmatePlannerTest, ChainOptimumIsTheHandComputedOne) {
   EXPECT_EQ(Plan(trace, 250).status, PlanStatus::kInfeasible);
 }
 
-// A training-shaped trace: a forward chain f0..f{n-1} (each read again by its backward op), a backward chain, and
-// the last gradient as the output; sizes and times vary so that the choice matters.
-std::string TrainingTrace(int n) {
-  std::string t = "{\"ANNOTATION\":\"START\",\"INSTRUCTION\":\"ANNOTATE\"}\n";
-  auto call = [&](const std::string& op, const std::string& args, const std::string& result, int bytes, int ns) {
-    t += "{\"ARGS\":[" + args + "],\"INSTRUCTION\":\"CALL\",\"NAME\":\"" + op + "\",\"RESULT\":[\"" + result +
-         "\"],\"TIME\":\"" + std::to_string(ns) + "\"}\n";
-    t += "{\"INSTRUCTION\":\"MEMORY\",\"MEMORY\":\"" + std::to_string(bytes) + "\",\"NAME\":\"" + result + "\"}\n";
-    t += "{\"ALIAS\":\"-1\",\"INSTRUCTION\":\"ALIAS\",\"NAME\":\"" + result + "\"}\n";
-  };
-  auto release = [&](const std::string& name) {
-    t += "{\"INSTRUCTION\":\"RELEASE\",\"NAME\":\"" + name + "\"}\n";
-  };
-  t += "{\"INSTRUCTION\":\"CONSTANT\",\"NAME\":\"x\"}\n{\"INSTRUCTION\":\"MEMORY\",\"MEMORY\":\"50\",\"NAME\":\"x\"}\n";
-  std::string prev = "\"x\"";
-  for (int i = 0; i < n; ++i) {
-    call("f", prev, "f" + std::to_string(i), 100 + 37 * (i % 3), 1 + 7 * (i % 4));
-    prev = "\"f" + std::to_string(i) + "\"";
-  }
-  std::string grad = prev;
-  for (int i = n - 1; i >= 0; --i) {
-    const std::string g = "g" + std::to_string(i);
-    call("b", grad + ",\"f" + std::to_string(i) + "\"", g, 100 + 37 * (i % 3), 2 + 5 * (i % 3));
-    if (grad != prev) release(grad.substr(1, grad.size() - 2));
-    release("f" + std::to_string(i));
-    grad = "\"" + g + "\"";
-  }
-  return t;
-}
-
 TEST(CheckmatePlannerTest, OptimumIsNeverWorseThanAPolicy) {
-  const Trace trace = Parse(TrainingTrace(7));
+  const Trace trace = Parse(testing::TrainingTrace(7));
   absl::StatusOr<std::unique_ptr<Replayer>> replayer = Replayer::Create(trace);
   ASSERT_TRUE(replayer.ok()) << replayer.status();
   int compared = 0;
@@ -107,7 +77,7 @@ TEST(CheckmatePlannerTest, OptimumIsNeverWorseThanAPolicy) {
 // The checker and the engine count alike: every policy's run, replayed offline from its schedule, is valid at the
 // same budget and costs the engine's op time exactly (remat-sim --planner relies on this for its starts).
 TEST(CheckmatePlannerTest, PolicyRunsCheckAtTheEnginesCost) {
-  const Trace trace = Parse(TrainingTrace(9));
+  const Trace trace = Parse(testing::TrainingTrace(9));
   absl::StatusOr<std::unique_ptr<Replayer>> replayer = Replayer::Create(trace);
   ASSERT_TRUE(replayer.ok()) << replayer.status();
   absl::StatusOr<PlanProblem> problem = BuildPlanProblem(trace);

@@ -2,6 +2,7 @@
 // worked out by hand next to each.
 #pragma once
 
+#include <string>
 #include <utility>
 
 #include "gtest/gtest.h"
@@ -70,5 +71,37 @@ inline const char* kWrites = R"({"ANNOTATION":"START","INSTRUCTION":"ANNOTATE"}
 {"INSTRUCTION":"RELEASE","NAME":"x"}
 {"INSTRUCTION":"RELEASE","NAME":"xv"}
 )";
+
+// A training-shaped trace: a forward chain f0..f{n-1} (each read again by its backward op), a backward chain, and
+// the last gradient as the output; sizes and times vary so that the choice matters. With `reads_input`, b_i also
+// reads f_{i-1} (its forward op's input, as a convolution's backward does).
+inline std::string TrainingTrace(int n, bool reads_input = false) {
+  std::string t = "{\"ANNOTATION\":\"START\",\"INSTRUCTION\":\"ANNOTATE\"}\n";
+  auto call = [&](const std::string& op, const std::string& args, const std::string& result, int bytes, int ns) {
+    t += "{\"ARGS\":[" + args + "],\"INSTRUCTION\":\"CALL\",\"NAME\":\"" + op + "\",\"RESULT\":[\"" + result +
+         "\"],\"TIME\":\"" + std::to_string(ns) + "\"}\n";
+    t += "{\"INSTRUCTION\":\"MEMORY\",\"MEMORY\":\"" + std::to_string(bytes) + "\",\"NAME\":\"" + result + "\"}\n";
+    t += "{\"ALIAS\":\"-1\",\"INSTRUCTION\":\"ALIAS\",\"NAME\":\"" + result + "\"}\n";
+  };
+  auto release = [&](const std::string& name) {
+    t += "{\"INSTRUCTION\":\"RELEASE\",\"NAME\":\"" + name + "\"}\n";
+  };
+  t += "{\"INSTRUCTION\":\"CONSTANT\",\"NAME\":\"x\"}\n{\"INSTRUCTION\":\"MEMORY\",\"MEMORY\":\"50\",\"NAME\":\"x\"}\n";
+  std::string prev = "\"x\"";
+  for (int i = 0; i < n; ++i) {
+    call("f", prev, "f" + std::to_string(i), 100 + 37 * (i % 3), 1 + 7 * (i % 4));
+    prev = "\"f" + std::to_string(i) + "\"";
+  }
+  std::string grad = prev;
+  for (int i = n - 1; i >= 0; --i) {
+    const std::string g = "g" + std::to_string(i);
+    const std::string input = reads_input && i > 0 ? ",\"f" + std::to_string(i - 1) + "\"" : "";
+    call("b", grad + ",\"f" + std::to_string(i) + "\"" + input, g, 100 + 37 * (i % 3), 2 + 5 * (i % 3));
+    if (grad != prev) release(grad.substr(1, grad.size() - 2));
+    release("f" + std::to_string(i));
+    grad = "\"" + g + "\"";
+  }
+  return t;
+}
 
 }  // namespace remat::plan::testing

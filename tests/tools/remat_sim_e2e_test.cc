@@ -18,6 +18,7 @@
 #include "absl/strings/str_split.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/tools/plan_traces.h"
 
 namespace {
 
@@ -189,6 +190,44 @@ TEST_F(RematSimTest, PlannerPrintsTheOptimumNextToThePolicies) {
   ASSERT_EQ(Run({trace, "--ratios", "0.8", "--planner", "checkmate", "--planner-max-binaries", "2"}), 0) << err_;
   EXPECT_THAT(out_, HasSubstr("too-big"));
   EXPECT_THAT(out_, HasSubstr("--segment"));
+}
+
+// --planner checkmate,rotor with --offload off,auto: per budget a drop-only ILP plan, Rotor's plan (kChain is a
+// chain of 2 stages: x1, then x2..x4, g reading x4 and x1), the joint drop-or-page plan, and a Rotor row that says
+// it does not page. Bad combinations are refused with the reason.
+TEST_F(RematSimTest, EveryPlannerPrintsItsPlanWithAndWithoutPaging) {
+  const std::string trace = Write("chain.log", kChain);
+  ASSERT_EQ(Run({trace, "--ratios", "0.8", "--policies", "dtr-eq", "--offload", "off,auto", "--planner",
+                 "checkmate,rotor", "--out", File("p.csv"), "--jobs", "1"}),
+            0)
+      << err_;
+  const auto rows = ReadCsv(File("p.csv"));
+  ASSERT_EQ(rows.size(), 6u);
+  EXPECT_EQ(rows[2].at("policy"), "opt-checkmate");
+  EXPECT_EQ(rows[3].at("policy"), "opt-rotor");
+  EXPECT_EQ(rows[4].at("policy"), "opt-checkmate+page");
+  EXPECT_EQ(rows[5].at("policy"), "opt-rotor+page");
+  EXPECT_EQ(rows[2].at("result"), "optimal");
+  EXPECT_EQ(rows[3].at("result"), "optimal");
+  EXPECT_DOUBLE_EQ(Number(rows[3], "overhead"), Number(rows[2], "overhead"));
+  EXPECT_DOUBLE_EQ(Number(rows[2], "overhead"), 1.0);
+  EXPECT_LE(Number(rows[4], "overhead"), Number(rows[2], "overhead"));
+  EXPECT_EQ(rows[5].at("result"), "n/a");
+  EXPECT_THAT(out_, HasSubstr("rotor plans drop-only"));
+  // A trace that is not a chain: its Rotor row says why.
+  const std::string pair = Write("pair.log", remat::plan::testing::TrainingTrace(1));  // 2 ops: 1 stage
+  ASSERT_EQ(Run({pair, "--ratios", "0.9", "--planner", "rotor", "--jobs", "1"}), 0) << err_;
+  EXPECT_THAT(out_, HasSubstr("not-chain"));
+  EXPECT_THAT(out_, HasSubstr("not a chain"));
+  // Bad flags.
+  EXPECT_EQ(Run({trace, "--planner", "rotor,rotor"}), 2);
+  EXPECT_THAT(err_, HasSubstr("listed twice"));
+  EXPECT_EQ(Run({trace, "--planner", "checkmate,pofo"}), 2);
+  EXPECT_THAT(err_, HasSubstr("unknown planner 'pofo'"));
+  EXPECT_EQ(Run({trace, "--planner", "checkmate", "--offload", "auto", "--page-constants"}), 2);
+  EXPECT_THAT(err_, HasSubstr("never pages constants"));
+  EXPECT_EQ(Run({trace, "--planner", "rotor", "--dtr-paper"}), 2);
+  EXPECT_THAT(err_, HasSubstr("--dtr-paper"));
 }
 
 TEST_F(RematSimTest, OffloadAutoBeatsRecomputingACostlyChain) {

@@ -15,7 +15,7 @@ using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 
 Vocabulary TestVocabulary() {
-  return Vocabulary{{"dtr", "dtr-eq", "lru", "coop"}, {"counter", "arena"}, "dtr-eq", "counter", {"checkmate"}};
+  return Vocabulary{{"dtr", "dtr-eq", "lru", "coop"}, {"counter", "arena"}, "dtr-eq", "counter", {"checkmate", "rotor"}};
 }
 
 absl::StatusOr<SimOptions> Parse(std::vector<std::string> args) { return ParseSimOptions(args, TestVocabulary()); }
@@ -255,14 +255,17 @@ TEST(SimOptionsTest, PlannerFlags) {
   absl::StatusOr<SimOptions> o = Parse({"t.log", "--planner", "checkmate", "--planner-time-limit", "5min",
                                         "--planner-max-binaries", "1000", "--segment", "10+200"});
   ASSERT_TRUE(o.ok()) << o.status();
-  EXPECT_EQ(o->planner, "checkmate");
+  EXPECT_EQ(o->planners, std::vector<std::string>{"checkmate"});
   EXPECT_DOUBLE_EQ(o->planner_time_limit_s, 300);
   EXPECT_EQ(o->planner_max_binaries, 1000);
   EXPECT_EQ(o->segment_first, 10);
   EXPECT_EQ(o->segment_count, 200);
   EXPECT_DOUBLE_EQ(Parse({"t.log", "--planner-time-limit", "90s"})->planner_time_limit_s, 90);
   EXPECT_EQ(Parse({"t.log"})->segment_first, -1);
-  EXPECT_THAT(Parse({"t.log", "--planner", "rotor"}).status().message(), HasSubstr("unknown planner 'rotor'"));
+  EXPECT_THAT(Parse({"t.log", "--planner", "pofo"}).status().message(), HasSubstr("unknown planner 'pofo'"));
+  EXPECT_EQ(Parse({"t.log", "--planner", "checkmate,rotor"})->planners,
+            (std::vector<std::string>{"checkmate", "rotor"}));
+  EXPECT_THAT(Parse({"t.log", "--planner", "rotor,rotor"}).status().message(), HasSubstr("listed twice"));
   EXPECT_THAT(Parse({"t.log", "--planner-time-limit", "0"}).status().message(), HasSubstr("--planner-time-limit"));
   EXPECT_THAT(Parse({"t.log", "--segment", "10"}).status().message(), HasSubstr("FIRST+COUNT"));
   EXPECT_THAT(Parse({"t.log", "--segment", "5+0"}).status().message(), HasSubstr("FIRST+COUNT"));
