@@ -194,6 +194,20 @@ TEST(CudaTorchAllocator, AStitchingArenaServesAcrossHolesAndReportsPhysicalBytes
   const std::string error = ErrorOf([&] { (void)f.allocator->allocate(kMiB); });
   EXPECT_THAT(error, HasSubstr("tried to allocate 1048576 bytes"));
   EXPECT_THAT(error, HasSubstr("budget 8388608 bytes of physical memory in 2097152-byte granules, mapped 8388608"));
+  // The snapshot's segments are the mapped granules (8 MiB), not the reserved address space (64 MiB).
+  blocks[3].clear();
+  const cca::SnapshotInfo info = f.allocator->snapshot();
+  std::size_t total = 0, allocated = 0;
+  for (const auto& segment : info.segments) {
+    total += segment.total_size;
+    allocated += segment.allocated_size;
+    std::size_t sum = 0;
+    for (const auto& block : segment.blocks) sum += block.size;
+    EXPECT_EQ(sum, segment.total_size);
+  }
+  EXPECT_EQ(total, 6 * kMiB);
+  EXPECT_EQ(allocated, 6 * kMiB);
+  EXPECT_EQ(f.allocator->Device(0).Stats().physical_bytes, 6 * kMiB);
 }
 
 // What the engine does under pressure, simulated: evicting a storage drops its DataPtr, which frees the block.
