@@ -18,6 +18,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "integration/cuda/cuda_history.h"
+#include "integration/cuda/cuda_snapshot.h"
 #include "integration/memory_events.h"
 
 namespace remat::integration {
@@ -327,66 +328,6 @@ void RematCudaAllocator::recordStream(const c10::DataPtr& ptr, c10::cuda::CUDASt
   RecordStream(ptr.get(), streams_.handle(stream));
 }
 
-namespace {
-
-// A snapshot segment (what torch.cuda.memory_snapshot and memory_viz show) of blocks in address order.
-c10::CachingDeviceAllocator::SegmentInfo SegmentOf(const std::vector<BlockInfo>& blocks, c10::DeviceIndex device) {
-  c10::CachingDeviceAllocator::SegmentInfo segment;
-  segment.device = device;
-  segment.address = blocks.front().address;
-  segment.is_large = true;
-  for (const BlockInfo& block : blocks) {
-    segment.total_size += block.size;
-    c10::CachingDeviceAllocator::BlockInfo out;
-    out.size = block.size;
-    out.requested_size = block.size;
-    out.allocated = !block.free;
-    out.active = !block.free;
-    if (!block.free) {
-      segment.allocated_size += block.size;
-      segment.active_size += block.size;
-      segment.requested_size += block.size;
-    }
-    segment.blocks.push_back(std::move(out));
-  }
-  return segment;
-}
-
-// A stitching arena (issue 18) holds memory only in the granules its allocated blocks overlap: its segments are the
-// runs of such granules, each with the blocks inside it (free blocks cut at the run's ends), so that the segments
-// add up to the physical memory mapped, not to the address space reserved (eight times the budget).
-std::vector<std::vector<BlockInfo>> MappedRuns(const std::vector<BlockInfo>& blocks, std::size_t granule) {
-  std::vector<std::pair<std::uintptr_t, std::uintptr_t>> runs;  // [start, end), granule-aligned, in order
-  for (const BlockInfo& block : blocks) {
-    if (block.free) continue;
-    const std::uintptr_t start = block.address / granule * granule;
-    const std::uintptr_t end = (block.address + block.size + granule - 1) / granule * granule;
-    if (!runs.empty() && start <= runs.back().second) {
-      runs.back().second = std::max(runs.back().second, end);
-    } else {
-      runs.emplace_back(start, end);
-    }
-  }
-  std::vector<std::vector<BlockInfo>> out;
-  std::size_t next = 0;
-  for (const auto& [start, end] : runs) {
-    std::vector<BlockInfo> run;
-    while (next < blocks.size() && blocks[next].address + blocks[next].size <= start) ++next;
-    for (std::size_t i = next; i < blocks.size() && blocks[i].address < end; ++i) {
-      BlockInfo part = blocks[i];
-      const std::uintptr_t lo = std::max(part.address, start);
-      const std::uintptr_t hi = std::min(part.address + part.size, end);
-      part.address = lo;
-      part.size = hi - lo;
-      run.push_back(part);
-    }
-    out.push_back(std::move(run));
-  }
-  return out;
-}
-
-}  // namespace
-
 cca::SnapshotInfo RematCudaAllocator::snapshot(c10::MempoolId_t mempool_id, bool include_traces) {
   if (mempool_id != c10::MempoolId_t{0, 0}) Unsupported("snapshots of a private memory pool (CUDA graphs)");
   cca::SnapshotInfo info;
@@ -395,9 +336,8 @@ cca::SnapshotInfo RematCudaAllocator::snapshot(c10::MempoolId_t mempool_id, bool
     if (arena == nullptr) continue;
     const std::vector<BlockInfo> blocks = arena->Blocks();
     if (blocks.empty()) continue;
-    const std::size_t granule = arena->Stats().granule;
-    for (const std::vector<BlockInfo>& run : granule > 0 ? MappedRuns(blocks, granule) : std::vector<std::vector<BlockInfo>>{blocks}) {
-      info.segments.push_back(SegmentOf(run, static_cast<c10::DeviceIndex>(d)));
+    for (auto& segment : SnapshotSegments(blocks, arena->Stats().granule, static_cast<c10::DeviceIndex>(d))) {
+      info.segments.push_back(std::move(segment));
     }
   }
   if (include_traces) {
