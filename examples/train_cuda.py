@@ -13,14 +13,16 @@ steps of resnet50 on random images, printing per step the time, the loss and tor
 max_memory_allocated / memory_reserved, which remat's allocator answers. The budget is a hard limit: memory_reserved
 equals it, and an allocation that does not fit raises torch.OutOfMemoryError naming the request, the budget and
 the largest free block once the engine cannot make room. The engine evicts and rematerializes on device 0 (it is
-switched on for this thread by install_cuda_allocator; random ops' outputs are kept, and nothing is paged, on CUDA
-so far), so a budget below the model's peak trains by recomputing; the script prints the engine's evictions and
+switched on for this thread by install_cuda_allocator; random ops' outputs are kept on CUDA so far, and victims are
+paged to pinned host memory only with --offload), so a budget below the model's peak trains by recomputing; the script prints the engine's evictions and
 rematerializations per step. A budget below what even that allows fails with that error; the script reports it and
 exits with status 3.
 
 Options: --budget (bytes with a unit, e.g. 6GiB, or a fraction of device memory, e.g. 0.5; default REMAT_BUDGET,
 else 0.9), --host-budget (pinned host memory for paging; default REMAT_HOST_BUDGET), --policy (the engine's
-eviction policy; default REMAT_POLICY, else dtr-eq), --batch-size, --image-size, --steps, --no-remat (torch's own allocator, for
+eviction policy; default REMAT_POLICY, else dtr-eq), --offload (off, auto, always: page victims to pinned host
+memory), --arena (contiguous, stitch, stitch:SIZE), --deterministic (deterministic kernels, to compare losses bit for bit
+with --no-remat), --batch-size, --image-size, --steps, --no-remat (torch's own allocator, for
 comparison). libremat_cuda.so is found as remat.cuda's docstring says (REMAT_CUDA_LIBRARY, or the build
 directory). REMAT_BUDGET and REMAT_DEVICE are consumed here and removed from the environment before `import
 remat`, so that remat does not also apply the budget to CPU memory.
@@ -61,12 +63,20 @@ def main() -> None:
     parser.add_argument("--budget", default=os.environ.get("REMAT_BUDGET") or "0.9")
     parser.add_argument("--host-budget", default=os.environ.get("REMAT_HOST_BUDGET") or None)
     parser.add_argument("--policy", default=None)
+    parser.add_argument("--offload", default=None, help="off, auto or always (default REMAT_OFFLOAD, else off)")
+    parser.add_argument("--arena", default=None,
+                        help="contiguous, stitch or stitch:SIZE (default REMAT_ARENA, else contiguous)")
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--image-size", type=int, default=224)
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--no-remat", action="store_true", help="use torch's own CUDA allocator")
+    parser.add_argument("--deterministic", action="store_true",
+                        help="deterministic kernels (torch.use_deterministic_algorithms), so that the losses of a "
+                             "run under remat can be compared bit for bit with those of --no-remat")
     args = parser.parse_args()
     print(NOT_RUN_NOTE, flush=True)
+    if args.deterministic:
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # cuBLAS's condition for determinism
 
     # The budget is the CUDA budget here: without this, `import remat` would also enable remat on the CPU with it
     # (REMAT_BUDGET), or install the CUDA allocator itself (REMAT_DEVICE=cuda).
@@ -88,13 +98,18 @@ def main() -> None:
             # Checks the budget, that CUDA is not initialized yet and that there is a CUDA device (RuntimeError
             # saying so on a machine without a GPU), then installs remat as torch's CUDA allocator.
             installed = remat.install_cuda_allocator(budget=args.budget, policy=args.policy,
-                                                     host_budget=args.host_budget)
+                                                     host_budget=args.host_budget, offload=args.offload,
+                                                     arena=args.arena)
         except (ValueError, RuntimeError) as error:
             fail(f"cannot install remat's CUDA allocator: {error}")
-        print(f"remat: CUDA allocator installed from {installed.library} with budget {installed.budget}")
+        print(f"remat: CUDA allocator installed from {installed.library} with budget {installed.budget}, arena "
+              f"{installed.arena}")
 
     import torchvision  # noqa: E402
 
+    if args.deterministic:
+        torch.use_deterministic_algorithms(True)
+    torch.manual_seed(0)  # the same model and data in every run
     device = torch.device("cuda")
     name = torch.cuda.get_device_name(device)
     print(f"device: {name}; allocator: {torch.cuda.get_allocator_backend()}; "
@@ -115,7 +130,7 @@ def main() -> None:
             elapsed = time.perf_counter() - start
             engine = "" if args.no_remat else (f"  evictions {remat.stats().get('evictions', 0)}  "
                                                f"remats {remat.stats().get('rematerializations', 0)}")
-            print(f"step {step:3d}  {elapsed * 1000:8.1f} ms  loss {loss.item():7.4f}  "
+            print(f"step {step:3d}  {elapsed * 1000:8.1f} ms  loss {loss.item():.9g}  "
                   f"allocated {mib(torch.cuda.memory_allocated(device))}  "
                   f"peak {mib(torch.cuda.max_memory_allocated(device))}  "
                   f"reserved {mib(torch.cuda.memory_reserved(device))}{engine}")

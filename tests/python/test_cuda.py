@@ -211,3 +211,18 @@ def test_train_cuda_example_reports_a_bad_budget_before_touching_cuda():
     assert result.returncode == 2, result.stdout + result.stderr
     assert "train_cuda.py: cannot install remat's CUDA allocator: " in result.stderr
     assert 'malformed byte size "lots"' in result.stderr
+
+
+def test_the_paging_benchmark_against_save_on_cpu_says_it_was_not_run_on_a_gpu_and_fails_clearly_without_one():
+    result = subprocess.run([sys.executable, str(ROOT / "bench" / "cuda_paging_vs_save_on_cpu.py"), "--steps", "2",
+                             "--batch-size", "2", "--image-size", "64"],
+                            capture_output=True, text=True, timeout=1800)
+    assert "has not been run on a GPU by us" in result.stdout
+    if HAS_GPU:  # never run by us
+        assert result.returncode == 0, result.stdout + result.stderr
+        assert "| torch + save_on_cpu |" in result.stdout
+        assert "| remat, offload auto at save_on_cpu's peak |" in result.stdout
+    else:
+        assert result.returncode == 2, result.stdout + result.stderr
+        assert "no CUDA GPU is available" in result.stderr
+        assert "Traceback" not in result.stderr
