@@ -654,7 +654,13 @@ absl::StatusOr<std::size_t> DeviceArena::Budget() {
 std::size_t DeviceArena::LargestFreeBlock() {
   std::lock_guard<std::mutex> lock(state_->mu);
   State& s = *state_;
-  if (s.arena != nullptr) return s.arena->Stats().largest_free_block;
+  if (s.arena != nullptr) {
+    const ArenaStats a = s.arena->Stats();
+    // Stitched, the largest hole is address space (up to eight times the budget): what fits without eviction is
+    // bounded by the granules not mapped (cuDNN sizes its workspace by this).
+    if (s.stitch_provider != nullptr) return std::min(a.largest_free_block, a.physical_limit - a.physical_bytes);
+    return a.largest_free_block;
+  }
   absl::StatusOr<std::size_t> budget = s.ResolveBudgetLocked();
   return budget.ok() ? *budget : 0;
 }

@@ -144,8 +144,9 @@ class DeviceArena {
   absl::Status SetBudgetFraction(double fraction);
   // The budget in bytes, resolving a fraction against the device's total memory.
   absl::StatusOr<std::size_t> Budget();
-  // Largest request that can be served without eviction: the largest free block, or the budget before the
-  // segment is reserved (torch's cacheInfo, which cuDNN uses to size its workspace).
+  // Largest request that can be served without eviction: the largest free block (stitched: at most the bytes of
+  // granules not mapped), or the budget before the segment is reserved (torch's cacheInfo, which cuDNN uses to size
+  // its workspace).
   std::size_t LargestFreeBlock();
 
   // The runtime's hook, called after pending frees are exhausted. nullptr: fail instead. Not owned. Its

@@ -51,6 +51,7 @@ TEST(CudaStitchArena, ServesARequestThatAFragmentedContiguousArenaCannot) {
   FakeCudaRuntime vmm;
   auto stitched = MakeArena(vmm, 8 * kMiB, DeviceArenaKind::kStitch);
   FillAndFreeEveryOther(*stitched);
+  EXPECT_EQ(stitched->LargestFreeBlock(), 4 * kMiB);  // two free granules, wherever they are
   const absl::StatusOr<std::uintptr_t> big = stitched->Allocate(4 * kMiB, nullptr);
   ASSERT_TRUE(big.ok()) << big.status();
   EXPECT_TRUE(vmm.Accessible(*big, 4 * kMiB, 0));
@@ -69,6 +70,7 @@ TEST(CudaStitchArena, OutOfMemoryIsReportedInPhysicalBytes) {
   FakeCudaRuntime rt;
   auto arena = MakeArena(rt, 8 * kMiB, DeviceArenaKind::kStitch);
   for (int i = 0; i < 4; ++i) ASSERT_TRUE(arena->Allocate(kGranule, nullptr).ok());
+  EXPECT_EQ(arena->LargestFreeBlock(), 0u);  // cacheInfo: address space is free, memory is not
   const absl::StatusOr<std::uintptr_t> more = arena->Allocate(1024, nullptr);
   ASSERT_TRUE(absl::IsResourceExhausted(more.status())) << more.status();
   EXPECT_THAT(more.status().message(), HasSubstr("tried to allocate 1024 bytes"));
