@@ -120,11 +120,14 @@ std::size_t AlignedSize(std::size_t bytes) {
 std::string OutOfMemoryMessage(LiveArena& live, std::size_t bytes, const absl::Status& status) {
   live.failed.fetch_add(1, std::memory_order_relaxed);
   const ArenaStats s = live.arena->Stats();
+  // A stitching arena's free blocks are address space (eight times the budget): what is free is granules.
+  const std::string free = s.granule > 0 ? absl::StrCat(", physical ", s.physical_bytes, " of ", s.physical_limit,
+                                                        " bytes mapped in ", s.granule, "-byte granules")
+                                         : absl::StrCat(", free ", s.free_bytes, ", largest free block ",
+                                                        s.largest_free_block);
   return absl::StrCat("remat: CPU memory budget exhausted: tried to allocate ", bytes, " bytes (",
-                      AlignedSize(bytes), " aligned); budget ",
-                      live.budget, " bytes, allocated ", s.allocated_bytes, ", free ", s.free_bytes,
-                      ", largest free block ", s.largest_free_block,
-                      ". Raise the budget given to remat.enable(). (arena: ", status.message(), ")");
+                      AlignedSize(bytes), " aligned); budget ", live.budget, " bytes, allocated ", s.allocated_bytes,
+                      free, ". Raise the budget given to remat.enable(). (arena: ", status.message(), ")");
 }
 
 class ArenaCpuAllocator final : public c10::Allocator {

@@ -112,3 +112,15 @@ def test_a_budget_below_one_granule_is_an_error_naming_the_granule():
     with pytest.raises(RuntimeError, match="granule"):
         remat.enable("32KiB", arena="stitch")
     assert not remat.is_enabled()
+
+
+def test_out_of_memory_in_a_stitching_arena_names_physical_bytes_not_address_space():
+    remat.enable("1MiB", arena="stitch")
+    try:
+        with pytest.raises(torch.OutOfMemoryError) as error:
+            torch.empty(1 << 20, dtype=torch.float32)  # 4 MiB
+    finally:
+        remat.disable()
+    message = str(error.value)
+    assert "physical 0 of 1048576 bytes mapped in 65536-byte granules" in message, message
+    assert "largest free block" not in message.split("(arena:")[0], message
