@@ -116,8 +116,9 @@ TEST(CudaStitchArena, EvictedBlocksGiveTheirGranulesToTheRequestOnceTheDeviceIsD
   EXPECT_TRUE(ran);  // the host waited for the device before taking the victim's memory
   EXPECT_EQ(rt.counters().faults, 0u);
   std::vector<std::uintptr_t> unmapped, mapped;
-  for (std::size_t i = before; i < rt.vmm_log().size(); ++i) {
-    const VmmCall& call = rt.vmm_log()[i];
+  const std::vector<VmmCall> log = rt.vmm_log();
+  for (std::size_t i = before; i < log.size(); ++i) {
+    const VmmCall& call = log[i];
     if (call.kind == VmmCall::Kind::kUnmap) unmapped.push_back(call.address);
     if (call.kind == VmmCall::Kind::kMap) mapped.push_back(call.address);
   }
