@@ -13,7 +13,7 @@ inline double WeightPerByte(std::int64_t numerator, std::int64_t bytes) {
   return static_cast<double>(numerator) / static_cast<double>(bytes);
 }
 
-std::int64_t StalenessOf(const StorageView& v, StorageId s) { return v.Clock() - v.LastAccess(s); }
+std::int64_t StalenessOf(const StorageView& v, StorageId s) { return v.Staleness(s); }
 
 class Dtr final : public Policy {
  public:

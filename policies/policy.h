@@ -39,6 +39,11 @@ class StorageView {
   virtual std::int64_t Bytes(StorageId s) const = 0;
   virtual std::int64_t Compute(StorageId s) const = 0;      // c(s): summed cost of the ops producing it
   virtual std::int64_t LastAccess(StorageId s) const = 0;
+  // How far s is from its use, the DTR family's staleness: by default the time since its last access; an engine that
+  // knows the future (remat-sim --foresight) answers the ops until its next read instead (kNeverAgain when nothing
+  // reads it again), so that what is needed soonest stays.
+  static constexpr std::int64_t kNeverAgain = std::int64_t{1} << 60;
+  virtual std::int64_t Staleness(StorageId s) const { return Clock() - LastAccess(s); }
   virtual bool Evictable(StorageId s) const = 0;            // resident, unlocked, not constant
   // Summed c over the evicted region reachable forward (children) and backward (parents). Needs `regions`.
   virtual std::int64_t RegionCompute(StorageId s) const = 0;

@@ -200,6 +200,15 @@ struct RecycledIds {
   std::vector<std::uint32_t> storages;
 };
 
+// What an engine may know of the future (Engine::SetFuture): for a storage, the ops until it is next read
+// (StorageView::kNeverAgain when never). remat-sim's --foresight answers it from the trace being replayed; the PyTorch
+// path knows no future yet (issue 21, plan mode).
+class FutureUses {
+ public:
+  virtual ~FutureUses() = default;
+  virtual std::int64_t OpsUntilNextUse(StorageIndex s) const = 0;
+};
+
 class Engine final : public PressureHandler, private StorageView {
  public:
   Engine(EngineOptions options, Executor* executor);
@@ -267,6 +276,9 @@ class Engine final : public PressureHandler, private StorageView {
   std::int64_t clock() const { return stats_.clock; }
   bool Defined(TensorId t) const;
   StorageIndex StorageOf(TensorId t) const;
+  // From now on the DTR family ranks by the ops until each candidate's next read (FutureUses) instead of the time
+  // since its last access; nullptr goes back. Not owned; must outlive its use.
+  void SetFuture(const FutureUses* future) { future_ = future; }
   TensorId StorageRoot(StorageIndex s) const;  // the tensor that created the storage
   bool Resident(StorageIndex s) const;
   // free_dead: nothing can ever need s again (no reference, every storage computed from it dead).
@@ -343,6 +355,7 @@ class Engine final : public PressureHandler, private StorageView {
   std::int64_t Bytes(StorageId s) const override;
   std::int64_t Compute(StorageId s) const override;
   std::int64_t LastAccess(StorageId s) const override;
+  std::int64_t Staleness(StorageId s) const override;
   bool Evictable(StorageId s) const override;
   std::int64_t RegionCompute(StorageId s) const override;
   std::int64_t AncestorCompute(StorageId s) const override;
@@ -410,6 +423,7 @@ class Engine final : public PressureHandler, private StorageView {
 
   std::unique_ptr<Impl> impl_;
   EngineOptions options_;
+  const FutureUses* future_ = nullptr;  // SetFuture
   Executor* executor_;
   EngineStats stats_;
   bool pressure_sampled_ = false;

@@ -21,7 +21,8 @@ std::vector<StorageIndex> Engine::PoolOrder() const {
 
 std::optional<StorageIndex> Engine::ChooseFromPool() {
   Impl& m = *impl_;
-  if (m.nb.weights() && !options_.choose.sample_sqrt && !options_.choose.ignore_small) {
+  // The dense scan reads last accesses; with a known future the policy's own scan reads Staleness.
+  if (m.nb.weights() && !options_.choose.sample_sqrt && !options_.choose.ignore_small && future_ == nullptr) {
     if (std::optional<StorageIndex> pick = DenseChoice()) return pick;
   }
   ChooseContext ctx{&m.rng, &stats_.heuristic_evaluations};
@@ -111,7 +112,7 @@ std::optional<Window> Engine::ChooseWindow(Arena& arena, std::size_t bytes) {
   Impl& m = *impl_;
   std::int64_t evaluations = 0;
   std::optional<Window> window;
-  if (m.nb.weights() && stats_.clock < kExactDoubleLimit) {
+  if (m.nb.weights() && stats_.clock < kExactDoubleLimit && future_ == nullptr) {
     // Every evictable storage's window cost (W / staleness, bit for bit the policy's WindowCost by its contract)
     // into a per-storage array before the search, so the per-block callback is one copy; the pool's entries are
     // reset to nullopt (barrier) afterwards.
@@ -161,6 +162,11 @@ std::int64_t Engine::Clock() const { return stats_.clock; }
 std::int64_t Engine::Bytes(StorageId s) const { return impl_->storages[s].size; }
 std::int64_t Engine::Compute(StorageId s) const { return impl_->storages[s].compute; }
 std::int64_t Engine::LastAccess(StorageId s) const { return impl_->storages[s].last_access; }
+
+std::int64_t Engine::Staleness(StorageId s) const {
+  if (future_ == nullptr) return stats_.clock - impl_->storages[s].last_access;
+  return future_->OpsUntilNextUse(static_cast<StorageIndex>(s));
+}
 bool Engine::Evictable(StorageId s) const { return s < impl_->storages.size() && impl_->pool.Contains(static_cast<StorageIndex>(s)); }
 std::int64_t Engine::RegionCompute(StorageId s) const {
   if (!impl_->nb.regions()) return 0;

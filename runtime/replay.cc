@@ -4,11 +4,13 @@
 #include <algorithm>
 #include <chrono>
 #include <functional>
+#include <optional>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "policies/registry.h"
 #include "runtime/sim_executor.h"
+#include "runtime/trace_future.h"
 #include "absl/strings/str_cat.h"
 
 namespace remat {
@@ -55,6 +57,7 @@ struct DriveOptions {
   std::function<void()> after_op;  // when set, called after every CALL and MUTATE (timelines)
   // When set, the engine op id of every CALL and MUTATE is appended after it ran, as -1 - id (schedules).
   std::vector<std::int64_t>* op_log = nullptr;
+  bool foresight = false;  // ReplayOptions::foresight
 };
 
 // Runs the trace through `engine`. Returns OK, or the engine's error (ResourceExhausted / Aborted / other).
@@ -75,9 +78,19 @@ absl::Status Drive(const Trace& trace, Engine& engine, const DriveOptions& drive
   order.reserve(trace.names.size());
   std::vector<TensorId> inputs;
   std::vector<OutputSpec> outputs;
+  std::optional<TraceFuture> future;  // --foresight: the engine reads what the rest of the trace will read
+  struct ForgetFuture {
+    Engine& engine;
+    ~ForgetFuture() { engine.SetFuture(nullptr); }
+  } forget{engine};
+  if (drive.foresight) {
+    future.emplace(trace, engine, bound);
+    engine.SetFuture(&*future);
+  }
   auto bind = [&](TraceName n, TensorId t) {
     if (bound[n] < 0) order.push_back(n);
     bound[n] = t;
+    if (future) future->Bind(n, t);
   };
   auto lookup = [&](TraceName n, const TraceOp& op, TensorId& out) -> absl::Status {
     if (bound[n] < 0) {
@@ -190,6 +203,7 @@ absl::Status Drive(const Trace& trace, Engine& engine, const DriveOptions& drive
   for (std::size_t i = 0; i < trace.ops.size(); ++i) {
     const TraceOp& op = trace.ops[i];
     if (hoisted[i]) continue;
+    if (future && (op.kind == TraceOpKind::kCall || op.kind == TraceOpKind::kMutate)) future->Advance();
     if (!calls.empty() && (op.kind == TraceOpKind::kCall || op.kind == TraceOpKind::kMutate)) {
       if (absl::Status s = prefetch(); !s.ok()) return s;
     }
@@ -402,6 +416,7 @@ ReplayResult Replayer::Run(const ReplayOptions& options) {
   drive.prefetch_evicts = options.prefetch_evicts;
   drive.executor = &executor;
   drive.after_op = std::move(sample);
+  drive.foresight = options.foresight;
   std::vector<std::int64_t> log;  // replays' op ids and, as -1 - id, each original's
   if (options.schedule != nullptr) {
     executor.set_replay_log(&log);

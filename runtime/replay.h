@@ -102,6 +102,9 @@ struct ReplayOptions {
   // CALL or MUTATE in the trace (0-based): each op at its place, and each replay where it ran (tools/schedule_check.h
   // checks such a schedule offline).
   std::vector<std::int32_t>* schedule = nullptr;
+  // The DTR family ranks by the ops until each candidate's next read in this trace instead of the time since its
+  // last access (runtime/trace_future.h): how much a recorded iteration's foresight could give (issue 21).
+  bool foresight = false;
 };
 
 struct ReplayResult {

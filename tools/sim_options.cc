@@ -330,6 +330,9 @@ void DefineFlags(CLI::App& app, SimOptions& o, const Vocabulary& vocabulary) {
         });
   app.add_flag("--page-constants", o.page_constants, "constants (weights) may be paged out too");
   app.add_flag("--duplex-link", o.duplex_link, "page-ins do not queue behind page-outs (one link per direction)");
+  app.add_flag("--foresight", o.foresight,
+               "the DTR family ranks by the ops until each candidate's next read in the trace\n"
+               "instead of the time since its last access (what a recorded iteration could give)");
   value("--planner", "NAME,...",
         absl::StrCat("also plan each trace and budget offline and print the optimum next to\n"
                      "the policies, its schedule checked: checkmate (an ILP solved by HiGHS; with\n"

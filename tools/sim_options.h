@@ -3,7 +3,7 @@
 //   remat-sim TRACE... [--ratios R,... | --budgets SIZE,...] [--policies P,...] [--mode counter|arena]
 //             [--overhead-limit X] [--out FILE.csv|FILE.json] [--plot FILE.png] [--timeline FILE.png|FILE.json]
 //             [--jobs N] [--seed N]
-//             [--sample-sqrt] [--ignore-small] [--dtr-paper] [--no-partition]
+//             [--sample-sqrt] [--ignore-small] [--dtr-paper] [--no-partition] [--foresight]
 //             [--offload off|auto|always[,...]] [--bandwidth RATE] [--link-latency TIME] [--host-budget SIZE]
 //             [--page-constants] [--duplex-link] [--planner NAME,...] [--planner-time-limit SECONDS]
 //             [--planner-max-binaries N] [--segment FIRST+COUNT] [--help]
@@ -36,6 +36,8 @@
 //     optionally with "s" or "min": 300, 90s, 5min; default 300); --planner-max-binaries a positive integer
 //     (default 400000). --segment FIRST+COUNT replaces every trace by its window of COUNT ops starting at op FIRST
 //     (0-based, CALL and MUTATE counted; tools/trace_segment.h), for the policies and the planner alike.
+//   - --foresight: the DTR family (dtr, dtr-eq, dtr-local) ranks by each candidate's distance to its next read in
+//     the trace instead of the time since its last access (runtime/trace_future.h; ReplayOptions::foresight).
 //   - At least one trace is required unless --help is given, and no trace path may be given twice. Existence of
 //     the trace files is not checked here (see the tool's main), so parsing stays a pure function.
 //   - Every error is InvalidArgument whose message names the offending argument and what is accepted; the tool
@@ -88,6 +90,7 @@ struct SimOptions {
   std::uint64_t host_budget_bytes = 0;  // 0: unlimited
   bool page_constants = false;
   bool duplex_link = false;
+  bool foresight = false;
   // Offline references (tools/checkmate_planner.h).
   std::vector<std::string> planners;    // empty: none
   double planner_time_limit_s = 300;

@@ -65,6 +65,7 @@ ReplayOptions MakeReplayOptions(const SimOptions& options, AccountingMode mode, 
   replay.host_budget_bytes = static_cast<std::int64_t>(options.host_budget_bytes);
   replay.page_constants = options.page_constants;
   replay.duplex_link = options.duplex_link;
+  replay.foresight = options.foresight;
   return replay;
 }
 

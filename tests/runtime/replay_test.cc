@@ -201,6 +201,45 @@ TEST(ReplayTest, ScheduleListsOriginalsAndReplaysInOrder) {
   EXPECT_THAT(schedule, ::testing::ElementsAre(0, 1, 2, 3, 4));
 }
 
+// --foresight (runtime/trace_future.h): with four equal outputs of a chain live and room for one more, the time
+// since the last access evicts x1, the stalest, which y reads next (a replay); the distance to the next read evicts
+// x2, which nothing reads again (no replay).
+TEST(ReplayTest, ForesightKeepsWhatIsReadNextAndEvictsWhatIsNeverReadAgain) {
+  std::string text = "{\"ANNOTATION\":\"START\",\"INSTRUCTION\":\"ANNOTATE\"}\n"
+                     "{\"INSTRUCTION\":\"CONSTANT\",\"NAME\":\"w\"}\n"
+                     "{\"INSTRUCTION\":\"MEMORY\",\"MEMORY\":\"1000\",\"NAME\":\"w\"}\n";
+  auto call = [&](const std::string& args, const std::string& result) {
+    text += "{\"ARGS\":[" + args + "],\"INSTRUCTION\":\"CALL\",\"NAME\":\"f\",\"RESULT\":[\"" + result +
+            "\"],\"TIME\":\"1000\"}\n{\"INSTRUCTION\":\"MEMORY\",\"MEMORY\":\"1000\",\"NAME\":\"" + result +
+            "\"}\n{\"ALIAS\":\"-1\",\"INSTRUCTION\":\"ALIAS\",\"NAME\":\"" + result + "\"}\n";
+  };
+  call("\"w\"", "x1");
+  call("\"x1\"", "x2");
+  call("\"x2\"", "x3");
+  call("\"x3\"", "x4");
+  call("\"x4\",\"x1\"", "y");
+  // x2 and x3 stay referenced until the end (what is left then must fit: w, x1, x4 and y).
+  text += "{\"INSTRUCTION\":\"RELEASE\",\"NAME\":\"x2\"}\n{\"INSTRUCTION\":\"RELEASE\",\"NAME\":\"x3\"}\n";
+  absl::StatusOr<Trace> t = ParseTrace(text, "chain.log");
+  ASSERT_TRUE(t.ok()) << t.status();
+  absl::StatusOr<std::unique_ptr<Replayer>> r = Replayer::Create(*t);
+  ASSERT_TRUE(r.ok()) << r.status();
+  for (const char* policy : {"dtr-eq", "dtr", "dtr-local"}) {
+    ReplayOptions o;
+    o.policy = policy;
+    o.budget_bytes = 4000;
+    const ReplayResult staleness = (*r)->Run(o);
+    ASSERT_EQ(staleness.status, ReplayStatus::kPass) << staleness.message;
+    EXPECT_GE(staleness.rematerializations, 1) << policy;
+    o.foresight = true;
+    const ReplayResult foresight = (*r)->Run(o);
+    ASSERT_EQ(foresight.status, ReplayStatus::kPass) << foresight.message;
+    EXPECT_EQ(foresight.rematerializations, 0) << policy;
+    EXPECT_GE(foresight.evictions, 1) << policy;
+    EXPECT_LT(foresight.overhead, staleness.overhead) << policy;
+  }
+}
+
 }  // namespace
 }  // namespace remat
 

@@ -52,6 +52,10 @@ TEST(SimOptionsTest, DefaultsForOneTrace) {
   EXPECT_EQ(options->host_budget_bytes, 0u);
   EXPECT_FALSE(options->page_constants);
   EXPECT_FALSE(options->duplex_link);
+  EXPECT_FALSE(options->foresight);
+  absl::StatusOr<SimOptions> foresight = Parse({"a.log", "--foresight"});
+  ASSERT_TRUE(foresight.ok()) << foresight.status();
+  EXPECT_TRUE(foresight->foresight);
 }
 
 TEST(SimOptionsTest, PagingFlags) {
