@@ -386,7 +386,7 @@ void EngineBridge::AfterOp(OpRecord&& record) {
       entry.key = impl.get();
       Entry& placed = entries_.emplace(impl.get(), std::move(entry)).first->second;
       owner_[s] = impl.get();
-      live_.push_back(&placed);
+      AddLive(placed);
       continue;
     }
     // An in-place write of input k: the StorageImpl now holds the new version t; the old one has no home. (A
@@ -417,7 +417,14 @@ void EngineBridge::AfterOp(OpRecord&& record) {
   }
   if (!keep) return;
   CountRecordRefs(record, 1, current_.input_entries);  // before the record moves
-  auto replay = std::make_unique<ReplayOp>(std::move(record));
+  std::unique_ptr<ReplayOp> replay;
+  if (spare_replays_.empty()) {
+    replay = std::make_unique<ReplayOp>(std::move(record));
+  } else {
+    replay = std::move(spare_replays_.back());
+    spare_replays_.pop_back();
+    replay->record = std::move(record);
+  }
   replay->output_storage.assign(output_storage.begin(), output_storage.end());
   replay->in_place.assign(in_place.begin(), in_place.end());
   replay->inputs.assign(current_.inputs.begin(), current_.inputs.end());

@@ -240,6 +240,15 @@ class EngineBridge final : public OpObserver, public PressureHandler, public Hel
     bool kept = false;
     // Exported writable (MakeResident): its bytes may change behind remat's back; ops reading it are not replayed.
     bool exported = false;
+    std::uint32_t live_slot = kNotLive;  // its place in live_ (not released), else kNotLive
+  };
+  static constexpr std::uint32_t kNotLive = ~std::uint32_t{0};
+  // What Sweep reads of a live entry, dense: its StorageImpl (whose reference count it reads) and a copy of its
+  // record_refs (AddRecordRefs keeps it), so that the sweep touches one array and each StorageImpl once, not the
+  // entries scattered in entries_.
+  struct LiveSlot {
+    c10::StorageImpl* impl;
+    std::int64_t record_refs;
   };
   struct InFlight {
     bool active = false;
@@ -267,6 +276,13 @@ class EngineBridge final : public OpObserver, public PressureHandler, public Hel
   // of examples/cpp/train_mlp rose from 9.4 to 15.0 MB). live_ points at the entries: no hash lookup per entry.
   void Sweep();
   void ReleaseIfDead(Entry& entry);
+  // Appends entry to the live list.
+  void AddLive(Entry& entry);
+  // entry.record_refs += delta, and its live slot's copy.
+  void AddRecordRefs(Entry& entry, std::int64_t delta) {
+    entry.record_refs += delta;
+    if (entry.live_slot != kNotLive) live_[entry.live_slot].record_refs = entry.record_refs;
+  }
   void PinDependents(StorageIndex start);
   void PinEntry(Entry& entry);
   // Brings entry's storage back if evicted or paged, pins it and fixes it in place (Engine::Fix): for storages whose
@@ -310,12 +326,17 @@ class EngineBridge final : public OpObserver, public PressureHandler, public Hel
   EngineLock lock_;
   std::atomic<bool> retired_{false};
   absl::node_hash_map<const c10::StorageImpl*, Entry> entries_;  // node map: live_ holds pointers into it
-  std::vector<Entry*> live_;  // entries not released
+  std::vector<LiveSlot> live_;          // entries not released, in order
+  std::vector<Entry*> live_entries_;   // per live_ slot: its entry
   absl::flat_hash_map<StorageIndex, const c10::StorageImpl*> owner_;  // engine storage -> entry whose version it is
   absl::flat_hash_map<StorageIndex, std::vector<OpId>> readers_;      // engine storage -> kept records reading it
   InFlight current_;
   OutputPlan plan_;
   std::vector<OpId> kept_ops_;  // ops whose records the executor keeps
+  // Dropped records' ReplayOps, emptied (no reference left), reused for the next kept records: no allocation and
+  // free per kept op. At most kMaxSpareReplays.
+  std::vector<std::unique_ptr<ReplayOp>> spare_replays_;
+  static constexpr std::size_t kMaxSpareReplays = 1024;
   std::int64_t ops_since_prune_ = 0;
   BridgeStats stats_;
 };

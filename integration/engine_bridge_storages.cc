@@ -42,7 +42,7 @@ EngineBridge::Entry& EngineBridge::EntryFor(c10::StorageImpl* impl) {
   ++stats_.constants;
   entry.key = impl;
   Entry& placed = entries_.emplace(impl, std::move(entry)).first->second;
-  live_.push_back(&placed);
+  AddLive(placed);
   return placed;
 }
 
@@ -91,26 +91,43 @@ void EngineBridge::PinDependents(StorageIndex start) {
   }
 }
 
+void EngineBridge::AddLive(Entry& entry) {
+  entry.live_slot = static_cast<std::uint32_t>(live_.size());
+  // Sweep reads the count through the non-const raw API; nothing is written.
+  live_.push_back(LiveSlot{const_cast<c10::StorageImpl*>(entry.key), entry.record_refs});
+  live_entries_.push_back(&entry);
+}
+
 void EngineBridge::Sweep() {
-  Entry** live = live_.data();
+  LiveSlot* live = live_.data();
   const std::size_t n = live_.size();
   // The common case inline (a user still holds it): a few instructions per live storage, no call, and no store
-  // until the first entry that may go.
-  auto held = [](const Entry* entry) {
-    return static_cast<std::int64_t>(entry->weak.use_count()) > entry->record_refs;
+  // until the first entry that may go. The entry's weak reference keeps the StorageImpl's memory, so its count
+  // can be read.
+  auto held = [](const LiveSlot& slot) {
+    return static_cast<std::int64_t>(c10::raw::intrusive_ptr::use_count(slot.impl)) > slot.record_refs;
   };
   std::size_t i = 0;
   while (i < n && held(live[i])) ++i;
+  if (i == n) return;
+  Entry** entries = live_entries_.data();
   std::size_t kept = i;
   for (; i < n; ++i) {
-    Entry* entry = live[i];
-    if (!held(entry)) {
+    Entry* entry = entries[i];
+    if (!held(live[i])) {
       ReleaseIfDead(*entry);
-      if (entry->released) continue;
+      if (entry->released) {
+        entry->live_slot = kNotLive;
+        continue;
+      }
     }
-    live[kept++] = entry;
+    live[kept] = live[i];
+    entries[kept] = entry;
+    entry->live_slot = static_cast<std::uint32_t>(kept);
+    ++kept;
   }
   live_.resize(kept);
+  live_entries_.resize(kept);
 }
 
 void EngineBridge::ReleaseIfDead(Entry& entry) {
@@ -152,12 +169,12 @@ void EngineBridge::CountRecordRefs(const OpRecord& record, int delta, std::span<
   auto count = [&](const c10::StorageImpl* impl) {
     for (std::size_t k = 0; k < entries.size(); ++k) {  // the op's few input storages: no hash lookup
       if (record.input_storages[k].get() == impl) {
-        entries[k]->record_refs += delta;
+        AddRecordRefs(*entries[k], delta);
         return;
       }
     }
     auto it = entries_.find(impl);
-    if (it != entries_.end()) it->second.record_refs += delta;
+    if (it != entries_.end()) AddRecordRefs(it->second, delta);
   };
   for (const auto& storage : record.input_storages) count(storage.get());
   for (const c10::IValue& value : record.arguments) {
@@ -215,6 +232,16 @@ void EngineBridge::DropInertRecords() {
     }
     dropped_ops.push_back(op);
     ++stats_.pruned_records;
+    if (spare_replays_.size() < kMaxSpareReplays) {
+      // Its references go now, as if it were destroyed (a storage's death is its use count); the rest is
+      // overwritten when it is reused.
+      OpRecord& r = dropped->record;
+      r.arguments.clear();
+      r.input_storages.clear();
+      r.outputs.clear();
+      r.rng.reset();
+      spare_replays_.push_back(std::move(dropped));
+    }
   }
   kept_ops_.resize(kept);
   if (dropped_ops.empty()) return;
@@ -304,7 +331,7 @@ absl::Status EngineBridge::MaterializeLive() {
   const bool page_constants = engine_->page_constants();
   engine_->SetPageConstants(false);
   absl::Status result = absl::OkStatus();
-  for (Entry* live : live_) {
+  for (Entry* live : live_entries_) {
     Entry& entry = *live;
     if (entry.released) continue;
     if (entry.pinned) {  // a paged constant comes back from its host copy
@@ -328,7 +355,7 @@ absl::Status EngineBridge::MaterializeLive() {
   // Nothing may stay in the host tier, which dies with the bridge.
   std::int64_t paged_bytes = 0;
   int paged = 0;
-  for (const Entry* entry : live_) {
+  for (const Entry* entry : live_entries_) {
     if (entry->released || !engine_->Paged(engine_->StorageOf(entry->root))) continue;
     ++paged;
     paged_bytes += static_cast<std::int64_t>(entry->key->nbytes());
