@@ -128,10 +128,7 @@ void EngineBridge::BeforeOp(OpRecord& record) {
     if (options_.next != nullptr) options_.next->BeforeOp(record);
     engine_->NoteAllocation();
     Sweep();
-    if (++ops_since_prune_ >= 1024) {
-      ops_since_prune_ = 0;
-      Prune();
-    }
+    if (records_.DuePrune()) Prune();
     NoteWrites(record);
     DetachOverwrittenBlanks(record);
     GatherEngineInputs(record);
@@ -197,8 +194,8 @@ void EngineBridge::DetachOverwrittenBlanks(const OpRecord& record) {
   const std::size_t n = record.input_storages.size();
   for (std::size_t k = 0; k < n; ++k) {  // only a storage passed once (not also read)
     if (!current_.covered[k]) continue;
-    auto it = entries_.find(record.input_storages[k].get());
-    if (it == entries_.end() || !it->second.blank || it->second.released) continue;
+    Entry* found = entries_.Find(record.input_storages[k].get());
+    if (found == nullptr || !found->blank || found->released) continue;
     int uses = 0;
     for (const c10::IValue& value : record.arguments) {
       ForEachTensor(value, [&](const at::Tensor& t) {
@@ -206,14 +203,14 @@ void EngineBridge::DetachOverwrittenBlanks(const OpRecord& record) {
       });
     }
     if (uses != 1) continue;
-    Entry& entry = it->second;
+    Entry& entry = *found;
     const StorageIndex old = engine_->StorageOf(entry.root);
     if (engine_->Paged(old)) {  // its memory comes back for the op to write into
       if (absl::Status status = engine_->Rematerialize(entry.root); !status.ok()) Throw(status);
     }
     if (entry.record_refs > 0) PinDependents(old);
     executor_.ClearHome(old);
-    owner_.erase(old);
+    links_.ClearOwner(old);
     engine_->Release(entry.root);
     entry.blank = false;
     entry.pinned = false;
@@ -276,7 +273,7 @@ void EngineBridge::PlanOutputs(const OpRecord& record) {
     const CapturedOutput& out = record.outputs[i];
     if (out.input_storage >= 0) continue;  // a view of an input (or an input written in place: below)
     c10::intrusive_ptr<c10::StorageImpl> impl = out.storage.lock();
-    if (!impl || entries_.contains(impl.get())) continue;
+    if (!impl || entries_.Contains(impl.get())) continue;
     bool seen = false;
     for (const auto& s : spec_impl) seen = seen || s.get() == impl.get();
     if (seen) continue;  // a second view of a fresh storage
@@ -367,9 +364,9 @@ void EngineBridge::AfterOp(OpRecord&& record) {
     const StorageIndex s = engine_->StorageOf(t);
     const c10::intrusive_ptr<c10::StorageImpl>& impl = spec_impl[j];
     if (spec_output[j] >= 0) {  // a fresh storage
-      Entry entry;
-      entry.weak = c10::weak_intrusive_ptr<c10::StorageImpl>(impl);
+      Entry& entry = entries_.Add(impl);
       entry.root = t;
+      links_.SetOwner(s, impl.get());
       executor_.SetHome(s, impl);
       if (replayable && EvictableMemory(*memory_, *impl)) {
         executor_.SetOwner(AddressOf(*impl), s, /*evictable=*/true);
@@ -383,24 +380,20 @@ void EngineBridge::AfterOp(OpRecord&& record) {
         entry.blank = traits.uninitialized;
         ++stats_.pinned_outputs;
       }
-      entry.key = impl.get();
-      Entry& placed = entries_.emplace(impl.get(), std::move(entry)).first->second;
-      owner_[s] = impl.get();
-      AddLive(placed);
       continue;
     }
     // An in-place write of input k: the StorageImpl now holds the new version t; the old one has no home. (A
     // blank storage overwritten entirely left the engine in BeforeOp: t is simply a fresh value in it.)
     const int k = -1 - spec_output[j];
-    Entry& entry = entries_.at(impl.get());
+    Entry& entry = entries_.At(impl.get());
     if (!current_.overwrite[k]) {
       const TensorId old = entry.root;
       executor_.ClearHome(engine_->StorageOf(old));
-      owner_.erase(engine_->StorageOf(old));
+      links_.ClearOwner(engine_->StorageOf(old));
       engine_->Release(old);
     }
     entry.root = t;
-    owner_[s] = impl.get();
+    links_.SetOwner(s, impl.get());
     executor_.SetHome(s, impl);
     if (entry.pinned) continue;  // a constant written in place stays a constant (the engine pinned it)
     if (replayable && EvictableMemory(*memory_, *impl)) {
@@ -416,25 +409,18 @@ void EngineBridge::AfterOp(OpRecord&& record) {
     }
   }
   if (!keep) return;
-  CountRecordRefs(record, 1, current_.input_entries);  // before the record moves
-  std::unique_ptr<ReplayOp> replay;
-  if (spare_replays_.empty()) {
-    replay = std::make_unique<ReplayOp>(std::move(record));
-  } else {
-    replay = std::move(spare_replays_.back());
-    spare_replays_.pop_back();
-    replay->record = std::move(record);
-  }
+  std::unique_ptr<ReplayOp> replay = records_.Make(std::move(record));
+  HoldRecordRefs(*replay, current_.input_entries);
   replay->output_storage.assign(output_storage.begin(), output_storage.end());
   replay->in_place.assign(in_place.begin(), in_place.end());
   replay->inputs.assign(current_.inputs.begin(), current_.inputs.end());
   replay->written.assign(current_.written.begin(), current_.written.end());
   replay->overwritten.assign(current_.overwrite.begin(), current_.overwrite.end());
   for (const TensorId t : current_.inputs) {
-    if (t != kNoIndex) readers_[engine_->StorageOf(t)].push_back(current_.op);
+    if (t != kNoIndex) links_.AddReader(engine_->StorageOf(t), current_.op);
   }
   executor_.AddOp(current_.op, std::move(replay));
-  kept_ops_.push_back(current_.op);
+  records_.Keep(current_.op);
 }
 
 void EngineBridge::OpFailed(OpRecord& record) noexcept {
@@ -446,10 +432,10 @@ void EngineBridge::OpFailed(OpRecord& record) noexcept {
     for (std::size_t k = 0; k < current_.overwrite.size(); ++k) {
       if (!current_.overwrite[k]) continue;
       c10::StorageImpl& impl = *record.input_storages[k];
-      Entry& entry = entries_.at(&impl);
+      Entry& entry = entries_.At(&impl);
       entry.root = engine_->AdoptConstant(static_cast<std::int64_t>(impl.nbytes()), AddressOf(impl), "constant");
       entry.pinned = true;
-      owner_[engine_->StorageOf(entry.root)] = &impl;
+      links_.SetOwner(engine_->StorageOf(entry.root), &impl);
       executor_.SetHome(engine_->StorageOf(entry.root), record.input_storages[k]);
     }
   }
@@ -494,8 +480,8 @@ absl::Status EngineBridge::Retire() {
 
 std::int64_t EngineBridge::HeldReferences(const c10::StorageImpl* storage) {
   std::lock_guard<EngineLock> lock(lock_);
-  auto it = entries_.find(storage);
-  return it == entries_.end() ? 0 : it->second.record_refs;
+  const Entry* entry = entries_.Find(storage);
+  return entry == nullptr ? 0 : entry->record_refs;
 }
 
 BridgeStats EngineBridge::Stats() {
@@ -505,7 +491,7 @@ BridgeStats EngineBridge::Stats() {
   stats.engine_tables = engine_->tables();
   stats.executor = executor_.stats();
   if (tier_ != nullptr) stats.host_tier = tier_->stats();
-  stats.kept_records = static_cast<std::int64_t>(kept_ops_.size());
+  stats.kept_records = static_cast<std::int64_t>(records_.kept());
   stats.tracked_storages = static_cast<std::int64_t>(entries_.size());
   return stats;
 }

@@ -100,8 +100,6 @@
 #include <span>
 #include <vector>
 
-#include "absl/container/flat_hash_map.h"
-#include "absl/container/node_hash_map.h"
 #include "absl/status/statusor.h"
 #include "allocator/arena.h"
 #include "integration/cpu_device_memory.h"
@@ -110,6 +108,9 @@
 #include "integration/engine_lock.h"
 #include "integration/held_references.h"
 #include "integration/host_tier.h"
+#include "integration/record_store.h"
+#include "integration/storage_entries.h"
+#include "integration/storage_links.h"
 #include "integration/torch_executor.h"
 #include "policies/policy.h"
 #include "runtime/engine.h"
@@ -226,30 +227,7 @@ class EngineBridge final : public OpObserver, public PressureHandler, public Hel
   BridgeStats Stats();
 
  private:
-  struct Entry {
-    const c10::StorageImpl* key = nullptr;  // its key in entries_
-    c10::weak_intrusive_ptr<c10::StorageImpl> weak{c10::intrusive_ptr<c10::StorageImpl>()};
-    TensorId root = 0;           // engine tensor of the current version
-    std::int64_t record_refs = 0;  // strong references our records hold
-    bool pinned = false;
-    bool released = false;
-    // A constant only because an uninitializing op (aten::empty) made it, not written since: an op that
-    // overwrites all of it (dropout's bernoulli_ on empty_like) makes an evictable value out of it.
-    bool blank = false;
-    // Released, but its memory kept because records read it (a small constant, see Sweep).
-    bool kept = false;
-    // Exported writable (MakeResident): its bytes may change behind remat's back; ops reading it are not replayed.
-    bool exported = false;
-    std::uint32_t live_slot = kNotLive;  // its place in live_ (not released), else kNotLive
-  };
-  static constexpr std::uint32_t kNotLive = ~std::uint32_t{0};
-  // What Sweep reads of a live entry, dense: its StorageImpl (whose reference count it reads) and a copy of its
-  // record_refs (AddRecordRefs keeps it), so that the sweep touches one array and each StorageImpl once, not the
-  // entries scattered in entries_.
-  struct LiveSlot {
-    c10::StorageImpl* impl;
-    std::int64_t record_refs;
-  };
+  using Entry = StorageEntries::Entry;
   struct InFlight {
     bool active = false;
     OpId op = 0;
@@ -260,7 +238,7 @@ class EngineBridge final : public OpObserver, public PressureHandler, public Hel
     std::vector<std::uint8_t> overwrite;  // a blank storage this op overwrites entirely
     std::vector<std::uint8_t> covered;    // the op overwrites all of it (NoteWrites)
     std::vector<TensorId> engine_inputs;  // GatherEngineInputs' result
-    std::vector<Entry*> input_entries;    // per record.input_storages: its entry (stable: entries_ is a node map)
+    std::vector<Entry*> input_entries;    // per record.input_storages: its entry (StorageEntries: stable)
     std::vector<StorageIndex> written_constants;  // GatherEngineInputs: constants this op writes
     // Ops not known to be random: the default CPU generator's state before the op. If the op moved it (a
     // composite such as aten::lstm with dropout), a replay would not reproduce it: its outputs become constants.
@@ -270,19 +248,12 @@ class EngineBridge final : public OpObserver, public PressureHandler, public Hel
 
   EngineBridge(const BridgeOptions& options, std::unique_ptr<Policy> policy, std::unique_ptr<HostTier> tier);
   Entry& EntryFor(c10::StorageImpl* impl);
-  // Releases the entries whose storage no user holds any more (header: "Last references") and drops them from
-  // live_, keeping its order. Every live entry, every op: a storage that records read keeps its bytes until it is
-  // released, so a late release would raise the peak (a rotating partial sweep was tried: the unconstrained peak
-  // of examples/cpp/train_mlp rose from 9.4 to 15.0 MB). live_ points at the entries: no hash lookup per entry.
+  // Releases the entries whose storage no user holds any more (header: "Last references"; StorageEntries::Sweep).
+  // Every live entry, every op: a storage that records read keeps its bytes until it is released, so a late release
+  // would raise the peak (a rotating partial sweep was tried: the unconstrained peak of examples/cpp/train_mlp rose
+  // from 9.4 to 15.0 MB).
   void Sweep();
   void ReleaseIfDead(Entry& entry);
-  // Appends entry to the live list.
-  void AddLive(Entry& entry);
-  // entry.record_refs += delta, and its live slot's copy.
-  void AddRecordRefs(Entry& entry, std::int64_t delta) {
-    entry.record_refs += delta;
-    if (entry.live_slot != kNotLive) live_[entry.live_slot].record_refs = entry.record_refs;
-  }
   void PinDependents(StorageIndex start);
   void PinEntry(Entry& entry);
   // Brings entry's storage back if evicted or paged, pins it and fixes it in place (Engine::Fix): for storages whose
@@ -291,6 +262,10 @@ class EngineBridge final : public OpObserver, public PressureHandler, public Hel
   // Adds `delta` to the record_refs of the entries of the storages `record` holds (its input storages and its
   // arguments' tensors). `entries`, when given, are the entries of record.input_storages (no lookup).
   void CountRecordRefs(const OpRecord& record, int delta = 1, std::span<Entry* const> entries = {});
+  // The references a kept record holds, counted per input storage once when it is kept (ReplayOp::input_refs:
+  // no walk of its arguments and fewer lookups when it is dropped). `entries`: those of its input storages.
+  void HoldRecordRefs(ReplayOp& replay, std::span<Entry* const> entries);
+  void ReleaseRecordRefs(const ReplayOp& replay);
   // AfterOp's plan of what EndOp registers: per spec, index into record.outputs (>= 0) or -1 - k for input k
   // (written in place, or a blank storage overwritten), and the StorageImpl holding it. Kept between ops so that
   // its vectors keep their capacity (no allocation per op).
@@ -325,19 +300,13 @@ class EngineBridge final : public OpObserver, public PressureHandler, public Hel
   std::unique_ptr<Engine> engine_;
   EngineLock lock_;
   std::atomic<bool> retired_{false};
-  absl::node_hash_map<const c10::StorageImpl*, Entry> entries_;  // node map: live_ holds pointers into it
-  std::vector<LiveSlot> live_;          // entries not released, in order
-  std::vector<Entry*> live_entries_;   // per live_ slot: its entry
-  absl::flat_hash_map<StorageIndex, const c10::StorageImpl*> owner_;  // engine storage -> entry whose version it is
-  absl::flat_hash_map<StorageIndex, std::vector<OpId>> readers_;      // engine storage -> kept records reading it
+  // The parts that own the bridge's state (each file states its contract).
+  StorageEntries entries_;  // storage_entries.h: the tracked StorageImpls, their live list and the sweep
+  StorageLinks links_;      // storage_links.h: per engine storage, its owner and the kept records reading it
+  RecordStore records_;     // record_store.h: which ops have kept records, pruning's cadence, spare ReplayOps
   InFlight current_;
   OutputPlan plan_;
-  std::vector<OpId> kept_ops_;  // ops whose records the executor keeps
-  // Dropped records' ReplayOps, emptied (no reference left), reused for the next kept records: no allocation and
-  // free per kept op. At most kMaxSpareReplays.
-  std::vector<std::unique_ptr<ReplayOp>> spare_replays_;
-  static constexpr std::size_t kMaxSpareReplays = 1024;
-  std::int64_t ops_since_prune_ = 0;
+  std::vector<StorageIndex> read_by_dropped_;  // DropInertRecords' scratch
   BridgeStats stats_;
 };
 
