@@ -9,6 +9,7 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/core/LegacyTypeDispatch.h>
 #include <ATen/core/List.h>
+#include <c10/core/InferenceMode.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <c10/util/Exception.h>
 #include <torch/csrc/autograd/graph_task.h>
@@ -357,8 +358,14 @@ void RecordOp(const c10::OperatorHandle& op, const OpTraits& traits, c10::Dispat
   record.replayable = traits.replayable;
   const std::size_t num_arguments = op.schema().arguments().size();
   record.arguments.reserve(num_arguments);
-  for (std::size_t i = stack->size() - num_arguments; i < stack->size(); ++i) {
-    record.arguments.push_back(AliasValue((*stack)[i], &record.input_storages, &record.replayable));
+  {
+    // The record's aliases have no version counter (AliasValue), but a TensorImpl made outside inference mode
+    // allocates one before shallow_copy_and_detach replaces it: made in inference mode they skip that allocation
+    // and its free. Nothing else differs: the alias takes the source's dispatch keys (autograd's included).
+    c10::InferenceMode no_version_counter;
+    for (std::size_t i = stack->size() - num_arguments; i < stack->size(); ++i) {
+      record.arguments.push_back(AliasValue((*stack)[i], &record.input_storages, &record.replayable));
+    }
   }
   if (traits.random) CaptureRng(record, record.arguments);
   record.unannotated_writes = UnannotatedWritesOfCall(op.schema().name(), record.arguments);

@@ -27,43 +27,6 @@ using bridge_internal::AddressOf;
 using bridge_internal::ForEachTensor;
 using bridge_internal::Throw;
 
-namespace {
-
-// `t` reaches every byte of its storage, once.
-bool CoversStorage(const at::Tensor& t) {
-  return t.storage_offset() == 0 && t.is_non_overlapping_and_dense() &&
-         static_cast<std::size_t>(t.numel()) * t.element_size() == t.storage().nbytes();
-}
-
-// torch exposes the CPU generator's Mersenne Twister only by value (CPUGeneratorImpl::engine() and
-// mt19937_engine::data() each copy its 2.5 KiB state): the fingerprint reads the few words it needs in place through
-// pointers to the two private members, which an explicit instantiation may name (access checks do not apply there).
-template <typename Tag, typename Tag::type Member>
-struct PrivateMember {
-  friend typename Tag::type MemberPointer(Tag) { return Member; }
-};
-struct GeneratorEngineTag {
-  using type = at::mt19937 at::CPUGeneratorImpl::*;
-  friend type MemberPointer(GeneratorEngineTag);
-};
-struct EngineDataTag {
-  using type = at::mt19937_data_pod at::mt19937_engine::*;
-  friend type MemberPointer(EngineDataTag);
-};
-template struct PrivateMember<GeneratorEngineTag, &at::CPUGeneratorImpl::engine_>;
-template struct PrivateMember<EngineDataTag, &at::mt19937_engine::data_>;
-
-RngFingerprint DefaultCpuRngFingerprint() {
-  // The default generator lives as long as the process (no reference taken: mutex() is not const).
-  auto& generator = const_cast<at::Generator&>(at::detail::getDefaultCPUGenerator());
-  std::lock_guard<std::mutex> lock(generator.mutex());
-  auto* cpu = generator.get<at::CPUGeneratorImpl>();
-  const at::mt19937_data_pod& data = (cpu->*MemberPointer(GeneratorEngineTag{})).*MemberPointer(EngineDataTag{});
-  return RngFingerprint{data.seed_, data.left_, data.next_, data.state_.front(), data.state_.back(),
-                        cpu->next_float_normal_sample(), cpu->next_double_normal_sample()};
-}
-
-}  // namespace
 
 absl::StatusOr<std::unique_ptr<EngineBridge>> EngineBridge::Create(const BridgeOptions& options) {
   absl::StatusOr<std::unique_ptr<Policy>> policy = MakePolicy(options.policy);
@@ -128,19 +91,13 @@ void EngineBridge::BeforeOp(OpRecord& record) {
     if (options_.next != nullptr) options_.next->BeforeOp(record);
     engine_->NoteAllocation();
     Sweep();
-    if (++ops_since_prune_ >= 1024) {
-      ops_since_prune_ = 0;
-      Prune();
-    }
-    NoteWrites(record);
+    if (records_.DuePrune()) Prune();
+    current_.NoteWrites(record);
     DetachOverwrittenBlanks(record);
     GatherEngineInputs(record);
     const std::vector<TensorId>& engine_inputs = current_.engine_inputs;
     const OpTraits& traits = *record.traits;
-    // An op whose generator state was captured (random ops, opaque calls) replays with it; any other op that moves
-    // the default generator is not replayable.
-    current_.check_rng = !traits.random && !record.rng.has_value() && record.replayable;
-    if (current_.check_rng) current_.rng_before = DefaultCpuRngFingerprint();
+    current_.WatchGenerator(record);
     absl::StatusOr<OpId> op = engine_->BeginOp(engine_inputs, traits.name);
     if (!op.ok()) Throw(op.status());
     // From here the kernel may read its inputs: their memory must not move (until now, while BeginOp replayed
@@ -159,46 +116,14 @@ void EngineBridge::BeforeOp(OpRecord& record) {
   }
 }
 
-// What the op writes (op_effects.h) into current_: per input storage, written, written and returned, and whether
-// the op overwrites all of it (covered: a fill or out= argument covering the storage).
-void EngineBridge::NoteWrites(const OpRecord& record) {
-  const OpTraits& traits = *record.traits;
-  const std::size_t n = record.input_storages.size();
-  current_.inputs.assign(n, kNoIndex);
-  current_.written.assign(n, false);
-  current_.written_returned.assign(n, false);
-  current_.overwrite.assign(n, false);
-  current_.covered.assign(n, false);
-  std::vector<std::uint8_t>& covered = current_.covered;
-  // The schema's written arguments, then the writes it does not declare (never returned: written on the side).
-  const std::size_t annotated = traits.written_arguments.size();
-  for (std::size_t w = 0; w < annotated + record.unannotated_writes.size(); ++w) {
-    const bool declared = w < annotated;
-    const int a = declared ? traits.written_arguments[w] : record.unannotated_writes[w - annotated];
-    const bool returned = declared && std::find(traits.return_aliases.begin(), traits.return_aliases.end(), a) !=
-                                          traits.return_aliases.end();
-    const bool overwrites =
-        declared && (traits.out_argument[w] || (a == 0 && OverwritesSelf(record.op.schema().name())));
-    ForEachTensor(record.arguments[a], [&](const at::Tensor& t) {
-      if (!t.defined() || !t.has_storage()) return;
-      for (std::size_t k = 0; k < n; ++k) {
-        if (record.input_storages[k].get() != t.storage().unsafeGetStorageImpl()) continue;
-        current_.written[k] = true;
-        current_.written_returned[k] = current_.written_returned[k] || returned;
-        covered[k] = covered[k] || (overwrites && returned && CoversStorage(t));
-      }
-    });
-  }
-}
-
 // Blank constants (aten::empty results nobody wrote) the op overwrites entirely leave the engine now: nothing can
 // read their garbage, and AfterOp registers the new value as a fresh output (current_.overwrite).
 void EngineBridge::DetachOverwrittenBlanks(const OpRecord& record) {
   const std::size_t n = record.input_storages.size();
   for (std::size_t k = 0; k < n; ++k) {  // only a storage passed once (not also read)
     if (!current_.covered[k]) continue;
-    auto it = entries_.find(record.input_storages[k].get());
-    if (it == entries_.end() || !it->second.blank || it->second.released) continue;
+    Entry* found = entries_.Find(record.input_storages[k].get());
+    if (found == nullptr || !found->blank || found->released) continue;
     int uses = 0;
     for (const c10::IValue& value : record.arguments) {
       ForEachTensor(value, [&](const at::Tensor& t) {
@@ -206,14 +131,14 @@ void EngineBridge::DetachOverwrittenBlanks(const OpRecord& record) {
       });
     }
     if (uses != 1) continue;
-    Entry& entry = it->second;
+    Entry& entry = *found;
     const StorageIndex old = engine_->StorageOf(entry.root);
     if (engine_->Paged(old)) {  // its memory comes back for the op to write into
       if (absl::Status status = engine_->Rematerialize(entry.root); !status.ok()) Throw(status);
     }
     if (entry.record_refs > 0) PinDependents(old);
     executor_.ClearHome(old);
-    owner_.erase(old);
+    links_.ClearOwner(old);
     engine_->Release(entry.root);
     entry.blank = false;
     entry.pinned = false;
@@ -257,56 +182,6 @@ void EngineBridge::GatherEngineInputs(const OpRecord& record) {
   }
 }
 
-// What EndOp registers for the op: its fresh output storages, the blank storages it overwrote (fresh values in old
-// StorageImpls) and its in-place writes of engine inputs, each with the StorageImpl that holds it.
-void EngineBridge::PlanOutputs(const OpRecord& record) {
-  const std::size_t n = record.input_storages.size();
-  std::vector<int>& engine_position = plan_.engine_position;
-  engine_position.assign(n, -1);
-  for (std::size_t k = 0, p = 0; k < n; ++k) {
-    if (current_.inputs[k] != kNoIndex) engine_position[k] = static_cast<int>(p++);
-  }
-  std::vector<OutputSpec>& specs = plan_.specs;
-  std::vector<int>& spec_output = plan_.spec_output;
-  std::vector<c10::intrusive_ptr<c10::StorageImpl>>& spec_impl = plan_.spec_impl;
-  specs.clear();
-  spec_output.clear();
-  spec_impl.clear();
-  for (std::size_t i = 0; i < record.outputs.size(); ++i) {
-    const CapturedOutput& out = record.outputs[i];
-    if (out.input_storage >= 0) continue;  // a view of an input (or an input written in place: below)
-    c10::intrusive_ptr<c10::StorageImpl> impl = out.storage.lock();
-    if (!impl || entries_.contains(impl.get())) continue;
-    bool seen = false;
-    for (const auto& s : spec_impl) seen = seen || s.get() == impl.get();
-    if (seen) continue;  // a second view of a fresh storage
-    OutputSpec spec;
-    spec.bytes = static_cast<std::int64_t>(out.storage_nbytes);
-    spec.address = AddressOf(*impl);
-    specs.push_back(spec);
-    spec_output.push_back(static_cast<int>(i));
-    spec_impl.push_back(std::move(impl));
-  }
-  for (std::size_t k = 0; k < n; ++k) {
-    if (!current_.overwrite[k]) continue;
-    c10::StorageImpl& impl = *record.input_storages[k];
-    OutputSpec spec;
-    spec.bytes = static_cast<std::int64_t>(impl.nbytes());
-    spec.address = AddressOf(impl);
-    specs.push_back(spec);
-    spec_output.push_back(-1 - static_cast<int>(k));
-    spec_impl.push_back(record.input_storages[k]);
-  }
-  for (std::size_t k = 0; k < n; ++k) {
-    if (!current_.written_returned[k] || engine_position[k] < 0) continue;
-    OutputSpec spec;
-    spec.in_place_of = engine_position[k];
-    specs.push_back(spec);
-    spec_output.push_back(-1 - static_cast<int>(k));
-    spec_impl.push_back(record.input_storages[k]);
-  }
-}
-
 // Whether a replay of the op would give its outputs back (after its kernel ran: the generator check needs it).
 bool EngineBridge::Replayable(const OpRecord& record) {
   const std::size_t n = record.input_storages.size();
@@ -320,7 +195,7 @@ bool EngineBridge::Replayable(const OpRecord& record) {
   const bool compiled_graph_paged =
       options_.paging.mode != OffloadMode::kOff && record.traits->name == kOpaqueCallOperator;
   return record.replayable && !reads_export && !record.traits->uninitialized &&
-         !compiled_graph_paged && !(current_.check_rng && current_.rng_before != DefaultCpuRngFingerprint());
+         !compiled_graph_paged && !current_.GeneratorMoved();
 }
 
 void EngineBridge::AfterOp(OpRecord&& record) {
@@ -328,7 +203,7 @@ void EngineBridge::AfterOp(OpRecord&& record) {
   struct Release {
     EngineBridge* self;
     ~Release() {
-      self->plan_.spec_impl.clear();  // its references must not outlive the op (a storage's death is its use count)
+      self->current_.plan.spec_impl.clear();  // its references must not outlive the op (a storage's death is its use count)
       self->Unlock();
     }
   } release{this};
@@ -338,22 +213,22 @@ void EngineBridge::AfterOp(OpRecord&& record) {
   if (policy_->UsesWindows()) memory_->SetPlacementForThisThread(Placement::kLow);
   ++stats_.ops;
   const OpTraits& traits = *record.traits;
-  PlanOutputs(record);
-  const std::vector<OutputSpec>& specs = plan_.specs;
-  const std::vector<int>& spec_output = plan_.spec_output;
-  const std::vector<c10::intrusive_ptr<c10::StorageImpl>>& spec_impl = plan_.spec_impl;
+  current_.PlanOutputs(record, entries_);
+  const std::vector<OutputSpec>& specs = current_.plan.specs;
+  const std::vector<int>& spec_output = current_.plan.spec_output;
+  const std::vector<c10::intrusive_ptr<c10::StorageImpl>>& spec_impl = current_.plan.spec_impl;
   const std::int64_t cost = std::max<std::int64_t>(
       1, options_.estimated_costs ? EstimatedCostNs(record) : static_cast<std::int64_t>(record.duration_ns));
   absl::StatusOr<std::span<const TensorId>> outs = engine_->EndOp(current_.op, specs, cost);
   if (!outs.ok()) Throw(outs.status());
-  std::vector<TensorId>& out_tensors = plan_.out_tensors;
+  std::vector<TensorId>& out_tensors = current_.plan.out_tensors;
   out_tensors.assign(outs->begin(), outs->end());
   const bool replayable = Replayable(record);
   // What the kept record will say (ReplayOp), gathered in vectors kept between ops: the ReplayOp is made only for
   // a record that is kept, with the record moved into it once.
-  std::vector<StorageIndex>& output_storage = plan_.output_storage;
+  std::vector<StorageIndex>& output_storage = current_.plan.output_storage;
   output_storage.assign(record.outputs.size(), kNoIndex);
-  std::vector<std::pair<int, StorageIndex>>& in_place = plan_.in_place;
+  std::vector<std::pair<int, StorageIndex>>& in_place = current_.plan.in_place;
   in_place.clear();
   bool keep = false;
   // An evictable result of a backward-pass op (a gradient, or one accumulated in place) goes last (header: Backward).
@@ -367,9 +242,9 @@ void EngineBridge::AfterOp(OpRecord&& record) {
     const StorageIndex s = engine_->StorageOf(t);
     const c10::intrusive_ptr<c10::StorageImpl>& impl = spec_impl[j];
     if (spec_output[j] >= 0) {  // a fresh storage
-      Entry entry;
-      entry.weak = c10::weak_intrusive_ptr<c10::StorageImpl>(impl);
+      Entry& entry = entries_.Add(impl);
       entry.root = t;
+      links_.SetOwner(s, impl.get());
       executor_.SetHome(s, impl);
       if (replayable && EvictableMemory(*memory_, *impl)) {
         executor_.SetOwner(AddressOf(*impl), s, /*evictable=*/true);
@@ -383,24 +258,20 @@ void EngineBridge::AfterOp(OpRecord&& record) {
         entry.blank = traits.uninitialized;
         ++stats_.pinned_outputs;
       }
-      entry.key = impl.get();
-      Entry& placed = entries_.emplace(impl.get(), std::move(entry)).first->second;
-      owner_[s] = impl.get();
-      live_.push_back(&placed);
       continue;
     }
     // An in-place write of input k: the StorageImpl now holds the new version t; the old one has no home. (A
     // blank storage overwritten entirely left the engine in BeforeOp: t is simply a fresh value in it.)
     const int k = -1 - spec_output[j];
-    Entry& entry = entries_.at(impl.get());
+    Entry& entry = entries_.At(impl.get());
     if (!current_.overwrite[k]) {
       const TensorId old = entry.root;
       executor_.ClearHome(engine_->StorageOf(old));
-      owner_.erase(engine_->StorageOf(old));
+      links_.ClearOwner(engine_->StorageOf(old));
       engine_->Release(old);
     }
     entry.root = t;
-    owner_[s] = impl.get();
+    links_.SetOwner(s, impl.get());
     executor_.SetHome(s, impl);
     if (entry.pinned) continue;  // a constant written in place stays a constant (the engine pinned it)
     if (replayable && EvictableMemory(*memory_, *impl)) {
@@ -416,18 +287,18 @@ void EngineBridge::AfterOp(OpRecord&& record) {
     }
   }
   if (!keep) return;
-  CountRecordRefs(record, 1, current_.input_entries);  // before the record moves
-  auto replay = std::make_unique<ReplayOp>(std::move(record));
+  std::unique_ptr<ReplayOp> replay = records_.Make(std::move(record));
+  HoldRecordRefs(*replay, current_.input_entries);
   replay->output_storage.assign(output_storage.begin(), output_storage.end());
   replay->in_place.assign(in_place.begin(), in_place.end());
   replay->inputs.assign(current_.inputs.begin(), current_.inputs.end());
   replay->written.assign(current_.written.begin(), current_.written.end());
   replay->overwritten.assign(current_.overwrite.begin(), current_.overwrite.end());
   for (const TensorId t : current_.inputs) {
-    if (t != kNoIndex) readers_[engine_->StorageOf(t)].push_back(current_.op);
+    if (t != kNoIndex) links_.AddReader(engine_->StorageOf(t), current_.op);
   }
   executor_.AddOp(current_.op, std::move(replay));
-  kept_ops_.push_back(current_.op);
+  records_.Keep(current_.op);
 }
 
 void EngineBridge::OpFailed(OpRecord& record) noexcept {
@@ -439,10 +310,10 @@ void EngineBridge::OpFailed(OpRecord& record) noexcept {
     for (std::size_t k = 0; k < current_.overwrite.size(); ++k) {
       if (!current_.overwrite[k]) continue;
       c10::StorageImpl& impl = *record.input_storages[k];
-      Entry& entry = entries_.at(&impl);
+      Entry& entry = entries_.At(&impl);
       entry.root = engine_->AdoptConstant(static_cast<std::int64_t>(impl.nbytes()), AddressOf(impl), "constant");
       entry.pinned = true;
-      owner_[engine_->StorageOf(entry.root)] = &impl;
+      links_.SetOwner(engine_->StorageOf(entry.root), &impl);
       executor_.SetHome(engine_->StorageOf(entry.root), record.input_storages[k]);
     }
   }
@@ -454,7 +325,7 @@ void EngineBridge::OpFailed(OpRecord& record) noexcept {
 bool EngineBridge::RetryAfterOutOfMemory(OpRecord& record) {
   if (!current_.active) return false;
   // An op not known to be random that drew from the default generator before failing would draw other numbers.
-  if (current_.check_rng && current_.rng_before != DefaultCpuRngFingerprint()) return false;
+  if (current_.GeneratorMoved()) return false;
   lock_.EndLend();
   executor_.SetRunningOp(nullptr);  // its kernel has unwound: nothing reads its inputs until it runs again
   const absl::StatusOr<bool> retry = engine_->MakeHoleForRetry();
@@ -487,8 +358,8 @@ absl::Status EngineBridge::Retire() {
 
 std::int64_t EngineBridge::HeldReferences(const c10::StorageImpl* storage) {
   std::lock_guard<EngineLock> lock(lock_);
-  auto it = entries_.find(storage);
-  return it == entries_.end() ? 0 : it->second.record_refs;
+  const Entry* entry = entries_.Find(storage);
+  return entry == nullptr ? 0 : entry->record_refs;
 }
 
 BridgeStats EngineBridge::Stats() {
@@ -498,7 +369,7 @@ BridgeStats EngineBridge::Stats() {
   stats.engine_tables = engine_->tables();
   stats.executor = executor_.stats();
   if (tier_ != nullptr) stats.host_tier = tier_->stats();
-  stats.kept_records = static_cast<std::int64_t>(kept_ops_.size());
+  stats.kept_records = static_cast<std::int64_t>(records_.kept());
   stats.tracked_storages = static_cast<std::int64_t>(entries_.size());
   return stats;
 }

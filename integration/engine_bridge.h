@@ -10,6 +10,14 @@
 //     evicted.
 // Views share their base's engine storage (a pure view op does not reach the engine).
 //
+// Parts. The bridge is a front over parts that each own their state, with the contract at the top of their header:
+// storage_entries.h (the tracked StorageImpls: entries, the live list and the sweep's scan), storage_links.h (per
+// engine storage: the StorageImpl whose version it is, the kept records that read it), record_store.h (which ops
+// have kept records, when to prune, reused ReplayOps) and op_in_flight.h (the op between BeforeOp and AfterOp: its
+// writes, the generator before it, the plan of its outputs). engine_bridge.cc drives the engine per op;
+// engine_bridge_storages.cc keeps entries, links and records in step with the engine (release, pins, pruning,
+// recycling, exports). The executor (torch_executor.h) holds the records themselves and the storages' homes.
+//
 // Per op: BeforeOp sweeps for storages whose last user reference died, maps the inputs, and calls BeginOp
 // (rematerializes evicted inputs and locks them); the kernel runs; AfterOp calls EndOp with the fresh outputs
 // (bytes, address) and the in-place writes (OutputSpec::in_place_of), keeps the record for replays if some output
@@ -100,8 +108,6 @@
 #include <span>
 #include <vector>
 
-#include "absl/container/flat_hash_map.h"
-#include "absl/container/node_hash_map.h"
 #include "absl/status/statusor.h"
 #include "allocator/arena.h"
 #include "integration/cpu_device_memory.h"
@@ -110,26 +116,15 @@
 #include "integration/engine_lock.h"
 #include "integration/held_references.h"
 #include "integration/host_tier.h"
+#include "integration/op_in_flight.h"
+#include "integration/record_store.h"
+#include "integration/storage_entries.h"
+#include "integration/storage_links.h"
 #include "integration/torch_executor.h"
 #include "policies/policy.h"
 #include "runtime/engine.h"
 
 namespace remat::integration {
-
-// What changes whenever the default CPU generator draws: its counters, the first and last words of its state (all
-// of which a twist every 624 draws rewrites) and its cached normal samples. Comparing it before and after an op
-// that is not known to be random tells whether the op drew (then it cannot be replayed), for a few words instead
-// of the generator's 2.5 KiB state.
-struct RngFingerprint {
-  std::uint64_t seed = 0;
-  int left = 0;
-  std::uint32_t next = 0;
-  std::uint32_t first_word = 0;
-  std::uint32_t last_word = 0;
-  std::optional<float> float_normal;
-  std::optional<double> double_normal;
-  bool operator==(const RngFingerprint&) const = default;
-};
 
 struct BridgeOptions {
   std::size_t budget = 0;
@@ -226,45 +221,13 @@ class EngineBridge final : public OpObserver, public PressureHandler, public Hel
   BridgeStats Stats();
 
  private:
-  struct Entry {
-    const c10::StorageImpl* key = nullptr;  // its key in entries_
-    c10::weak_intrusive_ptr<c10::StorageImpl> weak{c10::intrusive_ptr<c10::StorageImpl>()};
-    TensorId root = 0;           // engine tensor of the current version
-    std::int64_t record_refs = 0;  // strong references our records hold
-    bool pinned = false;
-    bool released = false;
-    // A constant only because an uninitializing op (aten::empty) made it, not written since: an op that
-    // overwrites all of it (dropout's bernoulli_ on empty_like) makes an evictable value out of it.
-    bool blank = false;
-    // Released, but its memory kept because records read it (a small constant, see Sweep).
-    bool kept = false;
-    // Exported writable (MakeResident): its bytes may change behind remat's back; ops reading it are not replayed.
-    bool exported = false;
-  };
-  struct InFlight {
-    bool active = false;
-    OpId op = 0;
-    std::vector<TensorId> inputs;  // per record.input_storages, kNoIndex when not an engine input
-    // Flags per record.input_storages, one byte each (std::vector<bool>'s bit fills cost more per op).
-    std::vector<std::uint8_t> written;
-    std::vector<std::uint8_t> written_returned;
-    std::vector<std::uint8_t> overwrite;  // a blank storage this op overwrites entirely
-    std::vector<std::uint8_t> covered;    // the op overwrites all of it (NoteWrites)
-    std::vector<TensorId> engine_inputs;  // GatherEngineInputs' result
-    std::vector<Entry*> input_entries;    // per record.input_storages: its entry (stable: entries_ is a node map)
-    std::vector<StorageIndex> written_constants;  // GatherEngineInputs: constants this op writes
-    // Ops not known to be random: the default CPU generator's state before the op. If the op moved it (a
-    // composite such as aten::lstm with dropout), a replay would not reproduce it: its outputs become constants.
-    bool check_rng = false;
-    RngFingerprint rng_before{};
-  };
-
+  using Entry = StorageEntries::Entry;
   EngineBridge(const BridgeOptions& options, std::unique_ptr<Policy> policy, std::unique_ptr<HostTier> tier);
   Entry& EntryFor(c10::StorageImpl* impl);
-  // Releases the entries whose storage no user holds any more (header: "Last references") and drops them from
-  // live_, keeping its order. Every live entry, every op: a storage that records read keeps its bytes until it is
-  // released, so a late release would raise the peak (a rotating partial sweep was tried: the unconstrained peak
-  // of examples/cpp/train_mlp rose from 9.4 to 15.0 MB). live_ points at the entries: no hash lookup per entry.
+  // Releases the entries whose storage no user holds any more (header: "Last references"; StorageEntries::Sweep).
+  // Every live entry, every op: a storage that records read keeps its bytes until it is released, so a late release
+  // would raise the peak (a rotating partial sweep was tried: the unconstrained peak of examples/cpp/train_mlp rose
+  // from 9.4 to 15.0 MB).
   void Sweep();
   void ReleaseIfDead(Entry& entry);
   void PinDependents(StorageIndex start);
@@ -275,24 +238,12 @@ class EngineBridge final : public OpObserver, public PressureHandler, public Hel
   // Adds `delta` to the record_refs of the entries of the storages `record` holds (its input storages and its
   // arguments' tensors). `entries`, when given, are the entries of record.input_storages (no lookup).
   void CountRecordRefs(const OpRecord& record, int delta = 1, std::span<Entry* const> entries = {});
-  // AfterOp's plan of what EndOp registers: per spec, index into record.outputs (>= 0) or -1 - k for input k
-  // (written in place, or a blank storage overwritten), and the StorageImpl holding it. Kept between ops so that
-  // its vectors keep their capacity (no allocation per op).
-  struct OutputPlan {
-    std::vector<OutputSpec> specs;
-    std::vector<int> spec_output;
-    std::vector<c10::intrusive_ptr<c10::StorageImpl>> spec_impl;
-    std::vector<int> engine_position;  // per input storage: its position among the engine inputs, or -1
-    std::vector<TensorId> out_tensors;  // EndOp's outputs, per spec
-    // The kept record's ReplayOp::output_storage and ReplayOp::in_place, gathered before it is made.
-    std::vector<StorageIndex> output_storage;
-    std::vector<std::pair<int, StorageIndex>> in_place;
-  };
-  // Fills plan_.
-  void PlanOutputs(const OpRecord& record);
+  // The references a kept record holds, counted per input storage once when it is kept (ReplayOp::input_refs:
+  // no walk of its arguments and fewer lookups when it is dropped). `entries`: those of its input storages.
+  void HoldRecordRefs(ReplayOp& replay, std::span<Entry* const> entries);
+  void ReleaseRecordRefs(const ReplayOp& replay);
   bool Replayable(const OpRecord& record);
-  // BeforeOp's steps (engine_bridge.cc), filling current_.
-  void NoteWrites(const OpRecord& record);
+  // BeforeOp's steps (engine_bridge.cc), filling current_ (after OpInFlight::NoteWrites).
   void DetachOverwrittenBlanks(const OpRecord& record);
   void GatherEngineInputs(const OpRecord& record);
   void Prune();
@@ -309,14 +260,12 @@ class EngineBridge final : public OpObserver, public PressureHandler, public Hel
   std::unique_ptr<Engine> engine_;
   EngineLock lock_;
   std::atomic<bool> retired_{false};
-  absl::node_hash_map<const c10::StorageImpl*, Entry> entries_;  // node map: live_ holds pointers into it
-  std::vector<Entry*> live_;  // entries not released
-  absl::flat_hash_map<StorageIndex, const c10::StorageImpl*> owner_;  // engine storage -> entry whose version it is
-  absl::flat_hash_map<StorageIndex, std::vector<OpId>> readers_;      // engine storage -> kept records reading it
-  InFlight current_;
-  OutputPlan plan_;
-  std::vector<OpId> kept_ops_;  // ops whose records the executor keeps
-  std::int64_t ops_since_prune_ = 0;
+  // The parts that own the bridge's state (each file states its contract).
+  StorageEntries entries_;  // storage_entries.h: the tracked StorageImpls, their live list and the sweep
+  StorageLinks links_;      // storage_links.h: per engine storage, its owner and the kept records reading it
+  RecordStore records_;     // record_store.h: which ops have kept records, pruning's cadence, spare ReplayOps
+  OpInFlight current_;  // op_in_flight.h: the op between BeforeOp and AfterOp
+  std::vector<StorageIndex> read_by_dropped_;  // DropInertRecords' scratch
   BridgeStats stats_;
 };
 

@@ -26,24 +26,19 @@ constexpr std::int64_t kKeptConstantMaxBytes = 4096;
 }  // namespace
 
 EngineBridge::Entry& EngineBridge::EntryFor(c10::StorageImpl* impl) {
-  auto it = entries_.find(impl);
-  if (it != entries_.end()) return it->second;
+  if (Entry* known = entries_.Find(impl)) return *known;
   // Made outside remat's view (before enable, numpy, from_blob, another thread): a constant.
   const std::int64_t nbytes = impl->sym_nbytes().is_heap_allocated() ? 0 : static_cast<std::int64_t>(impl->nbytes());
   const std::uintptr_t address = memory_->Owns(impl->_mutable_data_ptr_no_checks()) ? AddressOf(*impl) : 0;
   const TensorId t = engine_->AdoptConstant(nbytes, address, "constant");
   auto strong = c10::intrusive_ptr<c10::StorageImpl>::reclaim_copy(impl);
-  Entry entry;
-  entry.weak = c10::weak_intrusive_ptr<c10::StorageImpl>(strong);
+  Entry& entry = entries_.Add(strong);
   entry.root = t;
   entry.pinned = true;
   executor_.SetHome(engine_->StorageOf(t), strong);
-  owner_[engine_->StorageOf(t)] = impl;
+  links_.SetOwner(engine_->StorageOf(t), impl);
   ++stats_.constants;
-  entry.key = impl;
-  Entry& placed = entries_.emplace(impl, std::move(entry)).first->second;
-  live_.push_back(&placed);
-  return placed;
+  return entry;
 }
 
 void EngineBridge::PinEntry(Entry& entry) {
@@ -68,16 +63,13 @@ void EngineBridge::PinDependents(StorageIndex start) {
   while (!work.empty()) {
     const StorageIndex s = work.back();
     work.pop_back();
-    auto readers = readers_.find(s);
-    if (readers == readers_.end()) continue;
-    for (const OpId op : readers->second) {
+    for (const OpId op : links_.Readers(s)) {
       const ReplayOp* replay = executor_.Op(op);
       if (replay == nullptr) continue;
       auto visit = [&](StorageIndex o) {
         if (o == kNoIndex || !seen.insert(o).second) return;
-        auto owner = owner_.find(o);
-        if (owner != owner_.end()) {
-          Entry& entry = entries_.at(owner->second);
+        if (const c10::StorageImpl* owner = links_.Owner(o)) {
+          Entry& entry = entries_.At(owner);
           if (!entry.released) {
             PinEntry(entry);  // resident from now on: what is computed from it replays from it
             return;
@@ -92,25 +84,7 @@ void EngineBridge::PinDependents(StorageIndex start) {
 }
 
 void EngineBridge::Sweep() {
-  Entry** live = live_.data();
-  const std::size_t n = live_.size();
-  // The common case inline (a user still holds it): a few instructions per live storage, no call, and no store
-  // until the first entry that may go.
-  auto held = [](const Entry* entry) {
-    return static_cast<std::int64_t>(entry->weak.use_count()) > entry->record_refs;
-  };
-  std::size_t i = 0;
-  while (i < n && held(live[i])) ++i;
-  std::size_t kept = i;
-  for (; i < n; ++i) {
-    Entry* entry = live[i];
-    if (!held(entry)) {
-      ReleaseIfDead(*entry);
-      if (entry->released) continue;
-    }
-    live[kept++] = entry;
-  }
-  live_.resize(kept);
+  entries_.Sweep([&](Entry& entry) { ReleaseIfDead(entry); });
 }
 
 void EngineBridge::ReleaseIfDead(Entry& entry) {
@@ -141,9 +115,9 @@ void EngineBridge::ReleaseIfDead(Entry& entry) {
 
 bool EngineBridge::PinState(c10::StorageImpl* impl) {
   std::lock_guard<EngineLock> lock(lock_);
-  auto it = entries_.find(impl);
-  if (it == entries_.end() || it->second.pinned || it->second.released) return false;
-  PinEntry(it->second);
+  Entry* entry = entries_.Find(impl);
+  if (entry == nullptr || entry->pinned || entry->released) return false;
+  PinEntry(*entry);
   ++stats_.pinned_state;
   return true;
 }
@@ -152,12 +126,11 @@ void EngineBridge::CountRecordRefs(const OpRecord& record, int delta, std::span<
   auto count = [&](const c10::StorageImpl* impl) {
     for (std::size_t k = 0; k < entries.size(); ++k) {  // the op's few input storages: no hash lookup
       if (record.input_storages[k].get() == impl) {
-        entries[k]->record_refs += delta;
+        entries_.AddRecordRefs(*entries[k], delta);
         return;
       }
     }
-    auto it = entries_.find(impl);
-    if (it != entries_.end()) it->second.record_refs += delta;
+    if (Entry* entry = entries_.Find(impl)) entries_.AddRecordRefs(*entry, delta);
   };
   for (const auto& storage : record.input_storages) count(storage.get());
   for (const c10::IValue& value : record.arguments) {
@@ -167,29 +140,62 @@ void EngineBridge::CountRecordRefs(const OpRecord& record, int delta, std::span<
   }
 }
 
+void EngineBridge::HoldRecordRefs(ReplayOp& replay, std::span<Entry* const> entries) {
+  const OpRecord& record = replay.record;
+  const std::size_t n = record.input_storages.size();
+  absl::InlinedVector<std::int32_t, 4>& refs = replay.input_refs;
+  refs.assign(n, 1);
+  bool per_input = entries.size() == n;
+  for (const c10::IValue& value : record.arguments) {
+    ForEachTensor(value, [&](const at::Tensor& t) {
+      if (!t.defined() || !t.has_storage()) return;
+      const c10::StorageImpl* impl = t.storage().unsafeGetStorageImpl();
+      for (std::size_t k = 0; k < n; ++k) {
+        if (record.input_storages[k].get() == impl) {
+          ++refs[k];
+          return;
+        }
+      }
+      per_input = false;  // not one of its input storages: counted by lookup, now and when it is dropped
+    });
+  }
+  if (!per_input) {
+    refs.clear();
+    CountRecordRefs(record, 1, entries);
+    return;
+  }
+  for (std::size_t k = 0; k < n; ++k) entries_.AddRecordRefs(*entries[k], refs[k]);
+}
+
+void EngineBridge::ReleaseRecordRefs(const ReplayOp& replay) {
+  const OpRecord& record = replay.record;
+  if (replay.input_refs.size() != record.input_storages.size()) {
+    CountRecordRefs(record, -1);
+    return;
+  }
+  for (std::size_t k = 0; k < record.input_storages.size(); ++k) {
+    if (Entry* entry = entries_.Find(record.input_storages[k].get())) {
+      entries_.AddRecordRefs(*entry, -replay.input_refs[k]);
+    }
+  }
+}
+
 void EngineBridge::Prune() {
   engine_->CollectDead();
   DropInertRecords();
-  for (auto it = entries_.begin(); it != entries_.end();) {
-    Entry& entry = it->second;
-    if (!entry.released || entry.record_refs > 0) {
-      ++it;
-      continue;
-    }
+  entries_.EraseIf([&](Entry& entry) {
+    if (!entry.released || entry.record_refs > 0) return false;
     if (entry.kept) {  // no record reads it any more: the engine lets it go; its memory goes with the StorageImpl
       stats_.kept_constant_bytes -= engine_->StorageBytes(engine_->StorageOf(entry.root));
       engine_->Release(entry.root);
       entry.kept = false;
     }
-    if (entry.weak.use_count() > 0) {
-      ++it;
-      continue;
-    }
-    auto owner = owner_.find(engine_->StorageOf(entry.root));
-    if (owner != owner_.end() && owner->second == it->first) owner_.erase(owner);
-    entries_.erase(it++);
+    if (entry.weak.use_count() > 0) return false;
+    const StorageIndex s = engine_->StorageOf(entry.root);
+    if (links_.Owner(s) == entry.key) links_.ClearOwner(s);
     ++stats_.pruned_entries;
-  }
+    return true;
+  });
   DropInertRecords();  // releasing kept constants above may have made more ops inert
   Recycle();
 }
@@ -197,37 +203,19 @@ void EngineBridge::Prune() {
 // Drops the records of ops the engine can no longer replay (Engine::OpInert: each output dead or pinned), with the
 // references they hold and their places in the reader lists.
 void EngineBridge::DropInertRecords() {
-  std::size_t kept = 0;
   // Dropped records leave their inputs' reader lists in one pass per list afterwards: a constant every op reads
   // has a list as long as the records kept since the last prune.
-  std::vector<OpId> dropped_ops;
-  std::vector<StorageIndex> read_storages;
-  for (const OpId op : kept_ops_) {
-    if (executor_.Op(op) == nullptr) continue;
-    if (!engine_->OpInert(op)) {
-      kept_ops_[kept++] = op;
-      continue;
+  read_by_dropped_.clear();
+  const std::size_t dropped = records_.DropInert(*engine_, executor_, [&](const ReplayOp& replay) {
+    ReleaseRecordRefs(replay);
+    for (const TensorId t : replay.inputs) {
+      if (t != kNoIndex) read_by_dropped_.push_back(engine_->StorageOf(t));
     }
-    std::unique_ptr<ReplayOp> dropped = executor_.TakeOp(op);
-    CountRecordRefs(dropped->record, -1);
-    for (const TensorId t : dropped->inputs) {
-      if (t != kNoIndex) read_storages.push_back(engine_->StorageOf(t));
-    }
-    dropped_ops.push_back(op);
-    ++stats_.pruned_records;
-  }
-  kept_ops_.resize(kept);
-  if (dropped_ops.empty()) return;
-  std::sort(dropped_ops.begin(), dropped_ops.end());  // op ids are recycled: not in creation order
-  std::sort(read_storages.begin(), read_storages.end());
-  read_storages.erase(std::unique(read_storages.begin(), read_storages.end()), read_storages.end());
-  for (const StorageIndex s : read_storages) {
-    auto readers = readers_.find(s);
-    if (readers == readers_.end()) continue;
-    std::erase_if(readers->second,
-                  [&](OpId op) { return std::binary_search(dropped_ops.begin(), dropped_ops.end(), op); });
-    if (readers->second.empty()) readers_.erase(readers);
-  }
+  });
+  if (dropped == 0) return;
+  stats_.pruned_records += static_cast<std::int64_t>(dropped);
+  links_.DropReaders(read_by_dropped_, [&](OpId op) { return records_.Dropped(op); });
+  records_.ClearDropped();
 }
 
 // The engine recycles what nothing can need (Engine::Recycle); the ids it frees will name other ops and storages,
@@ -238,17 +226,16 @@ void EngineBridge::Recycle() {
   if (ids.storages.empty() && ids.ops.empty()) return;
   const absl::flat_hash_set<TensorId> tensors(ids.tensors.begin(), ids.tensors.end());
   for (const StorageIndex s : ids.storages) {
-    readers_.erase(s);
-    auto owner = owner_.find(s);
-    if (owner == owner_.end()) continue;
-    auto entry = entries_.find(owner->second);
+    const c10::StorageImpl* owner = links_.Owner(s);
+    links_.Forget(s);
+    if (owner == nullptr) continue;
+    Entry* entry = entries_.Find(owner);
     // A released entry whose StorageImpl has not gone yet: its engine storage is gone, so it goes too.
-    if (entry != entries_.end() && tensors.contains(entry->second.root)) {
-      TORCH_CHECK(entry->second.released, "remat: the engine recycled a storage a live tensor holds");
-      entries_.erase(entry);
+    if (entry != nullptr && tensors.contains(entry->root)) {
+      TORCH_CHECK(entry->released, "remat: the engine recycled a storage a live tensor holds");
+      entries_.Erase(*entry);
       ++stats_.pruned_entries;
     }
-    owner_.erase(owner);
   }
   executor_.Forget(ids);
 }
@@ -265,14 +252,14 @@ absl::Status EngineBridge::FixEntry(Entry& entry) {
 
 absl::Status EngineBridge::MakeResident(c10::StorageImpl* impl, bool writable) {
   std::lock_guard<EngineLock> lock(lock_);
-  auto it = entries_.find(impl);
-  if (it == entries_.end() || it->second.released) {
+  Entry* found = entries_.Find(impl);
+  if (found == nullptr || found->released) {
     if (IsEvicted(*impl)) {
       return absl::FailedPreconditionError("remat: an evicted storage remat no longer tracks cannot be brought back");
     }
     return absl::OkStatus();  // not remat's: a constant made outside its view keeps its memory anyway
   }
-  Entry& entry = it->second;
+  Entry& entry = *found;
   if (absl::Status status = FixEntry(entry); !status.ok()) return status;
   const StorageIndex s = engine_->StorageOf(entry.root);
   // share_memory_() moves the bytes out of the arena: the engine must not take the old address for this storage.
@@ -286,9 +273,9 @@ absl::Status EngineBridge::MakeResident(c10::StorageImpl* impl, bool writable) {
 
 absl::Status EngineBridge::StorageWillChange(c10::StorageImpl* impl) {
   std::lock_guard<EngineLock> lock(lock_);
-  auto it = entries_.find(impl);
-  if (it == entries_.end() || it->second.released) return absl::OkStatus();
-  Entry& entry = it->second;
+  Entry* found = entries_.Find(impl);
+  if (found == nullptr || found->released) return absl::OkStatus();
+  Entry& entry = *found;
   if (absl::Status status = FixEntry(entry); !status.ok()) return status;
   const StorageIndex s = engine_->StorageOf(entry.root);
   engine_->SetAddress(s, 0);  // the block is about to be freed or replaced: the engine must not use its address
@@ -304,7 +291,7 @@ absl::Status EngineBridge::MaterializeLive() {
   const bool page_constants = engine_->page_constants();
   engine_->SetPageConstants(false);
   absl::Status result = absl::OkStatus();
-  for (Entry* live : live_) {
+  for (Entry* live : entries_.Live()) {
     Entry& entry = *live;
     if (entry.released) continue;
     if (entry.pinned) {  // a paged constant comes back from its host copy
@@ -328,7 +315,7 @@ absl::Status EngineBridge::MaterializeLive() {
   // Nothing may stay in the host tier, which dies with the bridge.
   std::int64_t paged_bytes = 0;
   int paged = 0;
-  for (const Entry* entry : live_) {
+  for (const Entry* entry : entries_.Live()) {
     if (entry->released || !engine_->Paged(engine_->StorageOf(entry->root))) continue;
     ++paged;
     paged_bytes += static_cast<std::int64_t>(entry->key->nbytes());

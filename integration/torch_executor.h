@@ -78,6 +78,9 @@ struct ReplayOp {
   absl::InlinedVector<StorageIndex, 2> output_storage;
   // In-place writes the engine tracks: (index into record.input_storages, engine storage of the new value).
   absl::InlinedVector<std::pair<int, StorageIndex>, 1> in_place;
+  // Per record.input_storages: the strong references this record holds on it (its own and one per argument tensor
+  // over it), as the bridge counted them when it kept the record; empty when it counted them otherwise.
+  absl::InlinedVector<std::int32_t, 4> input_refs;
 
   // The engine storage of the new value of input k written in place, or kNoIndex.
   StorageIndex in_place_storage(int k) const {

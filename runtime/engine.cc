@@ -43,7 +43,10 @@ OpId Engine::NewOp(std::span<const TensorId> inputs, std::int64_t cost, std::str
   Impl::Op& op = m.ops[id];
   op.cost = cost;
   op.name = m.Name(name);
-  op.costly = IsCostlyOp(name);
+  if (op.name >= m.costly_by_name.size()) m.costly_by_name.resize(m.names.size(), 0);
+  std::uint8_t& costly = m.costly_by_name[op.name];
+  if (costly == 0) costly = IsCostlyOp(name) ? 2 : 1;
+  op.costly = costly == 2;
   op.in_begin = static_cast<std::uint32_t>(m.op_inputs.size());
   op.in_count = static_cast<std::uint32_t>(inputs.size());
   m.op_inputs.insert(m.op_inputs.end(), inputs.begin(), inputs.end());

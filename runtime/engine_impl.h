@@ -51,6 +51,9 @@ struct Engine::Impl : GraphRecords {
   EvictionPool pool;       // runtime/eviction_pool.h
   NeighbourhoodCosts nb;   // runtime/neighbourhood_costs.h: graph, regions, union-find, weight invalidation
   std::vector<StorageIndex> deferred_list;  // deferred storages that would be in the pool
+  // Per interned op name (GraphRecords::names): IsCostlyOp's answer, 0 not asked yet, 1 cheap, 2 costly. Asked once
+  // per name rather than matched again on every op.
+  std::vector<std::uint8_t> costly_by_name;
   std::vector<Frame> stack;
   std::vector<TensorId> scratch;
   std::vector<StorageIndex> lock_log;  // locks taken by running frames, released in bulk if a call fails

@@ -89,11 +89,11 @@ std::int32_t NeighbourhoodCosts::AddNode(Slot s, std::int64_t value) {
 void NeighbourhoodCosts::MergeNodes(std::int32_t joining, std::int32_t into) {
   const std::int32_t l = eq_.Find(joining), r = eq_.Find(into);
   if (l == r) return;
-  std::vector<std::int32_t>& big = node_members_[r];
-  std::vector<std::int32_t>& small = node_members_[l];
+  Members& big = node_members_[r];
+  Members& small = node_members_[l];
   if (small.size() > big.size()) big.swap(small);
   big.insert(big.end(), small.begin(), small.end());
-  std::vector<std::int32_t>().swap(small);
+  Members().swap(small);
   node_live_[r] += node_live_[l];
   eq_.Merge(joining, into);  // r stays the root
 }
@@ -115,8 +115,10 @@ void NeighbourhoodCosts::TouchClass(std::int32_t node, std::size_t pool_size) {
   }
   // Only the current nodes matter: a storage that left its node (resident again) never returns to it, and EqSum
   // only reaches classes through current nodes. Drop the others for good (each node once: amortized O(1)).
-  std::vector<std::int32_t>& members = node_members_[root];
-  std::erase_if(members, [&](std::int32_t x) { return node_of_[node_storage_[x]] != x; });
+  Members& members = node_members_[root];
+  members.erase(std::remove_if(members.begin(), members.end(),
+                               [&](std::int32_t x) { return node_of_[node_storage_[x]] != x; }),
+                members.end());
   for (std::int32_t x : members) Touch(node_storage_[x]);
 }
 

@@ -24,6 +24,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
+#include "absl/container/inlined_vector.h"
 #include "runtime/eq_classes.h"
 #include "runtime/eviction_pool.h"
 #include "runtime/regions.h"
@@ -130,7 +131,9 @@ class NeighbourhoodCosts {
   EqClasses eq_;
   std::vector<std::int32_t> node_of_;                   // per storage: its current node, -1 = none
   std::vector<Slot> node_storage_;                      // per node: its storage
-  std::vector<std::vector<std::int32_t>> node_members_;  // per root: the nodes of its class (some no longer current)
+  // A class's nodes, inline for the usual few (a fresh node per new storage: no allocation for it).
+  using Members = absl::InlinedVector<std::int32_t, 4>;
+  std::vector<Members> node_members_;  // per root: the nodes of its class (some no longer current)
   std::vector<std::int32_t> node_live_;                 // per root: the current nodes of its class
   std::vector<std::int32_t> roots_;                     // EqSum's scratch
   std::vector<Slot> neighbours_;                        // Evicted's scratch
@@ -253,7 +256,7 @@ void NeighbourhoodCosts::MaybeCompactClasses(std::size_t floor, std::size_t stor
   if (!eq_classes_ || eq_.size() < floor || eq_.size() < 2 * storage_count) return;
   EqClasses eq;
   std::vector<Slot> node_storage;
-  std::vector<std::vector<std::int32_t>> node_members;
+  std::vector<Members> node_members;
   std::vector<std::int32_t> node_live;
   absl::flat_hash_map<std::int32_t, std::int32_t> new_root;  // old root -> new root
   for (Slot s = 0; s < node_of_.size(); ++s) {
@@ -273,7 +276,7 @@ void NeighbourhoodCosts::MaybeCompactClasses(std::size_t floor, std::size_t stor
     } else {
       eq.Merge(node, it->second);  // adds 0 to the class's value
       node_members[it->second].push_back(node);
-      std::vector<std::int32_t>().swap(node_members[node]);
+      Members().swap(node_members[node]);
       ++node_live[it->second];
       node_live[node] = 0;
     }
