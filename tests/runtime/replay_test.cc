@@ -168,19 +168,25 @@ TEST(ReplayTest, PagingBeatsRecomputeOnACostlyChainAndPrefetchHidesIt) {
 // ReplayOptions::schedule: every execution as a trace op index, each op at its place and each replay where it ran.
 // w constant; x1..x4 a chain (1000 B each), x2 and x3 released, y = g(x4, x1). At 4000 bytes x1 is evicted for x4
 // and replayed for y: 0 1 2 3 0 4.
+// A chain trace: a 1000-byte constant w, then calls of f (1000 ns) each making one 1000-byte result.
+const char* kChainStart = "{\"ANNOTATION\":\"START\",\"INSTRUCTION\":\"ANNOTATE\"}\n"
+                          "{\"INSTRUCTION\":\"CONSTANT\",\"NAME\":\"w\"}\n"
+                          "{\"INSTRUCTION\":\"MEMORY\",\"MEMORY\":\"1000\",\"NAME\":\"w\"}\n";
+std::string ChainCall(const std::string& args, const std::string& result) {
+  return "{\"ARGS\":[" + args + "],\"INSTRUCTION\":\"CALL\",\"NAME\":\"f\",\"RESULT\":[\"" + result +
+         "\"],\"TIME\":\"1000\"}\n{\"INSTRUCTION\":\"MEMORY\",\"MEMORY\":\"1000\",\"NAME\":\"" + result +
+         "\"}\n{\"ALIAS\":\"-1\",\"INSTRUCTION\":\"ALIAS\",\"NAME\":\"" + result + "\"}\n";
+}
+
+// w -> x1 -> x2 -> x3 -> x4, all kept.
+std::string ChainOfFour() {
+  return std::string(kChainStart) + ChainCall("\"w\"", "x1") + ChainCall("\"x1\"", "x2") + ChainCall("\"x2\"", "x3") +
+         ChainCall("\"x3\"", "x4");
+}
+
 TEST(ReplayTest, ScheduleListsOriginalsAndReplaysInOrder) {
-  std::string text = "{\"ANNOTATION\":\"START\",\"INSTRUCTION\":\"ANNOTATE\"}\n"
-                     "{\"INSTRUCTION\":\"CONSTANT\",\"NAME\":\"w\"}\n"
-                     "{\"INSTRUCTION\":\"MEMORY\",\"MEMORY\":\"1000\",\"NAME\":\"w\"}\n";
-  auto call = [&](const std::string& args, const std::string& result) {
-    text += "{\"ARGS\":[" + args + "],\"INSTRUCTION\":\"CALL\",\"NAME\":\"f\",\"RESULT\":[\"" + result +
-            "\"],\"TIME\":\"1000\"}\n{\"INSTRUCTION\":\"MEMORY\",\"MEMORY\":\"1000\",\"NAME\":\"" + result +
-            "\"}\n{\"ALIAS\":\"-1\",\"INSTRUCTION\":\"ALIAS\",\"NAME\":\"" + result + "\"}\n";
-  };
-  call("\"w\"", "x1");
-  call("\"x1\"", "x2");
-  call("\"x2\"", "x3");
-  call("\"x3\"", "x4");
+  std::string text = ChainOfFour();
+  auto call = [&](const std::string& args, const std::string& result) { text += ChainCall(args, result); };
   text += "{\"INSTRUCTION\":\"RELEASE\",\"NAME\":\"x2\"}\n{\"INSTRUCTION\":\"RELEASE\",\"NAME\":\"x3\"}\n";
   call("\"x4\",\"x1\"", "y");
   absl::StatusOr<Trace> t = ParseTrace(text, "chain.log");
@@ -205,18 +211,8 @@ TEST(ReplayTest, ScheduleListsOriginalsAndReplaysInOrder) {
 // since the last access evicts x1, the stalest, which y reads next (a replay); the distance to the next read evicts
 // x2, which nothing reads again (no replay).
 TEST(ReplayTest, ForesightKeepsWhatIsReadNextAndEvictsWhatIsNeverReadAgain) {
-  std::string text = "{\"ANNOTATION\":\"START\",\"INSTRUCTION\":\"ANNOTATE\"}\n"
-                     "{\"INSTRUCTION\":\"CONSTANT\",\"NAME\":\"w\"}\n"
-                     "{\"INSTRUCTION\":\"MEMORY\",\"MEMORY\":\"1000\",\"NAME\":\"w\"}\n";
-  auto call = [&](const std::string& args, const std::string& result) {
-    text += "{\"ARGS\":[" + args + "],\"INSTRUCTION\":\"CALL\",\"NAME\":\"f\",\"RESULT\":[\"" + result +
-            "\"],\"TIME\":\"1000\"}\n{\"INSTRUCTION\":\"MEMORY\",\"MEMORY\":\"1000\",\"NAME\":\"" + result +
-            "\"}\n{\"ALIAS\":\"-1\",\"INSTRUCTION\":\"ALIAS\",\"NAME\":\"" + result + "\"}\n";
-  };
-  call("\"w\"", "x1");
-  call("\"x1\"", "x2");
-  call("\"x2\"", "x3");
-  call("\"x3\"", "x4");
+  std::string text = ChainOfFour();
+  auto call = [&](const std::string& args, const std::string& result) { text += ChainCall(args, result); };
   call("\"x4\",\"x1\"", "y");
   // x2 and x3 stay referenced until the end (what is left then must fit: w, x1, x4 and y).
   text += "{\"INSTRUCTION\":\"RELEASE\",\"NAME\":\"x2\"}\n{\"INSTRUCTION\":\"RELEASE\",\"NAME\":\"x3\"}\n";
