@@ -1,6 +1,7 @@
-// Arena implementation (contract in arena.h). One file of about 900 lines on purpose: every operation below works on
-// the same private State under its one lock (placement, coalescing, growth, windows, moves), and splitting it would
-// put that State in a header for no reader's benefit.
+// Arena implementation (contract in arena.h). One file of about 910 lines on purpose: every operation below works on
+// the same private State under its one lock (placement, coalescing, growth, windows, moves, and when stitching the
+// choice of the hole that maps the fewest granules), and splitting it would put that State in a header for no
+// reader's benefit.
 //
 // Data structures, all guarded by one mutex (the critical sections are a few hundred nanoseconds at most, so a
 // plain lock beats anything cleverer at the thread counts PyTorch uses: the caller's thread plus autograd's):

@@ -120,6 +120,8 @@ class Provider final : public CudaStitchProvider {
     }
   }
 
+  std::size_t granule() const override { return granule_; }
+
   StitchCounters counters() const override {
     absl::MutexLock lock(&mu_);
     return counters_;

@@ -40,6 +40,7 @@ struct StitchCounters {
 class CudaStitchProvider : public MemoryProvider {
  public:
   virtual StitchCounters counters() const = 0;
+  virtual std::size_t granule() const = 0;
 };
 
 // `granule`: a power of two and a multiple of the device's granularity (VirtualMemory). `physical_bytes`: at least

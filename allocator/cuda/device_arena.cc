@@ -89,7 +89,6 @@ struct DeviceArena::State {
   DeviceArenaStats stats;                            // counters only; the rest is filled in by Stats()
   std::uint64_t retired_pressure = 0;                // pressure_allocations of arenas already released
   CudaStitchProvider* stitch_provider = nullptr;     // the arena's provider when it stitches (owned by the arena)
-  std::size_t granule = 0;                           // the stitch granule, once chosen
   std::string stitch_fallback;                       // why a stitch arena asked for is contiguous
   StitchCounters retired_stitch;                     // the counters of the last stitch provider released
 
@@ -134,6 +133,7 @@ struct DeviceArena::State {
     if (!stitching.ok()) return stitching.status();
     stitch_provider = stitching->get();
     if (stitch_provider != nullptr) {
+      const std::size_t granule = stitch_provider->granule();
       arena_options.granule = granule;
       arena_options.physical_limit = *budget / granule * granule;
       arena_options.capacity = 8 * arena_options.physical_limit;  // address space to spare costs nothing
@@ -173,7 +173,8 @@ struct DeviceArena::State {
                                      " does not support virtual memory management: the arena is contiguous");
       return std::unique_ptr<CudaStitchProvider>();
     }
-    granule = options.granule != 0 ? options.granule : std::max(support->granularity, kDefaultStitchGranule);
+    const std::size_t granule =
+        options.granule != 0 ? options.granule : std::max(support->granularity, kDefaultStitchGranule);
     absl::StatusOr<std::unique_ptr<CudaStitchProvider>> made =
         MakeCudaStitchProvider(runtime, options.device, budget, granule);
     if (!made.ok()) {
@@ -398,6 +399,7 @@ struct DeviceArena::State {
     if (stitch_provider != nullptr) {
       // The budget counts physical granules: say how many are mapped and how many are free.
       const std::size_t free_physical = arena_stats.physical_limit - arena_stats.physical_bytes;
+      const std::size_t granule = arena_stats.granule;
       where = absl::StrCat("; budget ", arena_stats.physical_limit, " bytes of physical memory in ", granule,
                            "-byte granules, mapped ", arena_stats.physical_bytes, " (", free_physical / granule,
                            " granule(s) free), allocated ", stats.allocated_bytes.current, ", pending frees ",
@@ -703,7 +705,7 @@ DeviceArenaStats DeviceArena::Stats() const {
     out.peak_physical_bytes = a.peak_physical_bytes;
   }
   out.stitched = s.stitch_provider != nullptr;
-  out.granule = out.stitched ? s.granule : 0;
+  out.granule = out.stitched ? s.stitch_provider->granule() : 0;
   out.stitch = out.stitched ? s.stitch_provider->counters() : s.retired_stitch;
   out.stitch_fallback = s.stitch_fallback;
   return out;
