@@ -25,6 +25,9 @@ struct Registry {
     factories.emplace("random", MakeRandomPolicy);
     factories.emplace("dte", MakeDtePolicy);
     factories.emplace("coop", MakeCoopPolicy);
+    // Plan mode (runtime/plan_mode.h): the drivers (remat-sim, the PyTorch bridge) follow a plan made from a recorded
+    // iteration; until a plan is ready, and wherever the op stream departs from it, the engine chooses as dtr-eq.
+    factories.emplace(std::string(kPlanPolicy), MakeDtrEqPolicy);
   }
 };
 

@@ -1,5 +1,5 @@
-// Registry: policies by name. The built-ins (dtr, dtr-eq, dtr-local, msps, lru, largest, random, dte, coop) are
-// always present; user code may add its own with RegisterPolicy before creating engines.
+// Registry: policies by name. The built-ins (dtr, dtr-eq, dtr-local, msps, lru, largest, random, dte, coop, and
+// plan: dtr-eq's choices for the engine, plan mode for the drivers, runtime/plan_mode.h) are always present; user code may add its own with RegisterPolicy before creating engines.
 //
 // Contract: names are case-sensitive; MakePolicy of an unknown name is InvalidArgument listing the known names;
 // registering an existing name is AlreadyExists. Thread-safe.
@@ -16,6 +16,9 @@
 #include "policies/policy.h"
 
 namespace remat {
+
+// The name that asks the drivers for plan mode (runtime/plan_mode.h).
+inline constexpr std::string_view kPlanPolicy = "plan";
 
 using PolicyFactory = std::function<std::unique_ptr<Policy>()>;
 

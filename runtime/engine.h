@@ -180,6 +180,10 @@ struct EngineStats {
   std::int64_t compacted_bytes = 0;    // bytes slid by compactions
   std::int64_t recycled_ops = 0;       // op slots freed for reuse (Recycle)
   std::int64_t recycled_storages = 0;  // storage slots freed for reuse
+  // Plan mode (SetPlan): victims the plan named, and victims the policy chose because the plan held every
+  // candidate resident (the run needed more room than the planned one: fragmentation, other costs).
+  std::int64_t plan_victims = 0;
+  std::int64_t plan_fallbacks = 0;
 };
 
 using StorageIndex = std::uint32_t;
@@ -207,6 +211,17 @@ class FutureUses {
  public:
   virtual ~FutureUses() = default;
   virtual std::int64_t OpsUntilNextUse(StorageIndex s) const = 0;
+};
+
+// What an engine may know of a plan (Engine::SetPlan, runtime/plan_guide.h): for a storage, whether the plan being
+// followed holds it out of memory now, and until when. Answers < 0 when the plan holds s resident now or does not
+// know it; else the position (in ops of the planned iteration) at which the plan has s back in memory, or
+// kNeverBack. The driver of the run (the replay, the PyTorch bridge) keeps the plan's position.
+class EvictionPlan {
+ public:
+  static constexpr std::int64_t kNeverBack = std::numeric_limits<std::int64_t>::max();
+  virtual ~EvictionPlan() = default;
+  virtual std::int64_t OutUntil(StorageIndex s) const = 0;
 };
 
 class Engine final : public PressureHandler, private StorageView {
@@ -279,6 +294,10 @@ class Engine final : public PressureHandler, private StorageView {
   // From now on the DTR family ranks by the ops until each candidate's next read (FutureUses) instead of the time
   // since its last access; nullptr goes back. Not owned; must outlive its use.
   void SetFuture(const FutureUses* future) { future_ = future; }
+  // From now on a victim is, first, the candidate the plan holds out of memory now that it brings back last (then
+  // the larger); only when the plan holds every candidate resident does the policy choose (EngineStats counts
+  // both). nullptr goes back to the policy alone. Not owned; must outlive its use.
+  void SetPlan(const EvictionPlan* plan) { plan_ = plan; }
   TensorId StorageRoot(StorageIndex s) const;  // the tensor that created the storage
   bool Resident(StorageIndex s) const;
   // free_dead: nothing can ever need s again (no reference, every storage computed from it dead).
@@ -367,6 +386,8 @@ class Engine final : public PressureHandler, private StorageView {
   // The policy's victim among the pool: the dense scan when the policy has staleness weights (and no sampling nor
   // small-storage filter), else the pool walk and Policy::Choose. nullopt when the pool is empty.
   std::optional<StorageIndex> ChooseFromPool();
+  // SetPlan: the candidate the plan holds out now that it brings back last; nullopt when it holds all resident.
+  std::optional<StorageIndex> PlannedVictim();
   // The dense scan (see engine_choice.cc); nullopt when the case is left to the default path.
   std::optional<StorageIndex> DenseChoice();
   // Recomputes the staleness weights marked dirty.
@@ -424,6 +445,7 @@ class Engine final : public PressureHandler, private StorageView {
   std::unique_ptr<Impl> impl_;
   EngineOptions options_;
   const FutureUses* future_ = nullptr;  // SetFuture
+  const EvictionPlan* plan_ = nullptr;  // SetPlan
   Executor* executor_;
   EngineStats stats_;
   bool pressure_sampled_ = false;

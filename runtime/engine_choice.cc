@@ -21,6 +21,13 @@ std::vector<StorageIndex> Engine::PoolOrder() const {
 
 std::optional<StorageIndex> Engine::ChooseFromPool() {
   Impl& m = *impl_;
+  if (plan_ != nullptr) {
+    if (std::optional<StorageIndex> pick = PlannedVictim()) {
+      ++stats_.plan_victims;
+      return pick;
+    }
+    if (!m.pool.empty()) ++stats_.plan_fallbacks;
+  }
   // The dense scan reads last accesses; with a known future the policy's own scan reads Staleness.
   if (m.nb.weights() && !options_.choose.sample_sqrt && !options_.choose.ignore_small && future_ == nullptr) {
     if (std::optional<StorageIndex> pick = DenseChoice()) return pick;
@@ -31,6 +38,26 @@ std::optional<StorageIndex> Engine::ChooseFromPool() {
   std::optional<std::size_t> pick = options_.policy->Choose(*this, m.candidates, options_.choose, ctx);
   if (!pick) return std::nullopt;
   return static_cast<StorageIndex>(m.candidates[*pick]);
+}
+
+// The candidate the plan holds out now that it brings back last; ties to the larger, then to the first in the
+// dense pool (deterministic).
+std::optional<StorageIndex> Engine::PlannedVictim() {
+  Impl& m = *impl_;
+  std::optional<StorageIndex> best;
+  std::int64_t best_until = -1;
+  std::int64_t best_bytes = -1;
+  for (StorageIndex s : m.pool.Members()) {
+    const std::int64_t until = plan_->OutUntil(s);
+    if (until < 0) continue;
+    const std::int64_t bytes = m.storages[s].size;
+    if (until > best_until || (until == best_until && bytes > best_bytes)) {
+      best = s;
+      best_until = until;
+      best_bytes = bytes;
+    }
+  }
+  return best;
 }
 
 void Engine::RefreshWeights() {

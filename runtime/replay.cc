@@ -9,6 +9,8 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "policies/registry.h"
+#include "runtime/plan_guide.h"
+#include "runtime/plan_mode.h"
 #include "runtime/sim_executor.h"
 #include "runtime/trace_future.h"
 #include "absl/strings/str_cat.h"
@@ -58,6 +60,8 @@ struct DriveOptions {
   // When set, the engine op id of every CALL and MUTATE is appended after it ran, as -1 - id (schedules).
   std::vector<std::int64_t>* op_log = nullptr;
   bool foresight = false;  // ReplayOptions::foresight
+  PlanRecorder* recorder = nullptr;  // ReplayOptions::record_plan
+  PlanFollower* follower = nullptr;  // ReplayOptions::follow_plan
 };
 
 // Runs the trace through `engine`. Returns OK, or the engine's error (ResourceExhausted / Aborted / other).
@@ -87,6 +91,17 @@ absl::Status Drive(const Trace& trace, Engine& engine, const DriveOptions& drive
     future.emplace(trace, engine, bound);
     engine.SetFuture(&*future);
   }
+  // Plan mode: after each CALL and MUTATE, the recorder and the follower learn the storages it made.
+  std::vector<StorageIndex> made_storages;
+  struct ForgetPlan {
+    Engine& engine;
+    ~ForgetPlan() { engine.SetPlan(nullptr); }
+  } forget_plan{engine};
+  if (drive.follower != nullptr) engine.SetPlan(drive.follower);
+  auto note_made = [&](std::string_view name) {
+    if (drive.recorder != nullptr) drive.recorder->OnOp(engine, name, made_storages);
+    if (drive.follower != nullptr && !drive.follower->OnOp(name, made_storages)) engine.SetPlan(nullptr);
+  };
   auto bind = [&](TraceName n, TensorId t) {
     if (bound[n] < 0) order.push_back(n);
     bound[n] = t;
@@ -256,10 +271,15 @@ absl::Status Drive(const Trace& trace, Engine& engine, const DriveOptions& drive
           outs = engine.Call(inputs, outputs, op.time_ns, op.op_name);
         }
         if (!outs.ok()) return outs.status();
+        made_storages.clear();
         for (std::size_t i = 0; i < op.results.size(); ++i) {
           bind(op.results[i].name, (*outs)[i]);
-          if (op.results[i].alias < 0) defer_in_backward(outs->subspan(i, 1));
+          if (op.results[i].alias < 0) {
+            defer_in_backward(outs->subspan(i, 1));
+            made_storages.push_back(engine.StorageOf((*outs)[i]));
+          }
         }
+        note_made(op.op_name);
         if (drive.op_log != nullptr) {
           drive.op_log->push_back(outs->empty() ? std::int64_t{-1} : -1 - std::int64_t{engine.ProducerOf((*outs)[0])});
         }
@@ -271,6 +291,9 @@ absl::Status Drive(const Trace& trace, Engine& engine, const DriveOptions& drive
         absl::StatusOr<std::span<const TensorId>> outs = mutate(op);
         if (!outs.ok()) return outs.status();
         const std::vector<TensorId> made(outs->begin(), outs->end());
+        made_storages.clear();
+        for (TensorId t : made) made_storages.push_back(engine.StorageOf(t));
+        note_made(op.op_name);
         for (std::size_t i = 0; i < written.size(); ++i) {
           const TraceName n = op.args[written[i]];
           engine.Release(static_cast<TensorId>(bound[n]));
@@ -338,6 +361,9 @@ absl::StatusOr<std::unique_ptr<Replayer>> Replayer::Create(const Trace& trace) {
 const Baseline& Replayer::baseline(EngineConfig config) const { return impl_->baselines[static_cast<int>(config)]; }
 
 ReplayResult Replayer::Run(const ReplayOptions& options) {
+  if (options.policy == kPlanPolicy && options.follow_plan == nullptr && options.record_plan == nullptr) {
+    return RunPlanMode(*this, options);
+  }
   const std::int64_t start = NowNs();
   const bool product = options.engine == EngineConfig::kProduct;
   const Baseline& baseline = this->baseline(options.engine);
@@ -417,6 +443,12 @@ ReplayResult Replayer::Run(const ReplayOptions& options) {
   drive.executor = &executor;
   drive.after_op = std::move(sample);
   drive.foresight = options.foresight;
+  drive.recorder = options.record_plan;
+  std::optional<PlanFollower> follower;
+  if (options.follow_plan != nullptr) {
+    follower.emplace(options.follow_plan);
+    drive.follower = &*follower;
+  }
   std::vector<std::int64_t> log;  // replays' op ids and, as -1 - id, each original's
   if (options.schedule != nullptr) {
     executor.set_replay_log(&log);
@@ -458,6 +490,9 @@ ReplayResult Replayer::Run(const ReplayOptions& options) {
   r.rematerializations = st.rematerializations;
   r.heuristic_evaluations = st.heuristic_evaluations;
   r.search_time_ns = st.search_ns;
+  r.plan_victims = st.plan_victims;
+  r.plan_fallbacks = st.plan_fallbacks;
+  if (follower && follower->departed()) r.plan_departure = follower->departure();
   r.fragmentation_rate =
       st.fragmentation_samples > 0 ? st.fragmentation_sum / static_cast<double>(st.fragmentation_samples) : 0;
   if (!status.ok()) {

@@ -48,6 +48,7 @@
 #include "absl/status/statusor.h"
 #include "runtime/config.h"
 #include "runtime/engine.h"
+#include "runtime/plan_guide.h"
 #include "runtime/trace.h"
 
 namespace remat {
@@ -105,6 +106,11 @@ struct ReplayOptions {
   // The DTR family ranks by the ops until each candidate's next read in this trace instead of the time since its
   // last access (runtime/trace_future.h): how much a recorded iteration's foresight could give (issue 21).
   bool foresight = false;
+  // Plan mode (runtime/plan_guide.h): when set (not owned), the recorder learns the run after each CALL and
+  // MUTATE; when set, the run follows the plan (Engine::SetPlan) with `policy` as the online fallback, and leaves it
+  // for the policy alone where the trace departs from it (ReplayResult::plan_departure).
+  PlanRecorder* record_plan = nullptr;
+  std::shared_ptr<const IterationPlan> follow_plan;
 };
 
 struct ReplayResult {
@@ -133,6 +139,12 @@ struct ReplayResult {
   std::int64_t prefetches = 0;
   std::int64_t transfer_stall_ns = 0;  // clock time ops waited for page-ins (in the overhead)
   std::int64_t host_peak_bytes = 0;
+  // Plan mode (follow_plan): victims the plan named, the policy's choices where it held all resident, and why the
+  // run left the plan (empty if it did not).
+  std::int64_t plan_victims = 0;
+  std::int64_t plan_fallbacks = 0;
+  std::string plan_departure;
+  std::string plan_source;  // policy "plan": the schedule followed (runtime/plan_mode.h)
 };
 
 struct Baseline {
@@ -151,6 +163,7 @@ class Replayer {
   Replayer& operator=(const Replayer&) = delete;
 
   const Baseline& baseline(EngineConfig config = EngineConfig::kProduct) const;
+  // Policy "plan" (policies/registry.h kPlanPolicy) runs plan mode (runtime/plan_mode.h RunPlanMode).
   ReplayResult Run(const ReplayOptions& options);
 
  private:

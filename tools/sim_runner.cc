@@ -102,6 +102,11 @@ SimRow MakeRow(const std::string& trace_path, AccountingMode mode, const SimJob&
   row.page_ins = result.page_ins;
   row.transfer_stall_ns = result.transfer_stall_ns;
   row.message = result.message;
+  if (!result.plan_source.empty() && result.message.empty()) {  // plan mode: which schedule it followed
+    row.message = absl::StrCat("followed ", result.plan_source, " (", result.plan_victims, " planned victims, ",
+                               result.plan_fallbacks, " fallbacks)",
+                               result.plan_departure.empty() ? "" : "; departed: ", result.plan_departure);
+  }
   return row;
 }
 

@@ -1,6 +1,7 @@
 // Trace replay beyond parity: copy-on-write MUTATE, COPY_FROM, outputs resident at the end, the engine's own model
 // (the product configuration and the DTR paper's), PIN and BACKWARD/FORWARD, arena mode with every policy, bad options.
 #include "runtime/replay.h"
+#include "tests/runtime/shared_traces.h"
 
 #include <cstdlib>
 #include <string>
@@ -55,8 +56,7 @@ TEST(ReplayTest, SmallTraceUnconstrainedAndConstrained) {
 }
 
 TEST(ReplayTest, SharedTracesInEveryModeAndPolicy) {
-  const char* env = std::getenv("REMAT_SHARED_DIR");
-  std::string dir = std::string(env != nullptr && *env ? env : "/work/main/../shared") + "/traces/dtr/";
+  std::string dir = remat::testing::SharedDir() + "/traces/dtr/";
   absl::StatusOr<Trace> t = ReadTrace(dir + "resnet32-56-9000000000.0-2020-10-1-13-3-30-default.log");
   ASSERT_TRUE(t.ok()) << t.status() << " (set REMAT_SHARED_DIR to the shared directory)";
   absl::StatusOr<std::unique_ptr<Replayer>> r = Replayer::Create(*t);
@@ -242,10 +242,7 @@ TEST(ReplayTest, ForesightKeepsWhatIsReadNextAndEvictsWhatIsNeverReadAgain) {
 namespace remat {
 namespace {
 
-std::string SharedTrace(const std::string& name) {
-  const char* env = std::getenv("REMAT_SHARED_DIR");
-  return std::string(env != nullptr && *env ? env : "/work/main/../shared") + "/traces/dtr/" + name;
-}
+std::string SharedTrace(const std::string& name) { return remat::testing::SharedTracePath(name); }
 
 // Stitch mode (issue 18): the budget counts mapped granules, so fragmentation leaves nothing to pay: on U-Net (where
 // arena mode pays up to 1.5x more than counter mode and runs out at 0.3) every budget counter mode survives is
