@@ -67,6 +67,7 @@ EngineBridge::EngineBridge(const BridgeOptions& options, std::unique_ptr<Policy>
   executor_.SetHostTier(tier_.get());
   executor_.SetLock(&lock_);
   engine_ = std::make_unique<Engine>(engine_options, &executor_);
+  if (options.policy == kPlanPolicy) plan_ = MakePlanDriver();
 }
 
 EngineBridge::~EngineBridge() {
@@ -208,6 +209,7 @@ void EngineBridge::AfterOp(OpRecord&& record) {
     }
   } release{this};
   if (options_.next != nullptr) options_.next->AfterOpLent(record);
+  if (plan_ != nullptr) plan_->Record(record);
   if (!current_.active) return;
   current_.active = false;
   if (policy_->UsesWindows()) memory_->SetPlacementForThisThread(Placement::kLow);
@@ -223,6 +225,7 @@ void EngineBridge::AfterOp(OpRecord&& record) {
   if (!outs.ok()) Throw(outs.status());
   std::vector<TensorId>& out_tensors = current_.plan.out_tensors;
   out_tensors.assign(outs->begin(), outs->end());
+  if (plan_ != nullptr) NotePlannedOp(traits.name, specs, out_tensors);
   const bool replayable = Replayable(record);
   // What the kept record will say (ReplayOp), gathered in vectors kept between ops: the ReplayOp is made only for
   // a record that is kept, with the record moved into it once.
@@ -371,6 +374,7 @@ BridgeStats EngineBridge::Stats() {
   if (tier_ != nullptr) stats.host_tier = tier_->stats();
   stats.kept_records = static_cast<std::int64_t>(records_.kept());
   stats.tracked_storages = static_cast<std::int64_t>(entries_.size());
+  if (plan_ != nullptr) stats.plan = plan_->Stats();
   return stats;
 }
 

@@ -117,6 +117,7 @@
 #include "integration/held_references.h"
 #include "integration/host_tier.h"
 #include "integration/op_in_flight.h"
+#include "integration/plan_driver.h"
 #include "integration/record_store.h"
 #include "integration/storage_entries.h"
 #include "integration/storage_links.h"
@@ -170,6 +171,7 @@ struct BridgeStats {
   std::int64_t deferred_outputs = 0;     // outputs of backward-pass ops, deferred (Engine::Defer)
   std::int64_t pinned_state = 0;         // storages pinned by PinState (optimizer state)
   HostTierStats host_tier;               // zeros without paging
+  PlanDriverStats plan;                  // policy "plan" (plan_driver.h); zeros otherwise
 };
 
 class EngineBridge final : public OpObserver, public PressureHandler, public HeldReferenceCounter {
@@ -195,6 +197,11 @@ class EngineBridge final : public OpObserver, public PressureHandler, public Hel
   // such a storage would replay every step since it was made. Storages remat did not make are constants already.
   // Returns whether it pinned something.
   bool PinState(c10::StorageImpl* impl);
+  // The end of a training iteration (remat.mark_step(), after each optimizer step): with policy "plan", the plan
+  // driver records, plans or follows from the next iteration on (plan_driver.h). Nothing to do otherwise.
+  void MarkStep();
+  // Plan mode: the recorded iteration the last plan was made from (PlanDriver::PlannedTrace); empty otherwise.
+  std::string PlannedTrace();
   // An export: code outside the dispatcher is about to hold `impl`'s bytes or address (numpy(), DLPack, data_ptr(),
   // untyped_storage(), torch.save). Brings them back if evicted or paged and fixes the storage (Engine::Fix: never
   // evicted, moved or paged out again while it lives). `writable`: the export may write the bytes without remat
@@ -248,6 +255,10 @@ class EngineBridge final : public OpObserver, public PressureHandler, public Hel
   void GatherEngineInputs(const OpRecord& record);
   void Prune();
   void DropInertRecords();
+  // Plan mode (engine_bridge_plan.cc): the driver for the bridge's budget, arena and paging; the op EndOp just
+  // registered, with the storages it made (fresh and in-place outputs, in the specs' order).
+  std::unique_ptr<PlanDriver> MakePlanDriver() const;
+  void NotePlannedOp(std::string_view name, std::span<const OutputSpec> specs, std::span<const TensorId> outs);
   void Recycle();
   void Unlock();
 
@@ -266,6 +277,8 @@ class EngineBridge final : public OpObserver, public PressureHandler, public Hel
   RecordStore records_;     // record_store.h: which ops have kept records, pruning's cadence, spare ReplayOps
   OpInFlight current_;  // op_in_flight.h: the op between BeforeOp and AfterOp
   std::vector<StorageIndex> read_by_dropped_;  // DropInertRecords' scratch
+  std::unique_ptr<PlanDriver> plan_;  // policy "plan" only (plan_driver.h)
+  std::vector<StorageIndex> plan_made_;  // NotePlannedOp's scratch
   BridgeStats stats_;
 };
 

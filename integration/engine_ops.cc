@@ -146,6 +146,32 @@ c10::Dict<std::string, double> EngineStatsDict() {
   put("engine_storage_slots", s->engine_tables.storage_slots);
   put("engine_union_find_nodes", s->engine_tables.union_find_nodes);
   put("engine_op_io_entries", s->engine_tables.op_io_entries);
+  // Plan mode (policy "plan"; plan_driver.h); zeros otherwise. plan_status() says which schedule and why it left.
+  put("plan_iterations", s->plan.iterations);
+  put("plans_made", s->plan.plans_made);
+  put("plan_followed_iterations", s->plan.followed_iterations);
+  put("plan_departures", s->plan.departures);
+  put("plan_failures", s->plan.planning_failures);
+  put("plan_following", s->plan.following);
+  put("plan_planning", s->plan.planning);
+  put("plan_planned_overhead", s->plan.planned_overhead);
+  put("plan_victims", s->engine.plan_victims);
+  put("plan_fallbacks", s->engine.plan_fallbacks);
+  return out;
+}
+
+void MarkStep() { MarkRematStep(); }
+std::string PlannedTrace() { return RematPlannedTrace(); }
+
+// Plan mode in words: the state, the schedule in force, why the last plan left force or planning failed.
+std::string PlanStatus() {
+  absl::StatusOr<BridgeStats> s = GetEngineStats();
+  if (!s.ok()) return "remat is not enabled";
+  const PlanDriverStats& p = s->plan;
+  if (p.iterations == 0 && !p.following) return "no iteration ended yet (remat.mark_step(), or an optimizer step)";
+  std::string out = p.following ? "following the plan of " + p.source : (p.planning ? "planning" : "online");
+  if (!p.last_departure.empty()) out += "; last departure: " + p.last_departure;
+  if (!p.last_failure.empty()) out += "; last planning failure: " + p.last_failure;
   return out;
 }
 
@@ -166,4 +192,7 @@ TORCH_LIBRARY_FRAGMENT(remat, m) {
   m.def("storage_will_change(Storage storage) -> ()", &StorageWillChangeOp);
   m.def("policies() -> str[]", &Policies);
   m.def("engine_stats() -> Dict(str, float)", &EngineStatsDict);
+  m.def("mark_step() -> ()", &MarkStep);
+  m.def("plan_status() -> str", &PlanStatus);
+  m.def("planned_trace() -> str", &PlannedTrace);
 }

@@ -251,6 +251,16 @@ bool RematEngineEnabled() {
   return g_bridge != nullptr;
 }
 
+void MarkRematStep() {
+  std::lock_guard<std::mutex> lock(g_mutex);
+  if (g_bridge != nullptr) g_bridge->MarkStep();
+}
+
+std::string RematPlannedTrace() {
+  std::lock_guard<std::mutex> lock(g_mutex);
+  return g_bridge != nullptr ? g_bridge->PlannedTrace() : std::string();
+}
+
 absl::StatusOr<BridgeStats> GetEngineStats() {
   std::lock_guard<std::mutex> lock(g_mutex);
   if (g_bridge != nullptr) return g_bridge->Stats();

@@ -80,6 +80,11 @@ absl::Status MakeResident(const at::Tensor& tensor, bool writable = true);
 // For code that is about to resize or replace a storage outside torch ops (UntypedStorage.resize_): pins what was
 // computed from its current bytes (EngineBridge::StorageWillChange). Nothing to do when remat is off.
 absl::Status StorageWillChange(const c10::Storage& storage);
+// The end of a training iteration (EngineBridge::MarkStep: plan mode's recording, planning and following). Nothing
+// to do when remat is off or the policy is not "plan".
+void MarkRematStep();
+// Plan mode: the recorded iteration the last plan was made from, as a trace (empty when none).
+std::string RematPlannedTrace();
 // Of the current engine, else of the last one; NotFound before the first EnableRematEngine.
 absl::StatusOr<BridgeStats> GetEngineStats();
 

@@ -2,8 +2,9 @@
 // replay, optimizer state, what a write to a constant would change, an export), so that remat.record() can write
 // it into the trace as a PIN line and remat-sim pins the same storages (runtime/trace.h).
 //
-// The trace recorder's owner installs a listener while a trace is being written and removes it (nullptr) before
-// the listener goes. The bridge calls it on the thread of the op that pins, with its own lock held; the listener
+// Two listeners at most, one per slot: the trace recorder's owner (remat.record()) and plan mode's recorder of the
+// running iteration (integration/plan_driver.h); each installs its listener while it records and removes it
+// (nullptr) before the listener goes. The bridge calls it on the thread of the op that pins, with its own lock held; the listener
 // must be cheap and must not call back into the dispatcher.
 #pragma once
 
@@ -19,18 +20,22 @@ class PinListener {
   virtual void Pinned(const c10::StorageImpl* storage) = 0;
 };
 
+enum class PinListenerSlot { kTrace = 0, kPlan = 1 };
+
 namespace pin_listener_detail {
-inline std::atomic<PinListener*> listener{nullptr};
+inline std::atomic<PinListener*> listeners[2] = {nullptr, nullptr};
 }  // namespace pin_listener_detail
 
 // Not owned; nullptr removes it.
-inline void SetPinListener(PinListener* listener) {
-  pin_listener_detail::listener.store(listener, std::memory_order_release);
+inline void SetPinListener(PinListener* listener, PinListenerSlot slot = PinListenerSlot::kTrace) {
+  pin_listener_detail::listeners[static_cast<int>(slot)].store(listener, std::memory_order_release);
 }
 
 inline void NotePinned(const c10::StorageImpl* storage) {
-  PinListener* listener = pin_listener_detail::listener.load(std::memory_order_acquire);
-  if (listener != nullptr) listener->Pinned(storage);
+  for (std::atomic<PinListener*>& slot : pin_listener_detail::listeners) {
+    PinListener* listener = slot.load(std::memory_order_acquire);
+    if (listener != nullptr) listener->Pinned(storage);
+  }
 }
 
 }  // namespace remat::integration

@@ -58,8 +58,24 @@ absl::StatusOr<std::unique_ptr<TraceRecorder>> TraceRecorder::Open(const std::st
   return std::unique_ptr<TraceRecorder>(new TraceRecorder(path, std::move(out), estimated_costs));
 }
 
+std::unique_ptr<TraceRecorder> TraceRecorder::InMemory(bool estimated_costs, CountsAgainstBudget counts) {
+  auto recorder = std::unique_ptr<TraceRecorder>(new TraceRecorder("<memory>", std::ofstream(), estimated_costs));
+  recorder->in_memory_ = true;
+  recorder->counts_ = std::move(counts);
+  recorder->stream_ = &recorder->memory_;
+  *recorder->stream_ << "{\"INSTRUCTION\":\"ANNOTATE\",\"ANNOTATION\":\"START\"}\n";
+  return recorder;
+}
+
 TraceRecorder::TraceRecorder(std::string path, std::ofstream out, bool estimated_costs)
-    : path_(std::move(path)), out_(std::move(out)), estimated_costs_(estimated_costs) {}
+    : path_(std::move(path)), out_(std::move(out)), stream_(&out_), estimated_costs_(estimated_costs) {}
+
+std::string TraceRecorder::TakeText() {
+  (void)Close();  // in memory: nothing can fail
+  std::string text = std::move(memory_).str();
+  memory_.str(std::string());
+  return text;
+}
 
 TraceRecorder::~TraceRecorder() { (void)Close(); }
 
@@ -69,7 +85,7 @@ void TraceRecorder::ReleaseDead() {
   for (auto it = known_.begin(); it != known_.end();) {
     if (DeadToTheUser(it->second.storage, it->first)) {
       for (const std::string& name : it->second.names) {
-        out_ << "{\"INSTRUCTION\":\"RELEASE\",\"NAME\":" << Quoted(name) << "}\n";
+        *stream_ << "{\"INSTRUCTION\":\"RELEASE\",\"NAME\":" << Quoted(name) << "}\n";
       }
       known_.erase(it++);
     } else {
@@ -79,17 +95,26 @@ void TraceRecorder::ReleaseDead() {
 }
 
 const std::string& TraceRecorder::NameOf(const at::Tensor& tensor) {
-  c10::StorageImpl* storage = tensor.storage().unsafeGetStorageImpl();
-  auto [it, inserted] = known_.try_emplace(storage);
+  return NameOfStorage(*tensor.storage().unsafeGetStorageImpl());
+}
+
+const std::string& TraceRecorder::NameOfStorage(c10::StorageImpl& storage) {
+  auto [it, inserted] = known_.try_emplace(&storage);
   if (inserted) {
-    it->second.storage = tensor.storage().getWeakStorageImpl();
+    it->second.storage = c10::weak_intrusive_ptr<c10::StorageImpl>(
+        c10::intrusive_ptr<c10::StorageImpl>::unsafe_reclaim_from_nonowning(&storage));
     it->second.names.push_back(NewName());
     const std::string& name = it->second.names.front();
-    out_ << "{\"INSTRUCTION\":\"CONSTANT\",\"NAME\":" << Quoted(name) << "}\n";
-    out_ << "{\"INSTRUCTION\":\"MEMORY\",\"NAME\":" << Quoted(name) << ",\"MEMORY\":\""
-         << StorageBytes(*storage) << "\"}\n";
+    *stream_ << "{\"INSTRUCTION\":\"CONSTANT\",\"NAME\":" << Quoted(name) << "}\n";
+    const std::size_t bytes = counts_ == nullptr || counts_(storage) ? StorageBytes(storage) : 0;
+    *stream_ << "{\"INSTRUCTION\":\"MEMORY\",\"NAME\":" << Quoted(name) << ",\"MEMORY\":\"" << bytes << "\"}\n";
   }
   return it->second.names.front();
+}
+
+void TraceRecorder::Declare(c10::StorageImpl& storage) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (!closed_) (void)NameOfStorage(storage);
 }
 
 void TraceRecorder::OnPinned(const c10::StorageImpl* storage) {
@@ -97,7 +122,7 @@ void TraceRecorder::OnPinned(const c10::StorageImpl* storage) {
   if (closed_) return;
   auto it = known_.find(storage);
   if (it == known_.end()) return;  // not in the trace yet: a CONSTANT when it first appears
-  out_ << "{\"INSTRUCTION\":\"PIN\",\"NAME\":" << Quoted(it->second.names.front()) << "}\n";
+  *stream_ << "{\"INSTRUCTION\":\"PIN\",\"NAME\":" << Quoted(it->second.names.front()) << "}\n";
 }
 
 void TraceRecorder::OnOp(const OpRecord& record) {
@@ -106,7 +131,7 @@ void TraceRecorder::OnOp(const OpRecord& record) {
   ReleaseDead();
   if (record.in_backward != in_backward_) {
     in_backward_ = record.in_backward;
-    out_ << "{\"INSTRUCTION\":\"ANNOTATE\",\"ANNOTATION\":\"" << (in_backward_ ? "BACKWARD" : "FORWARD") << "\"}\n";
+    *stream_ << "{\"INSTRUCTION\":\"ANNOTATE\",\"ANNOTATION\":\"" << (in_backward_ ? "BACKWARD" : "FORWARD") << "\"}\n";
   }
 
   std::vector<std::string> args;
@@ -132,7 +157,7 @@ void TraceRecorder::OnOp(const OpRecord& record) {
         if (arg_of[k] == written) mutated.push_back(absl::StrCat(k));
       }
     }
-    out_ << "{\"INSTRUCTION\":\"MUTATE\",\"NAME\":" << name << ",\"ARGS\":" << QuotedList(args) << ",\"MUTATE\":["
+    *stream_ << "{\"INSTRUCTION\":\"MUTATE\",\"NAME\":" << name << ",\"ARGS\":" << QuotedList(args) << ",\"MUTATE\":["
          << absl::StrJoin(mutated, ",") << "],\"TIME\":" << time << "}\n";
     ++ops_written_;
     return;
@@ -169,17 +194,17 @@ void TraceRecorder::OnOp(const OpRecord& record) {
   }
   std::vector<std::string> result_names;
   for (const Result& r : results) result_names.push_back(r.name);
-  out_ << "{\"INSTRUCTION\":\"CALL\",\"NAME\":" << name << ",\"ARGS\":" << QuotedList(args)
+  *stream_ << "{\"INSTRUCTION\":\"CALL\",\"NAME\":" << name << ",\"ARGS\":" << QuotedList(args)
        << ",\"RESULT\":" << QuotedList(result_names) << ",\"TIME\":" << time << "}\n";
   for (const Result& r : results) {
-    out_ << "{\"INSTRUCTION\":\"MEMORY\",\"NAME\":" << Quoted(r.name) << ",\"MEMORY\":\"" << r.bytes << "\"}\n";
-    out_ << "{\"INSTRUCTION\":\"ALIAS\",\"NAME\":" << Quoted(r.name) << ",\"ALIAS\":\"" << r.alias << "\"}\n";
+    *stream_ << "{\"INSTRUCTION\":\"MEMORY\",\"NAME\":" << Quoted(r.name) << ",\"MEMORY\":\"" << r.bytes << "\"}\n";
+    *stream_ << "{\"INSTRUCTION\":\"ALIAS\",\"NAME\":" << Quoted(r.name) << ",\"ALIAS\":\"" << r.alias << "\"}\n";
   }
   // A view's name is never an argument (arguments name storages), and its storage's own name keeps the storage
   // alive until it dies: the view's name goes at once, or views of a long-lived storage (a parameter's transpose,
   // made every step) would pile up as names referenced to the end.
   for (const Result& r : results) {
-    if (r.alias >= 0) out_ << "{\"INSTRUCTION\":\"RELEASE\",\"NAME\":" << Quoted(r.name) << "}\n";
+    if (r.alias >= 0) *stream_ << "{\"INSTRUCTION\":\"RELEASE\",\"NAME\":" << Quoted(r.name) << "}\n";
   }
   ++ops_written_;
 }
@@ -190,6 +215,7 @@ absl::Status TraceRecorder::Close() {
   closed_ = true;
   ReleaseDead();
   known_.clear();
+  if (in_memory_) return absl::OkStatus();
   out_.flush();
   bool ok = static_cast<bool>(out_);
   const int flush_errno = errno;

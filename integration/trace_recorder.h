@@ -28,6 +28,8 @@
 
 #include <cstdint>
 #include <fstream>
+#include <functional>
+#include <sstream>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -44,11 +46,21 @@ class TraceRecorder {
  public:
   // Creates (truncates) the file and writes the START annotation.
   static absl::StatusOr<std::unique_ptr<TraceRecorder>> Open(const std::string& path, bool estimated_costs = false);
+  // Writes into memory instead (plan mode's recording of an iteration, integration/plan_driver.h); TakeText closes it
+  // and returns the trace. `counts`, when set, says whether a storage's bytes count against the budget: a constant
+  // for which it answers false (a parameter made before enable, outside the arena) gets MEMORY 0, so that a replay
+  // charges the budget what the engine charges it.
+  using CountsAgainstBudget = std::function<bool(c10::StorageImpl&)>;
+  static std::unique_ptr<TraceRecorder> InMemory(bool estimated_costs, CountsAgainstBudget counts = nullptr);
+  std::string TakeText();
   ~TraceRecorder();
   TraceRecorder(const TraceRecorder&) = delete;
   TraceRecorder& operator=(const TraceRecorder&) = delete;
 
   void OnOp(const OpRecord& record);
+  // A storage that exists now and holds memory though no op may touch it (a gradient the loop frees only later): a
+  // CONSTANT now, released when it dies, so that a replay counts its bytes while the program keeps it.
+  void Declare(c10::StorageImpl& storage);
   // The engine bridge pinned `storage` for good: a PIN line if the trace has named it.
   void OnPinned(const c10::StorageImpl* storage);
   // Writes the pending releases and closes the file; errors if any write failed. Idempotent.
@@ -65,11 +77,16 @@ class TraceRecorder {
   TraceRecorder(std::string path, std::ofstream out, bool estimated_costs);
   void ReleaseDead();
   const std::string& NameOf(const at::Tensor& tensor);
+  const std::string& NameOfStorage(c10::StorageImpl& storage);
   std::string NewName();
 
   mutable std::mutex mutex_;
   std::string path_;
   std::ofstream out_;
+  std::ostringstream memory_;  // InMemory
+  bool in_memory_ = false;
+  std::ostream* stream_;       // out_ or memory_
+  CountsAgainstBudget counts_;  // InMemory
   bool closed_ = false;
   const bool estimated_costs_;
   bool in_backward_ = false;  // the last op written ran in a backward pass

@@ -19,6 +19,7 @@ std::int64_t IterationPlan::OutUntil(std::uint32_t value, std::int64_t position)
 }
 
 void PlanRecorder::OnOp(const Engine& engine, std::string_view name, std::span<const StorageIndex> made) {
+  if (made.empty()) return;  // not a position (see the contract)
   const std::int64_t position = static_cast<std::int64_t>(plan_.ops.size());
   plan_.ops.push_back({std::string(name), static_cast<std::uint32_t>(made.size()),
                        static_cast<std::uint32_t>(plan_.out.size())});
@@ -60,6 +61,7 @@ IterationPlan PlanRecorder::Finish(std::string source, double overhead, std::int
 
 bool PlanFollower::OnOp(std::string_view name, std::span<const StorageIndex> made) {
   if (departed()) return false;
+  if (made.empty()) return true;  // not a position
   if (position_ >= static_cast<std::int64_t>(plan_->ops.size())) {
     departure_ = absl::StrCat("op '", std::string(name), "' runs after the planned iteration's ", plan_->ops.size(), " ops");
     return false;

@@ -5,8 +5,9 @@
 // measured costs of the moment say.
 //
 // Contract:
-//   - Positions. An iteration is a sequence of original ops (an op's first execution; replays are not ops here),
-//     numbered from 0. "Position p" is the state after p ops of the iteration have run, so while op p runs (its
+//   - Positions. An iteration is a sequence of original ops that make storages (an op's first execution; replays
+//     are not ops here, nor are ops that make no storage: loss.item() or a view may come and go between iterations
+//     without changing what the plan says), numbered from 0. "Position p" is the state after p ops of the iteration have run, so while op p runs (its
 //     inputs brought back, its outputs allocated) the position is p. A value is one storage an op makes (a fresh
 //     output, or the new value of an in-place write), named by (op, ordinal among the storages that op made).
 //   - PlanRecorder watches a run (a replay of the recorded iteration) and, after each op, which values made so far

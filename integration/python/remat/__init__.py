@@ -37,9 +37,9 @@ from typing import Dict, Optional, Union
 
 import torch
 
-__all__ = ["enable", "disable", "is_enabled", "stats", "reset_peak", "record", "stop_recording", "parse_size",
-           "library_path", "policies", "install_cuda_allocator", "make_resident", "track_this_thread",
-           "record_memory_history", "memory_snapshot", "dump_snapshot", "trace"]
+__all__ = ["enable", "disable", "mark_step", "plan_status", "planned_trace", "is_enabled", "stats", "reset_peak", "record",
+           "stop_recording", "parse_size", "library_path", "policies", "install_cuda_allocator", "make_resident",
+           "track_this_thread", "record_memory_history", "memory_snapshot", "dump_snapshot", "trace"]
 
 _LIBRARY_NAME = "libremat_torch.so"
 
@@ -225,6 +225,27 @@ def stats() -> Dict[str, Union[int, float]]:
         out["arena_search_ns"] = out.get("search_ns", 0)
         out.update(engine)
     return out
+
+
+def mark_step() -> None:
+    """Ends a training iteration. With ``policy="plan"`` (plan mode) remat records each iteration, plans the next
+    ones from it on a background thread (the cheapest of several schedules replayed on the recording) and follows
+    the plan from the iteration after it is ready, back to the online policy the moment the op stream departs from
+    it. Every ``optimizer.step()`` of a ``torch.optim`` optimizer calls it; call it yourself at the end of each
+    iteration of a loop without one (or with several optimizers, once per iteration). Nothing to do otherwise."""
+    if _engine.is_enabled():
+        torch.ops.remat.mark_step()
+
+
+def plan_status() -> str:
+    """Plan mode in words: following which schedule, planning, or online, and why the last plan left force."""
+    return str(torch.ops.remat.plan_status())
+
+
+def planned_trace() -> str:
+    """Plan mode: the recorded iteration the last plan was made from, as a trace that ``remat-sim`` replays (write it
+    to a file: ``remat-sim FILE --budgets BYTES --policies plan,dtr-eq --mode arena``); empty when none."""
+    return str(torch.ops.remat.planned_trace())
 
 
 def policies() -> list:

@@ -139,7 +139,7 @@ def engine_stats() -> Dict[str, Union[int, float]]:
     """The engine's numbers (of the current engine, else of the last one); empty before the first enable."""
     out: Dict[str, Union[int, float]] = {}
     for key, value in dict(torch.ops.remat.engine_stats()).items():
-        out[key] = value if key == "fragmentation" else int(value)
+        out[key] = value if key in ("fragmentation", "plan_planned_overhead") else int(value)
     return out
 
 
@@ -149,12 +149,14 @@ def optimizer_state_tensors(optimizer: torch.optim.Optimizer) -> List[torch.Tens
 
 
 def _pin_optimizer_state(optimizer: torch.optim.Optimizer, args, kwargs) -> None:
-    """torch.optim's global step post hook: pins the tensors of `optimizer.state` (EngineBridge::PinState)."""
+    """torch.optim's global step post hook: pins the tensors of `optimizer.state` (EngineBridge::PinState), then
+    ends the training iteration (mark_step: plan mode records, plans and follows per iteration)."""
     if not is_enabled():
         return
     tensors = optimizer_state_tensors(optimizer)
     if tensors:
         torch.ops.remat.pin_state(tensors)
+    torch.ops.remat.mark_step()
 
 
 _OPTIMIZER_HOOK = register_optimizer_step_post_hook(_pin_optimizer_state)

@@ -1,0 +1,64 @@
+// EngineBridge, plan mode (policy "plan"): the plan driver's setup and its per-op and per-iteration calls
+// (integration/plan_driver.h). The bridge's other parts do not know about plans.
+#include "allocator/arena.h"
+#include "integration/cpu_allocator.h"
+#include "integration/engine_bridge.h"
+
+namespace remat::integration {
+
+std::unique_ptr<PlanDriver> EngineBridge::MakePlanDriver() const {
+  ReplayOptions base;
+  base.policy = "dtr-eq";  // the online fallback: what the engine's "plan" policy chooses as
+  base.budget_bytes = static_cast<std::int64_t>(options_.budget);
+  base.overhead_limit = 0;  // the product has no thrash limit
+  if (Arena* arena = memory_->arena(); arena != nullptr) {
+    base.mode = AccountingMode::kCounter;
+    base.arena_alignment = static_cast<std::int64_t>(kCpuAlignment);
+    base.stitch_granule = static_cast<std::int64_t>(arena->Stats().granule);
+  }
+  const PagingOptions& paging = options_.paging;
+  base.offload = paging.mode;
+  base.bandwidth_bytes_per_s = paging.bandwidth_bytes_per_s;
+  base.link_latency_ns = paging.latency_ns;
+  base.host_budget_bytes = paging.host_budget == std::numeric_limits<std::int64_t>::max() ? 0 : paging.host_budget;
+  base.page_constants = paging.page_constants;
+  base.duplex_link = paging.duplex;
+  DeviceMemory* memory = memory_;
+  return std::make_unique<PlanDriver>(base, options_.estimated_costs,
+                                      [memory](c10::StorageImpl& storage) { return EvictableMemory(*memory, storage); });
+}
+
+void EngineBridge::NotePlannedOp(std::string_view name, std::span<const OutputSpec> specs,
+                                 std::span<const TensorId> outs) {
+  plan_made_.clear();
+  for (std::size_t j = 0; j < specs.size(); ++j) {
+    if (specs[j].alias < 0) plan_made_.push_back(engine_->StorageOf(outs[j]));
+  }
+  plan_->AfterEngineOp(*engine_, name, plan_made_);
+}
+
+void EngineBridge::MarkStep() {
+  std::lock_guard<EngineLock> lock(lock_);
+  if (plan_ == nullptr || retired_.load(std::memory_order_acquire)) return;
+  // What holds budgeted memory now (resident, in the memory the budget counts), kept alive while it is declared.
+  std::vector<c10::intrusive_ptr<c10::StorageImpl>> held;
+  std::vector<c10::StorageImpl*> live;
+  for (const StorageEntries::Entry* entry : entries_.Live()) {
+    c10::intrusive_ptr<c10::StorageImpl> impl = entry->weak.lock();
+    if (!impl || !engine_->Resident(engine_->StorageOf(entry->root)) || !EvictableMemory(*memory_, *impl)) continue;
+    live.push_back(impl.get());
+    held.push_back(std::move(impl));
+  }
+  plan_->EndIteration(*engine_, live);
+}
+
+}  // namespace remat::integration
+
+namespace remat::integration {
+
+std::string EngineBridge::PlannedTrace() {
+  std::lock_guard<EngineLock> lock(lock_);
+  return plan_ != nullptr ? plan_->PlannedTrace() : std::string();
+}
+
+}  // namespace remat::integration
