@@ -18,16 +18,18 @@ GPT-style transformer of examples/train.py (its Transformer and build(): width 6
   remat@blocks           the plain model under remat.enable(budget=checkpoint_blocks' measured peak,
                          costs="estimated", default policy, offload="off"): dropping and recomputing only;
   remat@sequential       the same at checkpoint_sequential's measured peak.
+  plan@blocks, plan@sequential  the same with policy="plan" (plan mode: the second step recorded, planned on a
+                         background thread, the plan followed from then on).
 
 Peak accounting, the same for every method: the model, its optimizer and the data are built BEFORE remat is
 enabled (parameters, inputs and targets live outside the arena for every method alike); then each non-remat
-method runs a warm-up step and one step under remat.enable(budget="64GiB", costs="estimated"), a budget that never
+method runs the warm-up steps and one step under remat.enable(budget="64GiB", costs="estimated"), a budget that never
 binds, so remat's arena is the allocator and its peak_allocated_bytes is what the step allocates (activations,
 gradients, momentum). peak/baseline is that peak over the baseline's. The remat rows show the highest arena peak of
 their timed runs (at most their budget).
 
 Timing: torch.set_num_threads(1). Each round runs every method in turn, the order rotated by one each round; each
-run builds a fresh model (same seeds), runs a warm-up step and --steps timed steps, timed by time.process_time()
+run builds a fresh model (same seeds), runs 4 warm-up steps and --steps timed steps, timed by time.process_time()
 (CPU time of the process) and time.perf_counter() (wall). Per method: the median CPU time per step over all rounds
 and its ratio to the baseline's median; the same for wall time; for the remat methods evictions and
 rematerializations per timed step (the engine's counters read before and after the timed steps; estimated costs make
@@ -70,8 +72,14 @@ train = _load_train_example()
 remat = train.remat
 
 MODELS = ("resnet50", "transformer")
-METHODS = ("baseline", "checkpoint_blocks", "checkpoint_sequential", "remat@blocks", "remat@sequential")
-REMAT_TARGET = {"remat@blocks": "checkpoint_blocks", "remat@sequential": "checkpoint_sequential"}
+METHODS = ("baseline", "checkpoint_blocks", "checkpoint_sequential", "remat@blocks", "remat@sequential",
+           "plan@blocks", "plan@sequential")
+REMAT_TARGET = {"remat@blocks": "checkpoint_blocks", "remat@sequential": "checkpoint_sequential",
+                "plan@blocks": "checkpoint_blocks", "plan@sequential": "checkpoint_sequential"}
+# Warm-up steps before the timed ones, for every method (so that the timed steps are the same steps of the same
+# seeds): plan mode (policy "plan") records the second step, plans it on a background thread and follows the plan
+# from the first step end after it is ready.
+WARMUP = 4
 NEVER_BINDS = "64GiB"
 DEFAULT_BATCH = {"resnet50": 16, "transformer": 32}
 SEGMENTS = 4
@@ -159,7 +167,7 @@ def batch_of(cli, model_name):
 
 
 def run(cli, model_name, method, steps, budget=None):
-    """Builds the model (before remat is enabled), then a warm-up step and `steps` timed steps, under remat with
+    """Builds the model (before remat is enabled), then the warm-up steps (WARMUP) and `steps` timed steps, under remat with
     `budget` bytes if given. Returns losses, per-step CPU and wall seconds, and remat's numbers."""
     model, inputs, targets, loss_fn, opt = build(cli, model_name)
     fwd = forward_for(model_name, method, model)
@@ -175,11 +183,13 @@ def run(cli, model_name, method, steps, budget=None):
 
     out = {"losses": [], "cpu": [], "wall": []}
     enabled = None
+    plan = method.startswith("plan@")
     if budget is not None:
-        enabled = remat.enable(budget, costs="estimated", offload="off")
+        enabled = remat.enable(budget, policy="plan" if plan else None, costs="estimated", offload="off")
         out["policy"] = enabled.policy
     try:
-        step()  # warm-up: allocates gradients and momentum
+        for _ in range(WARMUP):
+            step()  # warm-up: allocates gradients and momentum (plan mode: and makes its plan)
         before = remat.stats() if enabled else None
         for _ in range(steps):
             c0, w0 = time.process_time(), time.perf_counter()
@@ -193,6 +203,8 @@ def run(cli, model_name, method, steps, budget=None):
             out["evictions"] = after["evictions"] - before["evictions"]
             out["rematerializations"] = after["rematerializations"] - before["rematerializations"]
             out["peak"] = after["peak_allocated_bytes"]
+            if plan:
+                out["plan"] = remat.plan_status()
     finally:
         if enabled is not None and remat.is_enabled():
             remat.disable()
@@ -206,7 +218,7 @@ def run(cli, model_name, method, steps, budget=None):
 def measure_model(cli, model_name, log):
     result = {"model": model_name, "batch": batch_of(cli, model_name), "methods": {}}
     methods = result["methods"]
-    # Peaks: every non-remat method under a budget that never binds (a warm-up step and one step).
+    # Peaks: every non-remat method under a budget that never binds (the warm-up steps and one step).
     peaks = {}
     for method in METHODS:
         if method in REMAT_TARGET:
@@ -241,10 +253,14 @@ def measure_model(cli, model_name, log):
                 entry["evictions"].append(r["evictions"] / cli.steps)
                 entry["rematerializations"].append(r["rematerializations"] / cli.steps)
                 entry["peaks"].append(r["peak"])
-                entry["policy"] = r["policy"]
+                if not method.startswith("plan@"):
+                    entry["policy"] = r["policy"]
+                if "plan" in r:
+                    entry.setdefault("plan_status", []).append(r["plan"])
             log(f"{model_name} round {rnd + 1} {method}: cpu/step {statistics.median(r['cpu']) * 1e3:.0f} ms, "
                 f"wall/step {statistics.median(r['wall']) * 1e3:.0f} ms"
-                + (f", evictions {r['evictions']}, remats {r['rematerializations']}" if "evictions" in r else ""))
+                + (f", evictions {r['evictions']}, remats {r['rematerializations']}" if "evictions" in r else "")
+                + (f", plan: {r['plan']}" if "plan" in r else ""))
         base = firsts.get("baseline")
         for method, loss in firsts.items():
             methods[method]["first_loss_identical"].append(base is not None and torch.equal(loss, base))
@@ -293,7 +309,7 @@ def table(cli, results):
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--models", default=",".join(MODELS), help=f"comma-separated, from {', '.join(MODELS)}")
-    parser.add_argument("--steps", type=int, default=2, help="timed steps per run, after one warm-up step")
+    parser.add_argument("--steps", type=int, default=2, help="timed steps per run, after 4 warm-up steps")
     parser.add_argument("--rounds", type=int, default=2, help="rounds; every method runs once per round")
     parser.add_argument("--batch", type=int, default=None,
                         help="batch for every model (default: resnet50 16, transformer 32)")
@@ -325,7 +341,7 @@ def main():
     print(f"uptime before: {load_before}")
     print(f"uptime after:  {load_after}")
     print(f"command: {command}")
-    print(f"torch {torch.__version__}, 1 intra-op thread; {cli.steps} timed steps after a warm-up per run, "
+    print(f"torch {torch.__version__}, 1 intra-op thread; {cli.steps} timed steps after {WARMUP} warm-up steps per run, "
           f"{cli.rounds} rounds (order rotated); SGD lr 0.01 momentum 0.9. Model, optimizer and data are built "
           f"before remat.enable for every method (parameters and inputs outside the arena); peaks are remat's arena "
           f"peak under a {NEVER_BINDS} budget that never binds (remat rows: their arena peak under their budget). "

@@ -144,6 +144,7 @@ void EngineBridge::DetachOverwrittenBlanks(const OpRecord& record) {
     entry.blank = false;
     entry.pinned = false;
     current_.overwrite[k] = true;
+    NoteBlankOverwritten(record.input_storages[k].get());
   }
 }
 

@@ -18,6 +18,9 @@ class PinListener {
  public:
   virtual ~PinListener() = default;
   virtual void Pinned(const c10::StorageImpl* storage) = 0;
+  // The op about to run overwrites all of `storage`, a blank constant, which leaves the engine: the op makes its
+  // new value (engine_bridge.h, "Writes to constants").
+  virtual void BlankOverwritten(const c10::StorageImpl* storage) {}
 };
 
 enum class PinListenerSlot { kTrace = 0, kPlan = 1 };
@@ -35,6 +38,13 @@ inline void NotePinned(const c10::StorageImpl* storage) {
   for (std::atomic<PinListener*>& slot : pin_listener_detail::listeners) {
     PinListener* listener = slot.load(std::memory_order_acquire);
     if (listener != nullptr) listener->Pinned(storage);
+  }
+}
+
+inline void NoteBlankOverwritten(const c10::StorageImpl* storage) {
+  for (std::atomic<PinListener*>& slot : pin_listener_detail::listeners) {
+    PinListener* listener = slot.load(std::memory_order_acquire);
+    if (listener != nullptr) listener->BlankOverwritten(storage);
   }
 }
 

@@ -26,6 +26,8 @@ void PlanDriver::Record(const OpRecord& record) { recorder_->OnOp(record); }
 
 void PlanDriver::Pinned(const c10::StorageImpl* storage) { recorder_->OnPinned(storage); }
 
+void PlanDriver::BlankOverwritten(const c10::StorageImpl* storage) { recorder_->OnBlankOverwritten(storage); }
+
 void PlanDriver::AfterEngineOp(Engine& engine, std::string_view name, std::span<const StorageIndex> made) {
   if (!follower_ || follower_->departed()) return;
   if (!follower_->OnOp(name, made)) Depart(engine, follower_->departure());
@@ -80,7 +82,9 @@ void PlanDriver::EndIteration(Engine& engine, std::span<c10::StorageImpl* const>
     stats_.following = true;
     return;
   }
-  if (!stats_.planning) StartPlanning(std::move(text));
+  // The first iteration is the odd one of most loops (optimizer state made, lazy modules built): the next one is
+  // what later iterations repeat.
+  if (!stats_.planning && stats_.iterations > 1) StartPlanning(std::move(text));
 }
 
 void PlanDriver::StartPlanning(std::string trace_text) {

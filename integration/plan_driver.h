@@ -7,7 +7,8 @@
 //     batch) is a constant of that trace, of 0 bytes when it lies outside the memory the budget counts.
 //   - Positions count the ops that make storages (runtime/plan_guide.h): an op that makes none (loss.item(), a
 //     view) may come and go between iterations without leaving the plan.
-//   - Planning: at the end of an iteration with no plan in force, a planner thread parses that trace and runs
+//   - Planning: at the end of an iteration with no plan in force (not the first: it makes the optimizer's state and
+//     whatever else is built lazily, so the second is the one later iterations repeat), a planner thread parses that trace and runs
 //     runtime/plan_mode.h's PlanIteration at the bridge's budget, accounting (the arena's, 64-byte blocks) and
 //     paging: the cheapest followed schedule among the candidates. Training goes on with the online policy (dtr-eq)
 //     meanwhile; nothing waits for the planner.
@@ -77,6 +78,7 @@ class PlanDriver final : public PinListener {
   std::string PlannedTrace() const;
 
   void Pinned(const c10::StorageImpl* storage) override;
+  void BlankOverwritten(const c10::StorageImpl* storage) override;
 
  private:
   void StartPlanning(std::string trace_text);

@@ -36,6 +36,10 @@ class TrackingObserver final : public OpObserver, public PinListener {
     std::lock_guard<std::mutex> lock(recorder_mutex_);
     if (recorder_ != nullptr) recorder_->OnPinned(storage);
   }
+  void BlankOverwritten(const c10::StorageImpl* storage) override {
+    std::lock_guard<std::mutex> lock(recorder_mutex_);
+    if (recorder_ != nullptr) recorder_->OnBlankOverwritten(storage);
+  }
 
   bool Recording() { return recording_.load(std::memory_order_acquire); }
   void SetRecorder(std::unique_ptr<TraceRecorder> recorder) {

@@ -125,6 +125,11 @@ void TraceRecorder::OnPinned(const c10::StorageImpl* storage) {
   *stream_ << "{\"INSTRUCTION\":\"PIN\",\"NAME\":" << Quoted(it->second.names.front()) << "}\n";
 }
 
+void TraceRecorder::OnBlankOverwritten(const c10::StorageImpl* storage) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (!closed_ && known_.contains(storage)) overwritten_.insert(storage);
+}
+
 void TraceRecorder::OnOp(const OpRecord& record) {
   std::lock_guard<std::mutex> lock(mutex_);
   if (closed_) return;
@@ -142,13 +147,35 @@ void TraceRecorder::OnOp(const OpRecord& record) {
     arg_storages.push_back(tensor.storage().unsafeGetStorageImpl());
     arg_of.push_back(index);
   });
+  // Blank storages the engine bridge let this op overwrite entirely (OnBlankOverwritten): their old value is gone
+  // and the op makes their new one, as the engine sees it: no longer arguments, fresh results (RELEASE first).
+  std::vector<c10::StorageImpl*> blanks;
+  if (!overwritten_.empty()) {
+    for (std::size_t k = 0; k < args.size();) {
+      if (!overwritten_.contains(arg_storages[k])) {
+        ++k;
+        continue;
+      }
+      c10::StorageImpl* blank = const_cast<c10::StorageImpl*>(arg_storages[k]);
+      if (std::find(blanks.begin(), blanks.end(), blank) == blanks.end()) blanks.push_back(blank);
+      args.erase(args.begin() + static_cast<std::ptrdiff_t>(k));
+      arg_storages.erase(arg_storages.begin() + static_cast<std::ptrdiff_t>(k));
+      arg_of.erase(arg_of.begin() + static_cast<std::ptrdiff_t>(k));
+    }
+    overwritten_.clear();
+    for (c10::StorageImpl* blank : blanks) {
+      std::vector<std::string>& names = known_[blank].names;
+      for (const std::string& old : names) *stream_ << "{\"INSTRUCTION\":\"RELEASE\",\"NAME\":" << Quoted(old) << "}\n";
+      names.clear();
+    }
+  }
   // The engine's own cost (engine_bridge.cc AfterOp) when estimated.
   const std::int64_t cost =
       estimated_costs_ ? std::max<std::int64_t>(1, EstimatedCostNs(record)) : static_cast<std::int64_t>(record.duration_ns);
   const std::string time = absl::StrCat("\"", cost, "\"");
   const std::string name = Quoted(record.traits->name);
 
-  bool fresh_outputs = false;
+  bool fresh_outputs = !blanks.empty();
   for (const CapturedOutput& output : record.outputs) fresh_outputs = fresh_outputs || output.input_storage < 0;
   if (!record.traits->written_arguments.empty() && !fresh_outputs) {
     std::vector<std::string> mutated;
@@ -172,6 +199,10 @@ void TraceRecorder::OnOp(const OpRecord& record) {
   for (const CapturedOutput& output : record.outputs) {
     c10::intrusive_ptr<c10::StorageImpl> storage = output.storage.lock();
     if (!storage) continue;  // died before we looked: nothing to name
+    if (output.input_storage >= 0 &&
+        std::find(blanks.begin(), blanks.end(), record.input_storages[output.input_storage].get()) != blanks.end()) {
+      continue;  // the overwritten blank itself: a fresh result below
+    }
     Result result{NewName(), output.storage_nbytes, -1};
     if (output.input_storage >= 0) {
       const c10::StorageImpl* shared = record.input_storages[output.input_storage].get();
@@ -190,6 +221,11 @@ void TraceRecorder::OnOp(const OpRecord& record) {
       if (inserted) it->second.storage = c10::weak_intrusive_ptr<c10::StorageImpl>(storage);
       it->second.names.push_back(result.name);
     }
+    results.push_back(std::move(result));
+  }
+  for (c10::StorageImpl* blank : blanks) {
+    Result result{NewName(), StorageBytes(*blank), -1};
+    known_[blank].names.push_back(result.name);
     results.push_back(std::move(result));
   }
   std::vector<std::string> result_names;

@@ -36,6 +36,7 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "integration/dispatch_hook.h"
@@ -61,6 +62,10 @@ class TraceRecorder {
   // A storage that exists now and holds memory though no op may touch it (a gradient the loop frees only later): a
   // CONSTANT now, released when it dies, so that a replay counts its bytes while the program keeps it.
   void Declare(c10::StorageImpl& storage);
+  // The engine bridge lets the op about to run overwrite all of `storage`, a blank constant (an aten::empty result
+  // nobody wrote; engine_bridge.h): the op is written as a CALL that makes its new value (the old names RELEASEd
+  // first), as the engine sees it, not as a MUTATE of a pinned storage.
+  void OnBlankOverwritten(const c10::StorageImpl* storage);
   // The engine bridge pinned `storage` for good: a PIN line if the trace has named it.
   void OnPinned(const c10::StorageImpl* storage);
   // Writes the pending releases and closes the file; errors if any write failed. Idempotent.
@@ -93,6 +98,7 @@ class TraceRecorder {
   std::uint64_t next_name_ = 0;
   std::uint64_t ops_written_ = 0;
   absl::flat_hash_map<const c10::StorageImpl*, Known> known_;
+  absl::flat_hash_set<const c10::StorageImpl*> overwritten_;  // OnBlankOverwritten, for the next OnOp
 };
 
 }  // namespace remat::integration
