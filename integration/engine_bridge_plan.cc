@@ -31,10 +31,14 @@ std::unique_ptr<PlanDriver> EngineBridge::MakePlanDriver() const {
 void EngineBridge::NotePlannedOp(std::string_view name, std::span<const OutputSpec> specs,
                                  std::span<const TensorId> outs) {
   plan_made_.clear();
+  std::int64_t bytes = 0;
   for (std::size_t j = 0; j < specs.size(); ++j) {
-    if (specs[j].alias < 0) plan_made_.push_back(engine_->StorageOf(outs[j]));
+    if (specs[j].alias >= 0) continue;
+    plan_made_.push_back(engine_->StorageOf(outs[j]));
+    c10::StorageImpl& impl = *current_.plan.spec_impl[j];
+    if (EvictableMemory(*memory_, impl)) bytes += static_cast<std::int64_t>(impl.nbytes());
   }
-  plan_->AfterEngineOp(*engine_, name, plan_made_);
+  plan_->AfterEngineOp(*engine_, name, plan_made_, bytes);
 }
 
 void EngineBridge::MarkStep() {

@@ -28,9 +28,10 @@ void PlanDriver::Pinned(const c10::StorageImpl* storage) { recorder_->OnPinned(s
 
 void PlanDriver::BlankOverwritten(const c10::StorageImpl* storage) { recorder_->OnBlankOverwritten(storage); }
 
-void PlanDriver::AfterEngineOp(Engine& engine, std::string_view name, std::span<const StorageIndex> made) {
+void PlanDriver::AfterEngineOp(Engine& engine, std::string_view name, std::span<const StorageIndex> made,
+                               std::int64_t made_bytes) {
   if (!follower_ || follower_->departed()) return;
-  if (!follower_->OnOp(name, made)) Depart(engine, follower_->departure());
+  if (!follower_->OnOp(name, made, made_bytes)) Depart(engine, follower_->departure());
 }
 
 void PlanDriver::Depart(Engine& engine, std::string reason) {

@@ -67,8 +67,9 @@ class PlanDriver final : public PinListener {
   // Every op the hook saw, after it ran (the recording).
   void Record(const OpRecord& record);
   // Every op the engine ran as an original (EndOp), with the storages it made in EndOp's order of fresh and in-place
-  // outputs.
-  void AfterEngineOp(Engine& engine, std::string_view name, std::span<const StorageIndex> made);
+  // outputs and their bytes as the recording counts them (0 outside the budgeted memory).
+  void AfterEngineOp(Engine& engine, std::string_view name, std::span<const StorageIndex> made,
+                     std::int64_t made_bytes);
   // The iteration ended (see the contract). `live`: the storages that hold budgeted memory now; the next
   // iteration's recording starts with them (TraceRecorder::Declare), so that its replay counts what the program
   // keeps without touching it (last step's gradients until zero_grad).

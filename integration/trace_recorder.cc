@@ -203,7 +203,8 @@ void TraceRecorder::OnOp(const OpRecord& record) {
         std::find(blanks.begin(), blanks.end(), record.input_storages[output.input_storage].get()) != blanks.end()) {
       continue;  // the overwritten blank itself: a fresh result below
     }
-    Result result{NewName(), output.storage_nbytes, -1};
+    // Memory the budget does not count (InMemory's `counts`) is 0 bytes, as for constants.
+    Result result{NewName(), counts_ == nullptr || counts_(*storage) ? output.storage_nbytes : 0, -1};
     if (output.input_storage >= 0) {
       const c10::StorageImpl* shared = record.input_storages[output.input_storage].get();
       for (std::size_t k = 0; k < arg_storages.size(); ++k) {
@@ -224,7 +225,7 @@ void TraceRecorder::OnOp(const OpRecord& record) {
     results.push_back(std::move(result));
   }
   for (c10::StorageImpl* blank : blanks) {
-    Result result{NewName(), StorageBytes(*blank), -1};
+    Result result{NewName(), counts_ == nullptr || counts_(*blank) ? StorageBytes(*blank) : 0, -1};
     known_[blank].names.push_back(result.name);
     results.push_back(std::move(result));
   }

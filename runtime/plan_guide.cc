@@ -21,8 +21,10 @@ std::int64_t IterationPlan::OutUntil(std::uint32_t value, std::int64_t position)
 void PlanRecorder::OnOp(const Engine& engine, std::string_view name, std::span<const StorageIndex> made) {
   if (made.empty()) return;  // not a position (see the contract)
   const std::int64_t position = static_cast<std::int64_t>(plan_.ops.size());
+  std::int64_t bytes = 0;
+  for (StorageIndex s : made) bytes += engine.StorageBytes(s);
   plan_.ops.push_back({std::string(name), static_cast<std::uint32_t>(made.size()),
-                       static_cast<std::uint32_t>(plan_.out.size())});
+                       static_cast<std::uint32_t>(plan_.out.size()), bytes});
   for (StorageIndex s : made) {
     const std::uint32_t v = static_cast<std::uint32_t>(plan_.out.size());
     plan_.out.emplace_back();
@@ -59,7 +61,7 @@ IterationPlan PlanRecorder::Finish(std::string source, double overhead, std::int
   return plan;
 }
 
-bool PlanFollower::OnOp(std::string_view name, std::span<const StorageIndex> made) {
+bool PlanFollower::OnOp(std::string_view name, std::span<const StorageIndex> made, std::int64_t bytes) {
   if (departed()) return false;
   if (made.empty()) return true;  // not a position
   if (position_ >= static_cast<std::int64_t>(plan_->ops.size())) {
@@ -67,9 +69,10 @@ bool PlanFollower::OnOp(std::string_view name, std::span<const StorageIndex> mad
     return false;
   }
   const IterationPlan::PlannedOp& planned = plan_->ops[position_];
-  if (planned.name != name || planned.made != made.size()) {
+  if (planned.name != name || planned.made != made.size() || planned.made_bytes != bytes) {
     departure_ = absl::StrCat("op ", position_, " of the iteration is '", std::string(name), "' making ", made.size(),
-                              " storage(s); the plan has '", planned.name, "' making ", planned.made);
+                              " storage(s) of ", bytes, " bytes; the plan has '", planned.name, "' making ",
+                              planned.made, " of ", planned.made_bytes);
     value_of_.clear();
     return false;
   }

@@ -15,8 +15,8 @@
 //     paged or freed) as intervals [from, until): out after op p ran for every p in the interval, back in memory
 //     after op `until` ran (kNeverBack: never again).
 //   - PlanFollower (an EvictionPlan) follows the plan in a later run: OnOp after each original op with its name
-//     and the storages it made, in the same order as the recorded run gave them. An op whose name or count of made
-//     storages differs from the plan's at that position, or an op past the plan's end, departs: from then on the
+//     and the storages it made, in the same order as the recorded run gave them. An op whose name, count of made
+//     storages or their summed bytes (a new input shape) differ from the plan's at that position, or an op past the plan's end, departs: from then on the
 //     follower holds nothing out (the engine's policy chooses alone) and `departed()` says why, so that the caller
 //     can go back to the online policy and plan again. OutUntil(s) while op p runs: the plan's answer for s's value
 //     at position p (s held out after op p in the recorded run), or -1 (resident in the plan, not a value of this
@@ -43,6 +43,7 @@ struct IterationPlan {
     std::string name;
     std::uint32_t made = 0;        // storages the op made
     std::uint32_t first_value = 0; // index of its first value
+    std::int64_t made_bytes = 0;   // their bytes: another shape is another op
   };
   struct OutInterval {
     std::int64_t from = 0;
@@ -78,7 +79,9 @@ class PlanFollower final : public EvictionPlan {
  public:
   explicit PlanFollower(std::shared_ptr<const IterationPlan> plan) : plan_(std::move(plan)) {}
   // After each original op (see the contract). Returns false once departed.
-  bool OnOp(std::string_view name, std::span<const StorageIndex> made);
+  // `made_bytes`: their summed bytes as the recorded run counted them (a replay counts a constant outside the
+  // budgeted memory, and what is written in place in it, as 0 bytes; runtime/replay.h, integration/plan_driver.h).
+  bool OnOp(std::string_view name, std::span<const StorageIndex> made, std::int64_t made_bytes);
   std::int64_t OutUntil(StorageIndex s) const override;
   bool departed() const { return !departure_.empty(); }
   const std::string& departure() const { return departure_; }

@@ -100,7 +100,11 @@ absl::Status Drive(const Trace& trace, Engine& engine, const DriveOptions& drive
   if (drive.follower != nullptr) engine.SetPlan(drive.follower);
   auto note_made = [&](std::string_view name) {
     if (drive.recorder != nullptr) drive.recorder->OnOp(engine, name, made_storages);
-    if (drive.follower != nullptr && !drive.follower->OnOp(name, made_storages)) engine.SetPlan(nullptr);
+    if (drive.follower != nullptr) {
+      std::int64_t bytes = 0;
+      for (StorageIndex s : made_storages) bytes += engine.StorageBytes(s);
+      if (!drive.follower->OnOp(name, made_storages, bytes)) engine.SetPlan(nullptr);
+    }
   };
   auto bind = [&](TraceName n, TensorId t) {
     if (bound[n] < 0) order.push_back(n);
