@@ -47,6 +47,7 @@ import gc
 import importlib.util
 import json
 import math
+import os
 import shlex
 import statistics
 import subprocess
@@ -185,7 +186,7 @@ def run(cli, model_name, method, steps, budget=None):
     enabled = None
     plan = method.startswith("plan@")
     if budget is not None:
-        enabled = remat.enable(budget, policy="plan" if plan else None, costs="estimated", offload="off")
+        enabled = remat.enable(budget, policy="plan" if plan else None, costs=cli.costs, offload="off")
         out["policy"] = enabled.policy
     try:
         for _ in range(WARMUP):
@@ -314,6 +315,8 @@ def main():
     parser.add_argument("--batch", type=int, default=None,
                         help="batch for every model (default: resnet50 16, transformer 32)")
     parser.add_argument("--image-size", type=int, default=128)
+    parser.add_argument("--costs", choices=("estimated", "measured"), default="estimated",
+                        help="remat's op costs in the budgeted runs (remat.enable(costs=...))")
     parser.add_argument("--json", default=None, metavar="FILE", help="write the raw numbers here")
     cli = parser.parse_args()
     models = [m.strip() for m in cli.models.split(",") if m.strip()]
@@ -345,7 +348,8 @@ def main():
           f"{cli.rounds} rounds (order rotated); SGD lr 0.01 momentum 0.9. Model, optimizer and data are built "
           f"before remat.enable for every method (parameters and inputs outside the arena); peaks are remat's arena "
           f"peak under a {NEVER_BINDS} budget that never binds (remat rows: their arena peak under their budget). "
-          f"remat rows: policy {policy}, estimated costs, offload off. Ratios are medians of per-step times "
+          f"remat rows: policy {policy} (plan@: plan), {cli.costs} costs, offload off, arena "
+          f"{os.environ.get('REMAT_ARENA', 'contiguous')}. Ratios are medians of per-step times "
           f"against the baseline's of the same run.")
     print()
     print(table(cli, results))

@@ -202,6 +202,8 @@ class EngineBridge final : public OpObserver, public PressureHandler, public Hel
   void MarkStep();
   // Plan mode: the recorded iteration the last plan was made from (PlanDriver::PlannedTrace); empty otherwise.
   std::string PlannedTrace();
+  // In a forked child, right after the fork: plan mode off there (PlanDriver::AfterForkInChild).
+  void PlanAfterForkInChild();
   // An export: code outside the dispatcher is about to hold `impl`'s bytes or address (numpy(), DLPack, data_ptr(),
   // untyped_storage(), torch.save). Brings them back if evicted or paged and fixes the storage (Engine::Fix: never
   // evicted, moved or paged out again while it lives). `writable`: the export may write the bytes without remat

@@ -60,6 +60,10 @@ void EngineBridge::MarkStep() {
 
 namespace remat::integration {
 
+void EngineBridge::PlanAfterForkInChild() {
+  if (plan_ != nullptr) plan_->AfterForkInChild(*engine_);
+}
+
 std::string EngineBridge::PlannedTrace() {
   std::lock_guard<EngineLock> lock(lock_);
   return plan_ != nullptr ? plan_->PlannedTrace() : std::string();

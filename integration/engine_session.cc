@@ -107,6 +107,7 @@ void ChildAfterFork() {
   CpuArenaChildAfterFork();
   HookChildAfterFork();
   SessionChildAfterFork();
+  if (g_bridge != nullptr) g_bridge->PlanAfterForkInChild();
   if (g_bridge != nullptr) g_bridge->UnlockAfterFork();
   g_mutex.unlock();
   g_lifecycle_mutex.unlock();

@@ -19,10 +19,12 @@ PlanDriver::PlanDriver(ReplayOptions base, bool estimated_costs, TraceRecorder::
 
 PlanDriver::~PlanDriver() {
   SetPinListener(nullptr, PinListenerSlot::kPlan);
-  if (planner_.joinable()) planner_.join();
+  if (planner_.joinable()) planner_.join();  // a child left the parent's behind (AfterForkInChild)
 }
 
-void PlanDriver::Record(const OpRecord& record) { recorder_->OnOp(record); }
+void PlanDriver::Record(const OpRecord& record) {
+  if (!off_) recorder_->OnOp(record);
+}
 
 void PlanDriver::Pinned(const c10::StorageImpl* storage) { recorder_->OnPinned(storage); }
 
@@ -30,7 +32,7 @@ void PlanDriver::BlankOverwritten(const c10::StorageImpl* storage) { recorder_->
 
 void PlanDriver::AfterEngineOp(Engine& engine, std::string_view name, std::span<const StorageIndex> made,
                                std::int64_t made_bytes) {
-  if (!follower_ || follower_->departed()) return;
+  if (off_ || !follower_ || follower_->departed()) return;
   if (!follower_->OnOp(name, made, made_bytes)) Depart(engine, follower_->departure());
 }
 
@@ -41,7 +43,17 @@ void PlanDriver::Depart(Engine& engine, std::string reason) {
   stats_.following = false;
 }
 
+void PlanDriver::AfterForkInChild(Engine& engine) {
+  off_ = true;
+  engine.SetPlan(nullptr);
+  follower_.reset();
+  stats_.following = false;
+  new std::thread(std::move(planner_));  // leaked: a parent's thread, never joined here
+  new (&mutex_) std::mutex();            // another thread may have held it at the fork
+}
+
 void PlanDriver::EndIteration(Engine& engine, std::span<c10::StorageImpl* const> live) {
+  if (off_) return;
   ++stats_.iterations;
   std::string text = recorder_->TakeText();
   recorder_ = TraceRecorder::InMemory(estimated_costs_, counts_);

@@ -75,6 +75,9 @@ class PlanDriver final : public PinListener {
   // keeps without touching it (last step's gradients until zero_grad).
   void EndIteration(Engine& engine, std::span<c10::StorageImpl* const> live);
   PlanDriverStats Stats() const;
+  // In a forked child (before anything else runs there): the planner thread is not the child's and its lock may have
+  // been held at the fork, so both are left behind, and plan mode is off in the child (its online policy chooses).
+  void AfterForkInChild(Engine& engine);
   // The recorded iteration the last planning started from (a trace remat-sim replays; empty before).
   std::string PlannedTrace() const;
 
@@ -100,6 +103,7 @@ class PlanDriver final : public PinListener {
   std::shared_ptr<const IterationPlan> planned_;
   std::string planner_error_;
   std::string planned_trace_;  // the planner's input
+  bool off_ = false;           // AfterForkInChild
 };
 
 }  // namespace remat::integration

@@ -153,3 +153,41 @@ def test_remat_policy_plan_from_the_environment(tmp_path):
     enabled, iterations, state = result.stdout.split(None, 2)
     assert (enabled, iterations) == ("True", "4"), result.stdout
     assert state.strip() in ("planning", "online") or state.startswith("following the plan of"), result.stdout
+
+
+def test_a_forked_child_trains_online_and_the_parent_keeps_its_plan(peak):
+    # The planner thread and its lock are the parent's: the child turns plan mode off (its steps choose online) and
+    # must neither hang nor crash; the parent goes on following its plan.
+    torch.manual_seed(0)
+    model = Net()
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    x, y = torch.randn(256, 64), torch.randint(0, 10, (256,))
+
+    def step():
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()
+
+    remat.enable(int(peak * 0.6), policy="plan", costs="estimated")
+    try:
+        for _ in range(5):
+            step()
+            time.sleep(0.05)
+        followed = remat.stats()["plan_followed_iterations"]
+        pid = os.fork()
+        if pid == 0:  # the child: one intra-op thread (libgomp after fork), two steps, then out
+            code = 1
+            try:
+                torch.set_num_threads(1)
+                step()
+                step()
+                code = 0 if not remat.plan_status().startswith("following") else 3
+            finally:
+                os._exit(code)
+        _, status = os.waitpid(pid, 0)
+        assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, status
+        step()
+        step()
+        assert remat.stats()["plan_followed_iterations"] >= followed + 1, remat.plan_status()
+    finally:
+        remat.disable()
