@@ -42,6 +42,24 @@ std::unique_ptr<Replayer> SharedReplayer(const char* file, std::unique_ptr<Trace
   return r.ok() ? *std::move(r) : nullptr;
 }
 
+// msps's run of resnet32 at 0.3, recorded as a plan.
+struct Recorded {
+  ReplayResult result;
+  IterationPlan plan;
+};
+Recorded RecordMspsAt03(Replayer& r) {
+  ReplayOptions o;
+  o.budget_ratio = 0.3;
+  o.policy = "msps";
+  PlanRecorder recorder;
+  o.record_plan = &recorder;
+  Recorded out;
+  out.result = r.Run(o);
+  EXPECT_EQ(out.result.status, ReplayStatus::kPass) << out.result.message;
+  out.plan = recorder.Finish("msps", out.result.overhead, out.result.budget_bytes);
+  return out;
+}
+
 // msps and dtr-eq choose differently on resnet32 at 0.3 (1.2087 against 1.1786); a run that follows msps's plan
 // with dtr-eq as the fallback makes msps's choices, never the fallback's: its cost within 1% (evicting lazily, what
 // the plan holds out latest first, it may keep a storage a little longer and replay less: 1.2064 with 92 evictions
@@ -50,14 +68,9 @@ TEST(PlanModeTest, AFollowedPlanMakesTheRecordedRunsChoicesNotTheFallbacks) {
   std::unique_ptr<Trace> trace;
   std::unique_ptr<Replayer> r = SharedReplayer(remat::testing::kResnet32Trace, trace);
   ASSERT_NE(r, nullptr);
-  ReplayOptions o;
-  o.budget_ratio = 0.3;
-  o.policy = "msps";
-  PlanRecorder recorder;
-  o.record_plan = &recorder;
-  const ReplayResult recorded = r->Run(o);
-  ASSERT_EQ(recorded.status, ReplayStatus::kPass) << recorded.message;
-  auto plan = std::make_shared<const IterationPlan>(recorder.Finish("msps", recorded.overhead, recorded.budget_bytes));
+  Recorded run = RecordMspsAt03(*r);
+  const ReplayResult& recorded = run.result;
+  auto plan = std::make_shared<const IterationPlan>(std::move(run.plan));
   std::int64_t making = 0;  // positions: the CALLs with a fresh result and the MUTATEs
   for (const TraceOp& op : trace->ops) {
     bool fresh = op.kind == TraceOpKind::kMutate;
@@ -66,7 +79,8 @@ TEST(PlanModeTest, AFollowedPlanMakesTheRecordedRunsChoicesNotTheFallbacks) {
   }
   EXPECT_EQ(static_cast<std::int64_t>(plan->ops.size()), making);
 
-  o.record_plan = nullptr;
+  ReplayOptions o;
+  o.budget_ratio = 0.3;
   o.policy = "dtr-eq";
   const ReplayResult online = r->Run(o);
   ASSERT_EQ(online.status, ReplayStatus::kPass);
@@ -89,15 +103,10 @@ TEST(PlanModeTest, AnOpStreamThatDepartsGoesBackToThePolicyAndSaysWhere) {
   std::unique_ptr<Trace> trace;
   std::unique_ptr<Replayer> r = SharedReplayer(remat::testing::kResnet32Trace, trace);
   ASSERT_NE(r, nullptr);
+  IterationPlan plan = RecordMspsAt03(*r).plan;
+  plan.ops[100].name = "aten::something_else";
   ReplayOptions o;
   o.budget_ratio = 0.3;
-  o.policy = "msps";
-  PlanRecorder recorder;
-  o.record_plan = &recorder;
-  ASSERT_EQ(r->Run(o).status, ReplayStatus::kPass);
-  IterationPlan plan = recorder.Finish("msps", 0, 0);
-  plan.ops[100].name = "aten::something_else";
-  o.record_plan = nullptr;
   o.policy = "dtr-eq";
   o.follow_plan = std::make_shared<const IterationPlan>(std::move(plan));
   const ReplayResult followed = r->Run(o);
