@@ -50,7 +50,18 @@ struct PendingBlock {
   std::uintptr_t address = 0;
   std::size_t size = 0;
   std::vector<cudaEvent_t> events;
+  std::vector<cudaStream_t> streams;  // per event: the stream it was recorded on
 };
+
+// Blocks handed back to the arena in the order of one stream (ReclaimForStreamLocked): that stream waited for their
+// events on the device; any other stream that allocates waits for `event`, recorded on it after those waits.
+struct Handoff {
+  cudaStream_t stream = nullptr;
+  cudaEvent_t event = nullptr;
+};
+
+// The stream the calling thread's Allocate is for, while the arena may call MakeRoom (nullptr outside Allocate).
+thread_local const cudaStream_t* t_allocating_stream = nullptr;
 
 }  // namespace
 
@@ -85,6 +96,7 @@ struct DeviceArena::State {
   bool multi_stream = false;
   cudaEvent_t barrier = nullptr;                     // recorded on the first stream at the switch
   std::vector<cudaEvent_t> free_events;
+  std::vector<Handoff> handoffs;
   std::atomic<PressureHandler*> handler{nullptr};
   DeviceArenaStats stats;                            // counters only; the rest is filled in by Stats()
   std::uint64_t retired_pressure = 0;                // pressure_allocations of arenas already released
@@ -97,6 +109,7 @@ struct DeviceArena::State {
     (void)ReclaimLocked(/*synchronize=*/true);
     ScopedDevice device(runtime, options.device);
     if (barrier != nullptr) (void)runtime->EventDestroy(barrier);
+    for (const Handoff& handoff : handoffs) (void)runtime->EventDestroy(handoff.event);
     for (cudaEvent_t event : free_events) (void)runtime->EventDestroy(event);
     arena.reset();  // releases the segment (tensors still pointing into it are the caller's bug)
   }
@@ -368,6 +381,77 @@ struct DeviceArena::State {
     return reclaimed;
   }
 
+  // Every pending block back to the arena for an allocation on `stream`, without the host waiting: `stream` waits
+  // (cudaStreamWaitEvent) for each event recorded on another stream; events on `stream` itself are behind it in
+  // stream order already. Other streams that allocate afterwards wait for a handoff event (OrderAfterHandoffsLocked).
+  absl::StatusOr<std::size_t> ReclaimForStreamLocked(cudaStream_t stream) {
+    if (pending.empty()) return std::size_t{0};
+    ScopedDevice device(runtime, options.device);
+    if (!device.status().ok()) return device.status();
+    std::size_t reclaimed = 0;
+    absl::Status error;
+    std::vector<PendingBlock> still;
+    for (PendingBlock& block : pending) {
+      absl::Status status;
+      for (std::size_t i = 0; i < block.events.size() && status.ok(); ++i) {
+        if (block.streams[i] != stream) status = runtime->StreamWaitEvent(stream, block.events[i]);
+      }
+      if (!status.ok()) {
+        if (error.ok()) error = status;
+        still.push_back(std::move(block));
+        continue;
+      }
+      for (cudaEvent_t event : block.events) free_events.push_back(event);
+      ReturnToArenaLocked(block.address, block.size);
+      pending_bytes -= block.size;
+      ++reclaimed;
+    }
+    pending = std::move(still);
+    if (reclaimed > 0) {
+      ++stats.stream_ordered_reclaims;
+      absl::StatusOr<cudaEvent_t> event = TakeEventLocked();
+      absl::Status recorded = event.ok() ? runtime->EventRecord(*event, stream) : event.status();
+      if (recorded.ok()) {
+        handoffs.push_back(Handoff{stream, *event});
+      } else {
+        if (event.ok()) free_events.push_back(*event);
+        // Without a handoff event other streams cannot be ordered after the waits: the host waits instead.
+        (void)runtime->StreamSynchronize(stream);
+        ++stats.synchronizations;
+      }
+    }
+    if (reclaimed == 0 && !error.ok()) return error;
+    return reclaimed;
+  }
+
+  // An allocation on `stream` may get a block another stream took back in its own order: `stream` waits for those
+  // handoffs first (on the device). Completed handoffs are dropped.
+  absl::Status OrderAfterHandoffsLocked(cudaStream_t stream) {
+    if (handoffs.empty()) return absl::OkStatus();
+    ScopedDevice device(runtime, options.device);
+    if (!device.status().ok()) return device.status();
+    std::vector<Handoff> still;
+    absl::Status status;
+    for (const Handoff& handoff : handoffs) {
+      absl::StatusOr<bool> done = runtime->EventQuery(handoff.event);
+      if (done.ok() && *done) {
+        free_events.push_back(handoff.event);
+        continue;
+      }
+      still.push_back(handoff);
+      if (handoff.stream != stream && status.ok()) status = runtime->StreamWaitEvent(stream, handoff.event);
+    }
+    handoffs = std::move(still);
+    return status;
+  }
+
+  // Pending blocks back to the arena under pressure: in the allocating stream's order when the caller is Allocate
+  // (no host wait), else by waiting for their events on the host.
+  absl::StatusOr<std::size_t> ReclaimUnderPressureLocked() {
+    if (t_allocating_stream != nullptr) return ReclaimForStreamLocked(*t_allocating_stream);
+    return ReclaimLocked(/*synchronize=*/true);
+  }
+
   // A failed synchronization (an event that cannot be waited on) or the user handler's error is no lack of memory:
   // returned as is, the allocation fails with it.
   absl::StatusOr<bool> MakeRoom(Arena& target, std::size_t bytes) {
@@ -375,16 +459,16 @@ struct DeviceArena::State {
       std::lock_guard<std::mutex> lock(mu);
       absl::StatusOr<std::size_t> completed = ReclaimLocked(/*synchronize=*/false);
       if (completed.ok() && *completed > 0) return true;
-      absl::StatusOr<std::size_t> waited = ReclaimLocked(/*synchronize=*/true);
+      absl::StatusOr<std::size_t> waited = ReclaimUnderPressureLocked();
       if (!waited.ok()) return waited.status();
       if (*waited > 0) return true;
     }
     PressureHandler* user = handler.load(std::memory_order_acquire);
     if (user == nullptr) return false;
     const absl::StatusOr<bool> evicted = user->MakeRoom(target, bytes);
-    // Frees made by the handler in multi-stream mode are pending: wait for them so the arena sees them.
+    // Frees made by the handler in multi-stream mode are pending: take them back so the arena sees them.
     std::lock_guard<std::mutex> lock(mu);
-    absl::StatusOr<std::size_t> after = ReclaimLocked(/*synchronize=*/true);
+    absl::StatusOr<std::size_t> after = ReclaimUnderPressureLocked();
     if (!evicted.ok()) return evicted;
     if (!after.ok()) return after.status();
     return *evicted || *after > 0;
@@ -444,6 +528,7 @@ absl::StatusOr<std::uintptr_t> DeviceArena::Allocate(std::size_t bytes, cudaStre
   {
     std::lock_guard<std::mutex> lock(s.mu);
     absl::Status status = s.NoteStreamLocked(stream);
+    if (status.ok()) status = s.OrderAfterHandoffsLocked(stream);
     if (!status.ok()) return status;
     status = s.EnsureArenaLocked();
     if (!status.ok()) {
@@ -454,8 +539,12 @@ absl::StatusOr<std::uintptr_t> DeviceArena::Allocate(std::size_t bytes, cudaStre
     arena = s.arena;
     ++s.inflight;
   }
+  const cudaStream_t* outer = std::exchange(t_allocating_stream, &stream);  // the pressure path reclaims for it
   absl::StatusOr<std::uintptr_t> address = arena->Allocate(bytes, kNoOwner, placement);
+  t_allocating_stream = outer;
   std::lock_guard<std::mutex> lock(s.mu);
+  // Blocks another stream took back while this one made room: wait for them too (this block may be one).
+  if (address.ok() && !s.handoffs.empty()) (void)s.OrderAfterHandoffsLocked(stream);
   --s.inflight;
   if (!address.ok()) {
     // Making room failed for another reason than memory (a page-out that could not be written): that error.
@@ -484,7 +573,7 @@ absl::Status DeviceArena::Free(std::uintptr_t address) {
     s.ReturnToArenaLocked(address, block.size);
     return absl::OkStatus();
   }
-  PendingBlock pending{address, block.size, {}};
+  PendingBlock pending{address, block.size, {}, {}};
   ScopedDevice device(s.runtime, s.options.device);
   absl::Status status = device.status();
   block.uses.push_back(block.stream);
@@ -498,6 +587,7 @@ absl::Status DeviceArena::Free(std::uintptr_t address) {
     status = s.runtime->EventRecord(*event, stream);
     if (status.ok()) {
       pending.events.push_back(*event);
+      pending.streams.push_back(stream);
     } else {
       s.free_events.push_back(*event);
     }
@@ -581,6 +671,7 @@ absl::StatusOr<std::uintptr_t> DeviceArena::TryAllocate(std::size_t bytes, cudaS
   State& s = *state_;
   std::lock_guard<std::mutex> lock(s.mu);
   if (absl::Status status = s.NoteStreamLocked(stream); !status.ok()) return status;
+  if (absl::Status status = s.OrderAfterHandoffsLocked(stream); !status.ok()) return status;
   if (absl::Status status = s.EnsureArenaLocked(); !status.ok()) return status;
   (void)s.ReclaimLocked(/*synchronize=*/false);
   absl::StatusOr<std::uintptr_t> address = s.arena->TryAllocate(bytes, kNoOwner, placement);
@@ -731,6 +822,7 @@ void DeviceArena::ResetAccumulated() {
   }
   st.ooms = 0;
   st.synchronizations = 0;
+  st.stream_ordered_reclaims = 0;
   st.device_mallocs = 0;
   st.device_frees = 0;
 }
