@@ -97,6 +97,7 @@ struct DeviceArena::State {
   cudaEvent_t barrier = nullptr;                     // recorded on the first stream at the switch
   std::vector<cudaEvent_t> free_events;
   std::vector<Handoff> handoffs;
+  std::vector<std::pair<void*, cudaEvent_t>> bounce_frees;  // pinned bounce buffers freed once their event completes
   std::atomic<PressureHandler*> handler{nullptr};
   DeviceArenaStats stats;                            // counters only; the rest is filled in by Stats()
   std::uint64_t retired_pressure = 0;                // pressure_allocations of arenas already released
@@ -110,6 +111,7 @@ struct DeviceArena::State {
     ScopedDevice device(runtime, options.device);
     if (barrier != nullptr) (void)runtime->EventDestroy(barrier);
     for (const Handoff& handoff : handoffs) (void)runtime->EventDestroy(handoff.event);
+    (void)FreeBouncesLocked(/*synchronize=*/true);
     for (cudaEvent_t event : free_events) (void)runtime->EventDestroy(event);
     arena.reset();  // releases the segment (tensors still pointing into it are the caller's bug)
   }
@@ -314,12 +316,21 @@ struct DeviceArena::State {
       }
       done += chunk;
     }
-    if (copied.ok()) copied = runtime->StreamSynchronize(stream);
+    // The range the block left goes back to the arena now: in one stream's mode stream order protects it; with
+    // several streams, the others wait for the copies on the device (a handoff) before they may reuse it.
+    if (copied.ok() && multi_stream) copied = HandOffLocked(stream);
     if (host != nullptr) {
-      // The stream is synchronized unless a copy failed; then wait before the buffer goes.
-      if (!copied.ok()) (void)runtime->StreamSynchronize(stream);
-      const absl::Status freed = runtime->HostFreePinned(host);
-      if (copied.ok()) copied = freed;
+      // The bounce buffer goes once the copies through it have run (an event), or at once after a failed copy.
+      absl::StatusOr<cudaEvent_t> event = copied.ok() ? TakeEventLocked() : absl::StatusOr<cudaEvent_t>(copied);
+      absl::Status recorded = event.ok() ? runtime->EventRecord(*event, stream) : event.status();
+      if (recorded.ok()) {
+        bounce_frees.emplace_back(host, *event);
+      } else {
+        if (event.ok()) free_events.push_back(*event);
+        (void)runtime->StreamSynchronize(stream);
+        const absl::Status freed = runtime->HostFreePinned(host);
+        if (copied.ok()) copied = freed;
+      }
     }
     return copied;
   }
@@ -409,19 +420,47 @@ struct DeviceArena::State {
     pending = std::move(still);
     if (reclaimed > 0) {
       ++stats.stream_ordered_reclaims;
-      absl::StatusOr<cudaEvent_t> event = TakeEventLocked();
-      absl::Status recorded = event.ok() ? runtime->EventRecord(*event, stream) : event.status();
-      if (recorded.ok()) {
-        handoffs.push_back(Handoff{stream, *event});
-      } else {
-        if (event.ok()) free_events.push_back(*event);
-        // Without a handoff event other streams cannot be ordered after the waits: the host waits instead.
-        (void)runtime->StreamSynchronize(stream);
-        ++stats.synchronizations;
-      }
+      (void)HandOffLocked(stream);
     }
     if (reclaimed == 0 && !error.ok()) return error;
     return reclaimed;
+  }
+
+  // Frees the bounce buffers whose copies have run (with `synchronize`, waits for all of them first).
+  absl::Status FreeBouncesLocked(bool synchronize) {
+    absl::Status status;
+    std::vector<std::pair<void*, cudaEvent_t>> still;
+    for (const auto& [host, event] : bounce_frees) {
+      bool done = true;
+      if (synchronize) {
+        (void)runtime->EventSynchronize(event);
+      } else {
+        absl::StatusOr<bool> query = runtime->EventQuery(event);
+        done = query.ok() && *query;
+      }
+      if (!done) {
+        still.emplace_back(host, event);
+        continue;
+      }
+      free_events.push_back(event);
+      if (absl::Status freed = runtime->HostFreePinned(host); !freed.ok() && status.ok()) status = freed;
+    }
+    bounce_frees = std::move(still);
+    return status;
+  }
+
+  // Memory given back to the arena in `stream`'s order: other streams that allocate wait for what `stream` queued so
+  // far (OrderAfterHandoffsLocked). Without an event the host waits for `stream` instead.
+  absl::Status HandOffLocked(cudaStream_t stream) {
+    absl::StatusOr<cudaEvent_t> event = TakeEventLocked();
+    absl::Status recorded = event.ok() ? runtime->EventRecord(*event, stream) : event.status();
+    if (recorded.ok()) {
+      handoffs.push_back(Handoff{stream, *event});
+      return absl::OkStatus();
+    }
+    if (event.ok()) free_events.push_back(*event);
+    ++stats.synchronizations;
+    return runtime->StreamSynchronize(stream);
   }
 
   // An allocation on `stream` may get a block another stream took back in its own order: `stream` waits for those
@@ -536,6 +575,7 @@ absl::StatusOr<std::uintptr_t> DeviceArena::Allocate(std::size_t bytes, cudaStre
       return status;
     }
     (void)s.ReclaimLocked(/*synchronize=*/false);
+    if (!s.bounce_frees.empty()) (void)s.FreeBouncesLocked(/*synchronize=*/false);
     arena = s.arena;
     ++s.inflight;
   }
@@ -661,6 +701,7 @@ absl::Status DeviceArena::EmptyCache() {
   std::lock_guard<std::mutex> lock(s.mu);
   absl::StatusOr<std::size_t> reclaimed = s.ReclaimLocked(/*synchronize=*/true);
   if (!reclaimed.ok()) return reclaimed.status();
+  if (absl::Status freed = s.FreeBouncesLocked(/*synchronize=*/true); !freed.ok()) return freed;
   const bool attached = s.handler.load(std::memory_order_acquire) != nullptr;
   if (s.live.empty() && s.pending.empty() && s.inflight == 0 && !attached) s.ReleaseArenaLocked();
   return absl::OkStatus();
@@ -674,6 +715,7 @@ absl::StatusOr<std::uintptr_t> DeviceArena::TryAllocate(std::size_t bytes, cudaS
   if (absl::Status status = s.OrderAfterHandoffsLocked(stream); !status.ok()) return status;
   if (absl::Status status = s.EnsureArenaLocked(); !status.ok()) return status;
   (void)s.ReclaimLocked(/*synchronize=*/false);
+  if (!s.bounce_frees.empty()) (void)s.FreeBouncesLocked(/*synchronize=*/false);
   absl::StatusOr<std::uintptr_t> address = s.arena->TryAllocate(bytes, kNoOwner, placement);
   if (!address.ok()) return address.status();
   s.AddLiveLocked(*s.arena, *address, bytes, stream);

@@ -121,8 +121,9 @@ class DeviceArena {
                                              Placement placement = Placement::kLow);
   // Slides the live block at `from` to `to` inside the range it would free (Arena::Move) and moves its bytes with
   // device-to-device copies on the block's stream (in chunks no longer than the distance, so that overlapping
-  // ranges copy correctly), waiting for them; a slide that would take 64 or more such copies bounces its bytes
-  // through pinned host memory instead (chunks of up to 64 MiB). FailedPrecondition for a block other streams use (record_stream);
+  // ranges copy correctly), left to stream order (other streams allocating afterwards wait for them on the device,
+  // a handoff); a slide that would take 64 or more such copies bounces its bytes through pinned host memory instead
+  // (chunks of up to 64 MiB), and the host waits for those. FailedPrecondition for a block other streams use (record_stream);
   // the arena's InvalidArgument when `to` is out of range (nothing changes then). DataLoss when a copy fails: the
   // block lives at `to` from then on, but its bytes are not all there.
   absl::Status Move(std::uintptr_t from, std::uintptr_t to);

@@ -299,7 +299,8 @@ TEST(CudaDeviceArena, MoveSlidesABlockWithItsBytesAcrossAnOverlap) {
 }
 
 // A short slide of a large block: 64 KiB by 512 bytes would be 128 device-to-device copies; the bytes bounce
-// through pinned host memory instead (one chunk: two copies), and the pinned buffer is freed.
+// through pinned host memory instead (one chunk: two copies), and the pinned buffer is freed once they have run (an
+// event, checked at the next allocation), without the host waiting.
 TEST(CudaDeviceArena, AShortSlideOfALargeBlockBouncesThroughPinnedHostMemory) {
   FakeCudaRuntime rt;
   auto arena = MakeArena(rt, 1 << 20);
@@ -313,6 +314,8 @@ TEST(CudaDeviceArena, AShortSlideOfALargeBlockBouncesThroughPinnedHostMemory) {
   ASSERT_TRUE(arena->Move(block, hole).ok());
   EXPECT_EQ(rt.counters().copies, before.copies + 2);
   EXPECT_EQ(arena->Stats().move_bounces, 1);
+  EXPECT_EQ(rt.counters().synchronizations, before.synchronizations);
+  ASSERT_TRUE(arena->Free(*arena->Allocate(512, nullptr)).ok());  // the copies have run: the buffer goes
   EXPECT_EQ(rt.live_host_allocations(), 0u);
   auto* moved = reinterpret_cast<unsigned char*>(hole);
   int same = 0;
