@@ -131,6 +131,7 @@ absl::Status TorchExecutor::Deliver(Engine& engine, StorageIndex s,
 absl::Status TorchExecutor::Execute(Engine& engine, OpId op, bool replay, std::span<const std::uint32_t> fresh) {
   // The engine is not exception-safe: every torch error (an allocation that does not fit, a kernel error) becomes
   // a status here.
+  if (!deferred_error_.ok()) return std::exchange(deferred_error_, absl::OkStatus());  // a failed WillRead
   try {
     return ExecuteOrThrow(engine, op, replay, fresh);
   } catch (const c10::OutOfMemoryError& e) {
@@ -263,6 +264,7 @@ absl::Status TorchExecutor::ExecuteOrThrow(Engine& engine, OpId op, bool replay,
 
 void TorchExecutor::Evict(Engine& engine, std::uint32_t s) {
   if (s >= homes_.size()) return;
+  WillRead(engine, s);  // a prefetched block is freed only after the current stream is ordered after its copy
   // A storage the program still refers to is evicted; one it let go of is just freed (a release).
   const bool released = engine.StorageExternalRefs(s) == 0;
   if (MemoryHistoryEnabled()) {
@@ -289,6 +291,8 @@ void TorchExecutor::Evict(Engine& engine, std::uint32_t s) {
 
 absl::Status TorchExecutor::PageOut(Engine& engine, std::uint32_t s) {
   if (tier_ == nullptr) return Executor::PageOut(engine, s);
+  if (!deferred_error_.ok()) return std::exchange(deferred_error_, absl::OkStatus());
+  if (DevicePager* pager = memory_->pager(); pager != nullptr) return PageOutThroughPager(engine, s, *pager);
   const std::int64_t start = NowNs();
   Grow(s);
   c10::intrusive_ptr<c10::StorageImpl> holder = Holder(s);
@@ -331,7 +335,7 @@ absl::Status TorchExecutor::PageIn(Engine& engine, std::uint32_t s) {
   if (tier_ == nullptr) return Executor::PageIn(engine, s);
   // The allocation below may make room through the engine (torch errors become statuses, as in Execute).
   try {
-    return PageInOrThrow(engine, s);
+    return PageInOrThrow(engine, s, /*ahead=*/false);
   } catch (const c10::OutOfMemoryError& e) {
     return absl::ResourceExhaustedError(e.what_without_backtrace());
   } catch (const c10::Error& e) {
@@ -339,7 +343,20 @@ absl::Status TorchExecutor::PageIn(Engine& engine, std::uint32_t s) {
   }
 }
 
-absl::Status TorchExecutor::PageInOrThrow(Engine& engine, StorageIndex s) {
+absl::Status TorchExecutor::PageInAhead(Engine& engine, std::uint32_t s) {
+  if (tier_ == nullptr || memory_->pager() == nullptr) return PageIn(engine, s);
+  try {
+    return PageInOrThrow(engine, s, /*ahead=*/true);
+  } catch (const c10::OutOfMemoryError& e) {
+    return absl::ResourceExhaustedError(e.what_without_backtrace());
+  } catch (const c10::Error& e) {
+    return absl::InternalError(absl::StrCat("remat: page-in failed: ", e.what_without_backtrace()));
+  }
+}
+
+absl::Status TorchExecutor::PageInOrThrow(Engine& engine, StorageIndex s, bool ahead) {
+  if (!deferred_error_.ok()) return std::exchange(deferred_error_, absl::OkStatus());
+  if (DevicePager* pager = memory_->pager(); pager != nullptr) return PageInThroughPager(engine, s, *pager, ahead);
   const std::int64_t start = NowNs();
   if (!tier_->Holds(s)) return absl::FailedPreconditionError(absl::StrCat("remat: storage ", s, " is not paged"));
   Grow(s);
@@ -370,6 +387,102 @@ void TorchExecutor::DropPaged(Engine& engine, std::uint32_t s) {
   RecordMemoryEvent(MemoryEventKind::kDropPaged, 0, static_cast<std::uint64_t>(engine.StorageBytes(s)), s,
                     memory_->history_device());
   tier_->Release(s);
+  if (auto it = device_pages_.find(s); it != device_pages_.end()) {
+    (void)memory_->pager()->Release(it->second);  // its host memory is reused once the copy out has finished
+    device_pages_.erase(it);
+  }
+}
+
+absl::Status TorchExecutor::PageOutThroughPager(Engine& engine, StorageIndex s, DevicePager& pager) {
+  const std::int64_t start = NowNs();
+  Grow(s);
+  if (absl::Status settled = SettlePageIn(s); !settled.ok()) return settled;
+  c10::intrusive_ptr<c10::StorageImpl> holder = Holder(s);
+  if (!holder) return absl::NotFoundError(absl::StrCat("remat: page-out of storage ", s, ": its bytes are gone"));
+  const auto nbytes = static_cast<std::size_t>(engine.StorageBytes(s));
+  if (holder->nbytes() != nbytes || holder->sym_nbytes().is_heap_allocated()) {
+    return absl::FailedPreconditionError(absl::StrCat("remat: page-out of storage ", s, ": it holds ",
+                                                      holder->nbytes(), " bytes, the engine knows ", nbytes));
+  }
+  const void* bytes = holder->_mutable_data_ptr_no_checks().get();
+  const auto address = reinterpret_cast<std::uintptr_t>(bytes);
+  bool evictable = true;
+  if (Arena* arena = memory_->arena(); arena != nullptr) {
+    absl::StatusOr<BlockInfo> block = arena->Block(address);
+    evictable = !block.ok() || block->owner != kNoOwner;
+  }
+  // The copy starts after the kernels queued so far (the producer); the block may go back right after.
+  absl::StatusOr<DevicePager::Page> page = pager.PageOut(bytes, nbytes);
+  if (!page.ok()) return page.status();
+  RecordMemoryEvent(MemoryEventKind::kPageOut, address, nbytes, s, memory_->history_device());
+  const MemoryEventScope history("remat: page out", /*op=*/false);
+  if (shadows_[s]) {
+    shadows_[s].reset();
+  } else if (absl::StatusOr<std::size_t> dropped = EvictStorage(*holder); !dropped.ok()) {
+    (void)pager.Release(*page);  // nothing is lost: the storage keeps its memory
+    return dropped.status();
+  }
+  device_pages_[s] = *page;
+  paged_evictable_[s] = evictable;
+  ++stats_.page_outs;
+  stats_.page_out_ns += NowNs() - start;
+  return absl::OkStatus();
+}
+
+absl::Status TorchExecutor::PageInThroughPager(Engine& engine, StorageIndex s, DevicePager& pager, bool ahead) {
+  const std::int64_t start = NowNs();
+  auto it = device_pages_.find(s);
+  if (it == device_pages_.end()) {
+    return absl::FailedPreconditionError(absl::StrCat("remat: storage ", s, " is not paged"));
+  }
+  const DevicePager::Page page = it->second;  // `it` dies here: making room below pages others out
+  Grow(s);
+  const auto nbytes = static_cast<std::size_t>(engine.StorageBytes(s));
+  const MemoryEventScope history("remat: page in", /*op=*/false);
+  c10::intrusive_ptr<c10::StorageImpl> memory = memory_->NewStorage(nbytes);  // may make room (the arena's handler)
+  void* target = memory->_mutable_data_ptr_no_checks().get();
+  // The block goes to its home first (nothing reads it before the wait below), then the copy fills it.
+  if (absl::Status delivered = Deliver(engine, s, memory, /*copy=*/false, paged_evictable_[s]); !delivered.ok()) {
+    return delivered;
+  }
+  memory.reset();
+  if (absl::Status copied = pager.PageIn(page, target); !copied.ok()) {
+    // The page is still out: drop the memory again, so that the storage is paged as the engine believes.
+    if (c10::intrusive_ptr<c10::StorageImpl> holder = Holder(s)) {
+      if (shadows_[s]) {
+        shadows_[s].reset();
+      } else {
+        (void)EvictStorage(*holder);
+      }
+    }
+    return copied;
+  }
+  device_pages_.erase(s);
+  unwaited_[s] = page;
+  if (!ahead) {
+    if (absl::Status waited = SettlePageIn(s); !waited.ok()) return waited;
+  }
+  RecordMemoryEvent(MemoryEventKind::kPageIn, engine.StorageAddress(s), nbytes, s, memory_->history_device());
+  ++stats_.page_ins;
+  stats_.page_in_ns += NowNs() - start;
+  return absl::OkStatus();
+}
+
+absl::Status TorchExecutor::SettlePageIn(StorageIndex s) {
+  if (unwaited_.empty()) return absl::OkStatus();
+  auto it = unwaited_.find(s);
+  if (it == unwaited_.end()) return absl::OkStatus();
+  const DevicePager::Page page = it->second;
+  unwaited_.erase(it);
+  DevicePager* pager = memory_->pager();
+  absl::Status waited = pager->WaitForPageIn(page);  // on the device: the host goes on
+  absl::Status released = pager->Release(page);
+  return waited.ok() ? released : waited;
+}
+
+void TorchExecutor::WillRead(Engine&, std::uint32_t s) {
+  if (unwaited_.empty()) return;
+  if (absl::Status settled = SettlePageIn(s); !settled.ok() && deferred_error_.ok()) deferred_error_ = settled;
 }
 
 bool TorchExecutor::InUse(const c10::StorageImpl* impl) const {
@@ -382,6 +495,7 @@ bool TorchExecutor::InUse(const c10::StorageImpl* impl) const {
 }
 
 absl::StatusOr<bool> TorchExecutor::Relocate(Engine& engine, std::uint32_t s, AddressRange avoid) {
+  if (absl::Status settled = SettlePageIn(s); !settled.ok()) return settled;  // the move reads the copied bytes
   if (s >= homes_.size() || shadows_[s]) return false;
   c10::intrusive_ptr<c10::StorageImpl> home = homes_[s].lock();
   if (!home || IsEvicted(*home) || !EvictableMemory(*memory_, *home) || InUse(home.get())) return false;
@@ -407,6 +521,7 @@ absl::StatusOr<bool> TorchExecutor::Relocate(Engine& engine, std::uint32_t s, Ad
 }
 
 absl::StatusOr<bool> TorchExecutor::Slide(Engine& engine, std::uint32_t s, std::uintptr_t to) {
+  if (absl::Status settled = SettlePageIn(s); !settled.ok()) return settled;  // the move reads the copied bytes
   c10::intrusive_ptr<c10::StorageImpl> holder = Holder(s);
   if (!holder || IsEvicted(*holder) || !EvictableMemory(*memory_, *holder) || InUse(holder.get())) return false;
   const MemoryEventScope history("remat: compact", /*op=*/false);
@@ -418,6 +533,15 @@ absl::StatusOr<bool> TorchExecutor::Slide(Engine& engine, std::uint32_t s, std::
 }
 
 void TorchExecutor::Clear() {
+  if (DevicePager* pager = memory_->pager(); pager != nullptr) {
+    std::vector<StorageIndex> unwaited;
+    for (const auto& [s, page] : unwaited_) unwaited.push_back(s);
+    for (StorageIndex s : unwaited) (void)SettlePageIn(s);  // what the program keeps is read after its copy
+    for (const auto& [s, page] : device_pages_) (void)pager->Release(page);
+  }
+  unwaited_.clear();
+  device_pages_.clear();
+  deferred_error_ = absl::OkStatus();
   ops_.clear();
   homes_.clear();
   shadows_.clear();
@@ -430,6 +554,13 @@ void TorchExecutor::Forget(const RecycledIds& ids) {
     homes_[s] = c10::weak_intrusive_ptr<c10::StorageImpl>(c10::intrusive_ptr<c10::StorageImpl>());
     shadows_[s].reset();
     paged_evictable_[s] = true;
+    if (DevicePager* pager = memory_->pager(); pager != nullptr) {
+      (void)SettlePageIn(s);
+      if (auto it = device_pages_.find(s); it != device_pages_.end()) {
+        (void)pager->Release(it->second);
+        device_pages_.erase(it);
+      }
+    }
   }
 }
 
