@@ -97,6 +97,17 @@ absl::Status CudaDeviceMemory::Slide(c10::StorageImpl& storage, std::uintptr_t t
     RecordMemoryEvent(MemoryEventKind::kMove, from, allocator_->Device(device_).BlockSize(to).value_or(0), to,
                       device_);
   }
+  // The copies ran on the block's stream; kernels on the current stream read it next: order them after the copies.
+  cuda::CudaRuntime* runtime = allocator_->runtime();
+  if (absl::StatusOr<cudaStream_t> owner = allocator_->Device(device_).BlockStream(to);
+      owner.ok() && *owner != allocator_->CurrentStream(device_)) {
+    const cuda::ScopedDevice scoped(runtime, device_);
+    absl::StatusOr<cudaEvent_t> event = runtime->EventCreate();
+    absl::Status waited = event.ok() ? runtime->EventRecord(*event, *owner) : event.status();
+    if (waited.ok()) waited = runtime->StreamWaitEvent(allocator_->CurrentStream(device_), *event);
+    if (event.ok()) (void)runtime->EventDestroy(*event);
+    if (!waited.ok()) (void)runtime->StreamSynchronize(*owner);  // no event: the host waits instead
+  }
   // The block now lives at `to` (with its bytes, unless DataLoss): the old DataPtr must not free anything.
   void* pointer = reinterpret_cast<void*>(to);
   c10::DataPtr old = storage.set_data_ptr(c10::DataPtr(pointer, pointer, allocator_->raw_deleter(), data.device()));

@@ -292,91 +292,6 @@ TEST(CudaEngineDisable, HoldingMoreThanTheBudgetWhenDisablingIsAnErrorThatSaysSo
 
 INSTANTIATE_TEST_SUITE_P(Policies, CudaEngine, ::testing::Values("dtr-eq", "coop", "lru"));
 
-TEST(CudaEngineStreams, EvictionsOnTwoStreamsAreReusedAfterPendingUsesAndStayIdentical) {
-  at::manual_seed(11);
-  const std::vector<at::Tensor> reference = Reference(5, 18);
-  FakeDevice device(512 * kKiB);
-  absl::StatusOr<cudaStream_t> first = device.rt.StreamCreate();
-  absl::StatusOr<cudaStream_t> second = device.rt.StreamCreate();
-  ASSERT_TRUE(first.ok() && second.ok());
-  device.current = *first;
-  at::manual_seed(11);
-  const at::Tensor x = at::randn({128, 128});
-  ASSERT_TRUE(device.Enable("dtr-eq").ok());
-  at::manual_seed(5);
-  std::vector<at::Tensor> ys = Chain(x, 9);
-  device.current = *second;  // torch switched streams: blocks freed from now on wait for their streams' events
-  device.rt.HoldStream(*first);  // the first stream is still busy: its blocks' events complete only when waited for
-  std::vector<at::Tensor> more = Chain(ys.back(), 9);
-  ys.insert(ys.end(), more.begin(), more.end());
-  more.clear();
-  // Chain(ys.back(), 9) continues the random stream where Chain(x, 9) left it: the same 18 values.
-  for (std::size_t i = 0; i < ys.size(); ++i) EXPECT_TRUE(SameBytes(ys[i], reference[i])) << i;
-  const cuda::DeviceArenaStats stats = device.Stats();
-  EXPECT_TRUE(stats.multi_stream);
-  // The engine's frees on the busy stream were reused after their events, in the second stream's order: the host
-  // never waited for the held stream.
-  EXPECT_GT(stats.stream_ordered_reclaims, 0);
-  EXPECT_EQ(stats.synchronizations, 0);
-  device.rt.ReleaseStream(*first);
-  EXPECT_GT(GetEngineStats()->engine.evictions, 0);
-  EXPECT_LE(stats.allocated_bytes.peak, static_cast<std::int64_t>(device.budget()));
-  ys.resize(4);
-  const absl::Status disabled = DisableRematEngine();
-  ASSERT_TRUE(disabled.ok()) << disabled;
-}
-
-TEST(CudaEngineErrors, TooSmallABudgetRaisesOutOfMemoryErrorSayingWhatHoldsTheMemory) {
-  FakeDevice device(192 * kKiB);
-  at::manual_seed(1);
-  const at::Tensor x = at::randn({64, 64});  // 16 KiB of the 192
-  ASSERT_TRUE(device.Enable("dtr-eq").ok());
-  const at::Tensor doubled = at::mul(x, 2);  // the engine adopts x as a constant
-  try {
-    (void)at::empty({3 << 14});  // 192 KiB
-    FAIL() << "no OutOfMemoryError";
-  } catch (const c10::OutOfMemoryError& e) {
-    const std::string message = e.what_without_backtrace();
-    EXPECT_THAT(message, HasSubstr("CUDA memory budget exhausted on device 0: tried to allocate 196608 bytes"));
-    EXPECT_THAT(message, HasSubstr("locked by the running ops 0, constant 16384 of which 16384 in the arena"));
-    EXPECT_THAT(message, HasSubstr("running 'aten::empty.memory_format'"));
-  }
-  // Still usable.
-  EXPECT_TRUE(SameBytes(at::div(doubled, 2), x));
-  const absl::Status disabled = DisableRematEngine();
-  ASSERT_TRUE(disabled.ok()) << disabled;
-}
-
-// Paging on the device goes through the asynchronous pager: victims are copied to pinned host pages on the copy
-// stream (cudaMemcpyAsync device-to-host and back, checked by the double against live device and pinned
-// allocations) and come back byte-identical when read; nothing is kept in the engine's own host tier.
-TEST(CudaEnginePaging, OffloadAlwaysPagesThroughThePagerAndStaysIdentical) {
-  at::manual_seed(11);
-  const std::vector<at::Tensor> reference = Reference(7, 24);
-  FakeDevice device(704 * kKiB);
-  at::manual_seed(11);
-  const at::Tensor x = at::randn({128, 128});
-  ASSERT_TRUE(device.Enable("dtr-eq", OffloadMode::kAlways).ok());
-  const std::uint64_t pinned_before = device.rt.counters().host_allocs;
-  at::manual_seed(7);
-  std::vector<at::Tensor> ys = Chain(x, 24);
-  for (std::size_t i = 0; i < ys.size(); ++i) EXPECT_TRUE(SameBytes(ys[i], reference[i])) << i;
-  absl::StatusOr<BridgeStats> stats = GetEngineStats();
-  ASSERT_TRUE(stats.ok());
-  EXPECT_GT(stats->engine.page_outs, 0);
-  EXPECT_GT(stats->engine.page_ins, 0);
-  EXPECT_EQ(stats->executor.page_outs, stats->engine.page_outs);
-  EXPECT_EQ(stats->host_tier.stores, 0);  // the pages are the pager's pinned blocks
-  EXPECT_GT(device.rt.counters().host_allocs, pinned_before);  // the pinned pool's segment
-  EXPECT_LE(device.Stats().allocated_bytes.peak, static_cast<std::int64_t>(device.budget()));
-  ys.resize(4);
-  const absl::Status disabled = DisableRematEngine();
-  ASSERT_TRUE(disabled.ok()) << disabled;
-  EXPECT_EQ(device.rt.live_host_allocations(), 0u);  // the pool went with the engine
-  // What the user kept came back from its pages before they went.
-  for (std::size_t i = 0; i < ys.size(); ++i) EXPECT_TRUE(SameBytes(ys[i], reference[i])) << i;
-}
-
 // Tells the double about every op as a kernel on the compute stream, reading its inputs' storages and writing its
 // outputs' (at the op's end: the CPU kernel has run then, after everything remat did for it), so that the double's
 // ordering model checks each against the copies that page those storages out and in. Global: RecordFunction
@@ -438,6 +353,96 @@ class KernelReporter {
   static inline cudaStream_t stream_ = nullptr;
   at::CallbackHandle handle_;
 };
+
+TEST(CudaEngineStreams, EvictionsOnTwoStreamsAreReusedAfterPendingUsesAndStayIdentical) {
+  at::manual_seed(11);
+  const std::vector<at::Tensor> reference = Reference(5, 18);
+  FakeDevice device(512 * kKiB);
+  absl::StatusOr<cudaStream_t> first = device.rt.StreamCreate();
+  absl::StatusOr<cudaStream_t> second = device.rt.StreamCreate();
+  ASSERT_TRUE(first.ok() && second.ok());
+  device.current = *first;
+  at::manual_seed(11);
+  const at::Tensor x = at::randn({128, 128});
+  ASSERT_TRUE(device.Enable("dtr-eq").ok());
+  at::manual_seed(5);
+  std::vector<at::Tensor> ys = Chain(x, 9);
+  device.current = *second;  // torch switched streams: blocks freed from now on wait for their streams' events
+  const std::uint64_t races = device.rt.counters().races;
+  {
+    // The kernels on the second stream must be ordered after what the first stream did to their memory (uses,
+    // slides' copies): checked by the double's ordering model, since its CPU kernels run at once.
+    KernelReporter reporter(&device.rt, *second);
+    std::vector<at::Tensor> more = Chain(ys.back(), 9);
+    ys.insert(ys.end(), more.begin(), more.end());
+  }
+  EXPECT_EQ(device.rt.counters().races, races) << ::testing::PrintToString(device.rt.races());
+  // Chain(ys.back(), 9) continues the random stream where Chain(x, 9) left it: the same 18 values.
+  for (std::size_t i = 0; i < ys.size(); ++i) EXPECT_TRUE(SameBytes(ys[i], reference[i])) << i;
+  const cuda::DeviceArenaStats stats = device.Stats();
+  EXPECT_TRUE(stats.multi_stream);
+  // The engine's frees of the first stream's blocks were reused after their events, in the second stream's order:
+  // the host never waited for the first stream.
+  EXPECT_GT(stats.stream_ordered_reclaims, 0);
+  EXPECT_EQ(stats.synchronizations, 0);
+  EXPECT_EQ(device.rt.host_waits_for(*first), 0u);
+  EXPECT_GT(GetEngineStats()->engine.evictions, 0);
+  EXPECT_LE(stats.allocated_bytes.peak, static_cast<std::int64_t>(device.budget()));
+  ys.resize(4);
+  const absl::Status disabled = DisableRematEngine();
+  ASSERT_TRUE(disabled.ok()) << disabled;
+}
+
+TEST(CudaEngineErrors, TooSmallABudgetRaisesOutOfMemoryErrorSayingWhatHoldsTheMemory) {
+  FakeDevice device(192 * kKiB);
+  at::manual_seed(1);
+  const at::Tensor x = at::randn({64, 64});  // 16 KiB of the 192
+  ASSERT_TRUE(device.Enable("dtr-eq").ok());
+  const at::Tensor doubled = at::mul(x, 2);  // the engine adopts x as a constant
+  try {
+    (void)at::empty({3 << 14});  // 192 KiB
+    FAIL() << "no OutOfMemoryError";
+  } catch (const c10::OutOfMemoryError& e) {
+    const std::string message = e.what_without_backtrace();
+    EXPECT_THAT(message, HasSubstr("CUDA memory budget exhausted on device 0: tried to allocate 196608 bytes"));
+    EXPECT_THAT(message, HasSubstr("locked by the running ops 0, constant 16384 of which 16384 in the arena"));
+    EXPECT_THAT(message, HasSubstr("running 'aten::empty.memory_format'"));
+  }
+  // Still usable.
+  EXPECT_TRUE(SameBytes(at::div(doubled, 2), x));
+  const absl::Status disabled = DisableRematEngine();
+  ASSERT_TRUE(disabled.ok()) << disabled;
+}
+
+// Paging on the device goes through the asynchronous pager: victims are copied to pinned host pages on the copy
+// stream (cudaMemcpyAsync device-to-host and back, checked by the double against live device and pinned
+// allocations) and come back byte-identical when read; nothing is kept in the engine's own host tier.
+TEST(CudaEnginePaging, OffloadAlwaysPagesThroughThePagerAndStaysIdentical) {
+  at::manual_seed(11);
+  const std::vector<at::Tensor> reference = Reference(7, 24);
+  FakeDevice device(704 * kKiB);
+  at::manual_seed(11);
+  const at::Tensor x = at::randn({128, 128});
+  ASSERT_TRUE(device.Enable("dtr-eq", OffloadMode::kAlways).ok());
+  const std::uint64_t pinned_before = device.rt.counters().host_allocs;
+  at::manual_seed(7);
+  std::vector<at::Tensor> ys = Chain(x, 24);
+  for (std::size_t i = 0; i < ys.size(); ++i) EXPECT_TRUE(SameBytes(ys[i], reference[i])) << i;
+  absl::StatusOr<BridgeStats> stats = GetEngineStats();
+  ASSERT_TRUE(stats.ok());
+  EXPECT_GT(stats->engine.page_outs, 0);
+  EXPECT_GT(stats->engine.page_ins, 0);
+  EXPECT_EQ(stats->executor.page_outs, stats->engine.page_outs);
+  EXPECT_EQ(stats->host_tier.stores, 0);  // the pages are the pager's pinned blocks
+  EXPECT_GT(device.rt.counters().host_allocs, pinned_before);  // the pinned pool's segment
+  EXPECT_LE(device.Stats().allocated_bytes.peak, static_cast<std::int64_t>(device.budget()));
+  ys.resize(4);
+  const absl::Status disabled = DisableRematEngine();
+  ASSERT_TRUE(disabled.ok()) << disabled;
+  EXPECT_EQ(device.rt.live_host_allocations(), 0u);  // the pool went with the engine
+  // What the user kept came back from its pages before they went.
+  for (std::size_t i = 0; i < ys.size(); ++i) EXPECT_TRUE(SameBytes(ys[i], reference[i])) << i;
+}
 
 // A small MLP's forward and backward passes: 8 layers of 128 x 128 (64 KiB) weights.
 struct Mlp {
