@@ -9,6 +9,7 @@
 #include <chrono>
 #include <cstring>
 #include <exception>
+#include <optional>
 #include <utility>
 
 #include "absl/container/flat_hash_map.h"
@@ -292,9 +293,10 @@ void TorchExecutor::Evict(Engine& engine, std::uint32_t s) {
 absl::Status TorchExecutor::PageOut(Engine& engine, std::uint32_t s) {
   if (tier_ == nullptr) return Executor::PageOut(engine, s);
   if (!deferred_error_.ok()) return std::exchange(deferred_error_, absl::OkStatus());
-  if (DevicePager* pager = memory_->pager(); pager != nullptr) return PageOutThroughPager(engine, s, *pager);
   const std::int64_t start = NowNs();
   Grow(s);
+  DevicePager* pager = memory_->pager();
+  if (absl::Status settled = SettlePageIn(s); !settled.ok()) return settled;  // a prefetch's copy comes first
   c10::intrusive_ptr<c10::StorageImpl> holder = Holder(s);
   // Its last holder died before the bridge's sweep told the engine: nothing to copy (executor.h: NotFound).
   if (!holder) return absl::NotFoundError(absl::StrCat("remat: page-out of storage ", s, ": its bytes are gone"));
@@ -310,21 +312,35 @@ absl::Status TorchExecutor::PageOut(Engine& engine, std::uint32_t s) {
     evictable = !block.ok() || block->owner != kNoOwner;
   }
   const void* bytes = holder->_mutable_data_ptr_no_checks().get();
-  std::vector<std::byte> staging;  // memory host code cannot read is copied to the host first
-  if (!memory_->host_accessible()) {
-    staging.resize(nbytes);
-    if (absl::Status copied = memory_->CopyToHost(staging.data(), bytes, nbytes); !copied.ok()) return copied;
-    bytes = staging.data();
+  std::optional<DevicePager::Page> page;
+  if (pager != nullptr) {
+    // The copy starts after the kernels queued so far (the producer); the block may go back right after.
+    absl::StatusOr<DevicePager::Page> out = pager->PageOut(bytes, nbytes);
+    if (!out.ok()) return out.status();
+    page = *out;
+  } else {
+    std::vector<std::byte> staging;  // memory host code cannot read is copied to the host first
+    if (!memory_->host_accessible()) {
+      staging.resize(nbytes);
+      if (absl::Status copied = memory_->CopyToHost(staging.data(), bytes, nbytes); !copied.ok()) return copied;
+      bytes = staging.data();
+    }
+    if (absl::Status stored = tier_->Store(s, bytes, nbytes); !stored.ok()) return stored;
   }
-  if (absl::Status stored = tier_->Store(s, bytes, nbytes); !stored.ok()) return stored;
   RecordMemoryEvent(MemoryEventKind::kPageOut, address, nbytes, s, memory_->history_device());
   const MemoryEventScope history("remat: page out", /*op=*/false);
   if (shadows_[s]) {
     shadows_[s].reset();  // frees its memory: nobody else holds a shadow
   } else if (absl::StatusOr<std::size_t> dropped = EvictStorage(*holder); !dropped.ok()) {
-    tier_->Release(s);  // nothing is lost: the storage keeps its memory
+    // Nothing is lost: the storage keeps its memory.
+    if (page) {
+      (void)pager->Release(*page);
+    } else {
+      tier_->Release(s);
+    }
     return dropped.status();
   }
+  if (page) device_pages_[s] = *page;
   paged_evictable_[s] = evictable;
   ++stats_.page_outs;
   stats_.page_out_ns += NowNs() - start;
@@ -333,20 +349,18 @@ absl::Status TorchExecutor::PageOut(Engine& engine, std::uint32_t s) {
 
 absl::Status TorchExecutor::PageIn(Engine& engine, std::uint32_t s) {
   if (tier_ == nullptr) return Executor::PageIn(engine, s);
-  // The allocation below may make room through the engine (torch errors become statuses, as in Execute).
-  try {
-    return PageInOrThrow(engine, s, /*ahead=*/false);
-  } catch (const c10::OutOfMemoryError& e) {
-    return absl::ResourceExhaustedError(e.what_without_backtrace());
-  } catch (const c10::Error& e) {
-    return absl::InternalError(absl::StrCat("remat: page-in failed: ", e.what_without_backtrace()));
-  }
+  return PageInStatus(engine, s, /*ahead=*/false);
 }
 
 absl::Status TorchExecutor::PageInAhead(Engine& engine, std::uint32_t s) {
   if (tier_ == nullptr || memory_->pager() == nullptr) return PageIn(engine, s);
+  return PageInStatus(engine, s, /*ahead=*/true);
+}
+
+absl::Status TorchExecutor::PageInStatus(Engine& engine, StorageIndex s, bool ahead) {
+  // The allocation may make room through the engine (torch errors become statuses, as in Execute).
   try {
-    return PageInOrThrow(engine, s, /*ahead=*/true);
+    return PageInOrThrow(engine, s, ahead);
   } catch (const c10::OutOfMemoryError& e) {
     return absl::ResourceExhaustedError(e.what_without_backtrace());
   } catch (const c10::Error& e) {
@@ -391,42 +405,6 @@ void TorchExecutor::DropPaged(Engine& engine, std::uint32_t s) {
     (void)memory_->pager()->Release(it->second);  // its host memory is reused once the copy out has finished
     device_pages_.erase(it);
   }
-}
-
-absl::Status TorchExecutor::PageOutThroughPager(Engine& engine, StorageIndex s, DevicePager& pager) {
-  const std::int64_t start = NowNs();
-  Grow(s);
-  if (absl::Status settled = SettlePageIn(s); !settled.ok()) return settled;
-  c10::intrusive_ptr<c10::StorageImpl> holder = Holder(s);
-  if (!holder) return absl::NotFoundError(absl::StrCat("remat: page-out of storage ", s, ": its bytes are gone"));
-  const auto nbytes = static_cast<std::size_t>(engine.StorageBytes(s));
-  if (holder->nbytes() != nbytes || holder->sym_nbytes().is_heap_allocated()) {
-    return absl::FailedPreconditionError(absl::StrCat("remat: page-out of storage ", s, ": it holds ",
-                                                      holder->nbytes(), " bytes, the engine knows ", nbytes));
-  }
-  const void* bytes = holder->_mutable_data_ptr_no_checks().get();
-  const auto address = reinterpret_cast<std::uintptr_t>(bytes);
-  bool evictable = true;
-  if (Arena* arena = memory_->arena(); arena != nullptr) {
-    absl::StatusOr<BlockInfo> block = arena->Block(address);
-    evictable = !block.ok() || block->owner != kNoOwner;
-  }
-  // The copy starts after the kernels queued so far (the producer); the block may go back right after.
-  absl::StatusOr<DevicePager::Page> page = pager.PageOut(bytes, nbytes);
-  if (!page.ok()) return page.status();
-  RecordMemoryEvent(MemoryEventKind::kPageOut, address, nbytes, s, memory_->history_device());
-  const MemoryEventScope history("remat: page out", /*op=*/false);
-  if (shadows_[s]) {
-    shadows_[s].reset();
-  } else if (absl::StatusOr<std::size_t> dropped = EvictStorage(*holder); !dropped.ok()) {
-    (void)pager.Release(*page);  // nothing is lost: the storage keeps its memory
-    return dropped.status();
-  }
-  device_pages_[s] = *page;
-  paged_evictable_[s] = evictable;
-  ++stats_.page_outs;
-  stats_.page_out_ns += NowNs() - start;
-  return absl::OkStatus();
 }
 
 absl::Status TorchExecutor::PageInThroughPager(Engine& engine, StorageIndex s, DevicePager& pager, bool ahead) {

@@ -168,8 +168,8 @@ class TorchExecutor final : public Executor {
   void Grow(StorageIndex s);
   absl::Status Deliver(Engine& engine, StorageIndex s, const c10::intrusive_ptr<c10::StorageImpl>& source,
                        bool copy, bool evictable = true);
+  absl::Status PageInStatus(Engine& engine, StorageIndex s, bool ahead);  // PageInOrThrow, errors as statuses
   absl::Status PageInOrThrow(Engine& engine, StorageIndex s, bool ahead);
-  absl::Status PageOutThroughPager(Engine& engine, StorageIndex s, DevicePager& pager);
   absl::Status PageInThroughPager(Engine& engine, StorageIndex s, DevicePager& pager, bool ahead);
   // Orders the current stream after s's page-in copy if a prefetch left that wait for later, and forgets the page.
   absl::Status SettlePageIn(StorageIndex s);

@@ -65,8 +65,9 @@ bool Engine::PrefersPaging(StorageIndex s) const {
 absl::Status Engine::Reclaim(StorageIndex s) {
   if (PrefersPaging(s)) {
     absl::Status paged = PageOutStorage(s);
-    if (!absl::IsNotFound(paged)) return paged;
-    // Its bytes are gone already (executor.h, PageOut): nothing to page, so it is dropped.
+    if (!absl::IsNotFound(paged) && !absl::IsResourceExhausted(paged)) return paged;
+    // Its bytes are gone already (executor.h, PageOut): nothing to page, so it is dropped. Or the second tier is
+    // fuller than the engine's count says (a pinned pool's alignment and fragmentation): it is dropped instead.
   }
   return Evict(s);
 }

@@ -94,6 +94,7 @@ class PageInOrder {
     return -1;
   }
   bool learned() const { return !successor_.empty(); }
+  std::size_t listed() const { return recent_.size(); }  // candidate entries held (bounded, see above)
 
  private:
   void Compact(absl::FunctionRef<bool(std::uint32_t, Key)> paged) {
