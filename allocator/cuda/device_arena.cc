@@ -353,6 +353,13 @@ struct DeviceArena::State {
     return absl::OkStatus();
   }
 
+  // A pending block whose uses are over (or ordered before the next user): back to the arena, its events reusable.
+  void ReturnPendingLocked(const PendingBlock& block) {
+    for (cudaEvent_t event : block.events) free_events.push_back(event);
+    ReturnToArenaLocked(block.address, block.size);
+    pending_bytes -= block.size;
+  }
+
   absl::StatusOr<std::size_t> ReclaimLocked(bool synchronize) {
     if (pending.empty()) return std::size_t{0};
     ScopedDevice device(runtime, options.device);
@@ -382,9 +389,7 @@ struct DeviceArena::State {
         still.push_back(std::move(block));
         continue;
       }
-      for (cudaEvent_t event : block.events) free_events.push_back(event);
-      ReturnToArenaLocked(block.address, block.size);
-      pending_bytes -= block.size;
+      ReturnPendingLocked(block);
       ++reclaimed;
     }
     pending = std::move(still);
@@ -412,9 +417,7 @@ struct DeviceArena::State {
         still.push_back(std::move(block));
         continue;
       }
-      for (cudaEvent_t event : block.events) free_events.push_back(event);
-      ReturnToArenaLocked(block.address, block.size);
-      pending_bytes -= block.size;
+      ReturnPendingLocked(block);
       ++reclaimed;
     }
     pending = std::move(still);
