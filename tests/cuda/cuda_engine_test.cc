@@ -256,6 +256,31 @@ TEST(CudaEngineMemory, PageCopiesWaitForTheStreamThatMadeTheBlock) {
   device.cuda->Free(block);
 }
 
+// A slide copies on the block's own stream; the kernels that read the block next run on the current stream, which
+// must be ordered after those copies (the double's ordering model), without the host waiting.
+TEST(CudaEngineMemory, TheCurrentStreamIsOrderedAfterASlidesCopiesOnTheBlocksStream) {
+  FakeDevice device(512 * kKiB);
+  absl::StatusOr<std::unique_ptr<CudaDeviceMemory>> memory =
+      CudaDeviceMemory::Create(device.cuda.get(), 0, device.host.get(), c10::DeviceType::CPU);
+  ASSERT_TRUE(memory.ok()) << memory.status();
+  const cudaStream_t made_on = *device.rt.StreamCreate();
+  const cudaStream_t current = *device.rt.StreamCreate();
+  device.current = made_on;
+  c10::intrusive_ptr<c10::StorageImpl> hole = (*memory)->NewStorage(4096);
+  c10::intrusive_ptr<c10::StorageImpl> x = (*memory)->NewStorage(8192);
+  const auto to = reinterpret_cast<std::uintptr_t>(hole->data_ptr().get());
+  ASSERT_EQ(reinterpret_cast<std::uintptr_t>(x->data_ptr().get()), to + 4096);
+  hole.reset();
+  device.current = current;
+  const std::uint64_t syncs = device.rt.counters().synchronizations;
+  ASSERT_TRUE((*memory)->Slide(*x, to).ok());
+  EXPECT_EQ(reinterpret_cast<std::uintptr_t>(x->data_ptr().get()), to);
+  device.rt.LaunchKernel(current, {{to, 8192}}, {}, "reader");
+  EXPECT_EQ(device.rt.counters().races, 0u) << ::testing::PrintToString(device.rt.races());
+  EXPECT_EQ(device.rt.counters().synchronizations, syncs);
+  x.reset();
+}
+
 // The engine's storages (page-ins, replay scratch) and copies go to its device whichever device the calling thread
 // selected, and the thread's selection is left as it was.
 TEST(CudaEngineMemory, StoragesAndCopiesUseTheEnginesDeviceWhicheverTheThreadSelected) {
