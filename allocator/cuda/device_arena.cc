@@ -1,6 +1,8 @@
-// DeviceArena: see device_arena.h for the contract. About 730 lines on purpose: the stream-ordered bookkeeping below
-// (live and pending blocks, events, the single-to-multi-stream barrier) is one state under one lock; the stitching
-// provider's own logic lives in cuda_stitch_provider.cc, only its choice and statistics are here.
+// DeviceArena: see device_arena.h for the contract. About 880 lines on purpose: the stream-ordered bookkeeping below
+// (live and pending blocks, events, the single-to-multi-stream barrier, handoffs of blocks taken back in one stream's
+// order, bounce buffers freed after their events) is one state under one lock; the stitching provider's own logic
+// lives in cuda_stitch_provider.cc, only its choice and statistics are here. If it grows again, the slide (Move,
+// CopyForMoveLocked, the bounce buffers) is the part to move out, with State in an internal header.
 //
 // State under one mutex: live blocks (address -> size, requested size, stream, recorded streams), pending blocks
 // (freed, waiting for their events), the streams seen, the single-to-multi-stream barrier event, a pool of
