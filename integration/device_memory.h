@@ -12,7 +12,11 @@
 //   - NewStorage allocates through the allocator torch uses for this device now, so that a request that does not
 //     fit goes through the arena's pressure handler (the engine) and, failing that, throws c10::OutOfMemoryError.
 //   - TryAllocate never calls the pressure handler (the engine uses it while it makes room).
-//   - Copies are complete when they return (a device implementation synchronizes with the stream it copies on).
+//   - Copies to or from host memory are complete when they return (a device implementation synchronizes with the
+//     stream it copies on); a copy within the device is complete for every kernel launched after it on the current
+//     stream (stream order: the host does not wait).
+//   - pager() (optional): paging that the memory does itself, asynchronously (DevicePager below). When it is set the
+//     executor pages through it instead of copying to its host tier with CopyToHost/CopyFromHost.
 // Not thread-safe beyond what the allocator guarantees: the bridge serializes every call.
 #pragma once
 
@@ -24,10 +28,33 @@
 #include <cstdint>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "allocator/arena.h"
 #include "integration/memory_events.h"
 
 namespace remat::integration {
+
+// Asynchronous paging to a second tier the memory keeps itself (CUDA: pinned host memory, copies on a copy stream
+// ordered by events; integration/cuda/cuda_device_memory.h). "The current stream" is the stream kernels on this
+// memory are launched on now (torch's current stream). The host never waits for a copy here.
+//   PageOut(src, nbytes)  starts copying the block at `src` to a new page, after the work queued so far on the
+//       current stream (its producer). The block may be freed as soon as this returns: its memory is not reused
+//       before the copy has read it. ResourceExhausted when the tier is full; nothing is copied then.
+//   PageIn(page, dst)  starts copying the page into `dst` (a block of this memory, at least the page's size) after
+//       the work queued so far on the current stream (the block may be memory that work just freed). Returns at
+//       once; on failure the page can be paged in again.
+//   WaitForPageIn(page)  orders the current stream's later work after the page's copy in (cudaStreamWaitEvent):
+//       called before the first kernel that reads the bytes is launched.
+//   Release(page)  forgets the page; its host memory is reused once its copies have finished.
+class DevicePager {
+ public:
+  using Page = std::uint64_t;
+  virtual ~DevicePager() = default;
+  virtual absl::StatusOr<Page> PageOut(const void* src, std::size_t nbytes) = 0;
+  virtual absl::Status PageIn(Page page, void* dst) = 0;
+  virtual absl::Status WaitForPageIn(Page page) = 0;
+  virtual absl::Status Release(Page page) = 0;
+};
 
 class DeviceMemory {
  public:
@@ -63,6 +90,8 @@ class DeviceMemory {
   virtual absl::Status CopyFromHost(void* dst, const void* host, std::size_t nbytes) = 0;
   // Host code may read and write this memory directly (the CPU): paging copies need no staging buffer.
   virtual bool host_accessible() const = 0;
+  // Asynchronous paging of its own (above), or nullptr: the executor copies to its host tier instead.
+  virtual DevicePager* pager() { return nullptr; }
   // Whose memory the history (memory_events.h) files this memory's events under: kHistoryCpu (-1) for the CPU
   // arena, the device index for a CUDA device's arena.
   virtual std::int16_t history_device() const = 0;

@@ -245,6 +245,7 @@ absl::Status EngineBridge::FixEntry(Entry& entry) {
   if (!engine_->Defined(entry.root) || engine_->Paged(engine_->StorageOf(entry.root))) {
     if (absl::Status status = engine_->Rematerialize(entry.root); !status.ok()) return status;
   }
+  executor_.WillRead(*engine_, engine_->StorageOf(entry.root));  // an export reads it: after a prefetch's copy
   PinEntry(entry);
   engine_->Fix(entry.root);
   return absl::OkStatus();

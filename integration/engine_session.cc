@@ -66,6 +66,8 @@ absl::Status EnableLocked(const EngineSessionOptions& options, std::unique_ptr<D
   }
   if (on_cpu) memory = std::make_unique<CpuDeviceMemory>(InstalledCpuArena());
   bridge_options->memory = memory.get();
+  // Prefetch only where page copies overlap compute (a memory that pages itself on a copy stream: CUDA).
+  bridge_options->paging.prefetch = memory->pager() != nullptr;
   bridge_options->next = GetObserver();  // the session's tracker
   absl::StatusOr<std::unique_ptr<EngineBridge>> bridge = EngineBridge::Create(*bridge_options);
   if (!bridge.ok()) {

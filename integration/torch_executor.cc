@@ -9,6 +9,7 @@
 #include <chrono>
 #include <cstring>
 #include <exception>
+#include <optional>
 #include <utility>
 
 #include "absl/container/flat_hash_map.h"
@@ -131,6 +132,7 @@ absl::Status TorchExecutor::Deliver(Engine& engine, StorageIndex s,
 absl::Status TorchExecutor::Execute(Engine& engine, OpId op, bool replay, std::span<const std::uint32_t> fresh) {
   // The engine is not exception-safe: every torch error (an allocation that does not fit, a kernel error) becomes
   // a status here.
+  if (!deferred_error_.ok()) return std::exchange(deferred_error_, absl::OkStatus());  // a failed WillRead
   try {
     return ExecuteOrThrow(engine, op, replay, fresh);
   } catch (const c10::OutOfMemoryError& e) {
@@ -263,6 +265,7 @@ absl::Status TorchExecutor::ExecuteOrThrow(Engine& engine, OpId op, bool replay,
 
 void TorchExecutor::Evict(Engine& engine, std::uint32_t s) {
   if (s >= homes_.size()) return;
+  WillRead(engine, s);  // a prefetched block is freed only after the current stream is ordered after its copy
   // A storage the program still refers to is evicted; one it let go of is just freed (a release).
   const bool released = engine.StorageExternalRefs(s) == 0;
   if (MemoryHistoryEnabled()) {
@@ -289,8 +292,11 @@ void TorchExecutor::Evict(Engine& engine, std::uint32_t s) {
 
 absl::Status TorchExecutor::PageOut(Engine& engine, std::uint32_t s) {
   if (tier_ == nullptr) return Executor::PageOut(engine, s);
+  if (!deferred_error_.ok()) return std::exchange(deferred_error_, absl::OkStatus());
   const std::int64_t start = NowNs();
   Grow(s);
+  DevicePager* pager = memory_->pager();
+  if (absl::Status settled = SettlePageIn(s); !settled.ok()) return settled;  // a prefetch's copy comes first
   c10::intrusive_ptr<c10::StorageImpl> holder = Holder(s);
   // Its last holder died before the bridge's sweep told the engine: nothing to copy (executor.h: NotFound).
   if (!holder) return absl::NotFoundError(absl::StrCat("remat: page-out of storage ", s, ": its bytes are gone"));
@@ -306,21 +312,35 @@ absl::Status TorchExecutor::PageOut(Engine& engine, std::uint32_t s) {
     evictable = !block.ok() || block->owner != kNoOwner;
   }
   const void* bytes = holder->_mutable_data_ptr_no_checks().get();
-  std::vector<std::byte> staging;  // memory host code cannot read is copied to the host first
-  if (!memory_->host_accessible()) {
-    staging.resize(nbytes);
-    if (absl::Status copied = memory_->CopyToHost(staging.data(), bytes, nbytes); !copied.ok()) return copied;
-    bytes = staging.data();
+  std::optional<DevicePager::Page> page;
+  if (pager != nullptr) {
+    // The copy starts after the kernels queued so far (the producer); the block may go back right after.
+    absl::StatusOr<DevicePager::Page> out = pager->PageOut(bytes, nbytes);
+    if (!out.ok()) return out.status();
+    page = *out;
+  } else {
+    std::vector<std::byte> staging;  // memory host code cannot read is copied to the host first
+    if (!memory_->host_accessible()) {
+      staging.resize(nbytes);
+      if (absl::Status copied = memory_->CopyToHost(staging.data(), bytes, nbytes); !copied.ok()) return copied;
+      bytes = staging.data();
+    }
+    if (absl::Status stored = tier_->Store(s, bytes, nbytes); !stored.ok()) return stored;
   }
-  if (absl::Status stored = tier_->Store(s, bytes, nbytes); !stored.ok()) return stored;
   RecordMemoryEvent(MemoryEventKind::kPageOut, address, nbytes, s, memory_->history_device());
   const MemoryEventScope history("remat: page out", /*op=*/false);
   if (shadows_[s]) {
     shadows_[s].reset();  // frees its memory: nobody else holds a shadow
   } else if (absl::StatusOr<std::size_t> dropped = EvictStorage(*holder); !dropped.ok()) {
-    tier_->Release(s);  // nothing is lost: the storage keeps its memory
+    // Nothing is lost: the storage keeps its memory.
+    if (page) {
+      (void)pager->Release(*page);
+    } else {
+      tier_->Release(s);
+    }
     return dropped.status();
   }
+  if (page) device_pages_[s] = *page;
   paged_evictable_[s] = evictable;
   ++stats_.page_outs;
   stats_.page_out_ns += NowNs() - start;
@@ -329,9 +349,18 @@ absl::Status TorchExecutor::PageOut(Engine& engine, std::uint32_t s) {
 
 absl::Status TorchExecutor::PageIn(Engine& engine, std::uint32_t s) {
   if (tier_ == nullptr) return Executor::PageIn(engine, s);
-  // The allocation below may make room through the engine (torch errors become statuses, as in Execute).
+  return PageInStatus(engine, s, /*ahead=*/false);
+}
+
+absl::Status TorchExecutor::PageInAhead(Engine& engine, std::uint32_t s) {
+  if (tier_ == nullptr || memory_->pager() == nullptr) return PageIn(engine, s);
+  return PageInStatus(engine, s, /*ahead=*/true);
+}
+
+absl::Status TorchExecutor::PageInStatus(Engine& engine, StorageIndex s, bool ahead) {
+  // The allocation may make room through the engine (torch errors become statuses, as in Execute).
   try {
-    return PageInOrThrow(engine, s);
+    return PageInOrThrow(engine, s, ahead);
   } catch (const c10::OutOfMemoryError& e) {
     return absl::ResourceExhaustedError(e.what_without_backtrace());
   } catch (const c10::Error& e) {
@@ -339,7 +368,9 @@ absl::Status TorchExecutor::PageIn(Engine& engine, std::uint32_t s) {
   }
 }
 
-absl::Status TorchExecutor::PageInOrThrow(Engine& engine, StorageIndex s) {
+absl::Status TorchExecutor::PageInOrThrow(Engine& engine, StorageIndex s, bool ahead) {
+  if (!deferred_error_.ok()) return std::exchange(deferred_error_, absl::OkStatus());
+  if (DevicePager* pager = memory_->pager(); pager != nullptr) return PageInThroughPager(engine, s, *pager, ahead);
   const std::int64_t start = NowNs();
   if (!tier_->Holds(s)) return absl::FailedPreconditionError(absl::StrCat("remat: storage ", s, " is not paged"));
   Grow(s);
@@ -370,6 +401,66 @@ void TorchExecutor::DropPaged(Engine& engine, std::uint32_t s) {
   RecordMemoryEvent(MemoryEventKind::kDropPaged, 0, static_cast<std::uint64_t>(engine.StorageBytes(s)), s,
                     memory_->history_device());
   tier_->Release(s);
+  if (auto it = device_pages_.find(s); it != device_pages_.end()) {
+    (void)memory_->pager()->Release(it->second);  // its host memory is reused once the copy out has finished
+    device_pages_.erase(it);
+  }
+}
+
+absl::Status TorchExecutor::PageInThroughPager(Engine& engine, StorageIndex s, DevicePager& pager, bool ahead) {
+  const std::int64_t start = NowNs();
+  auto it = device_pages_.find(s);
+  if (it == device_pages_.end()) {
+    return absl::FailedPreconditionError(absl::StrCat("remat: storage ", s, " is not paged"));
+  }
+  const DevicePager::Page page = it->second;  // `it` dies here: making room below pages others out
+  Grow(s);
+  const auto nbytes = static_cast<std::size_t>(engine.StorageBytes(s));
+  const MemoryEventScope history("remat: page in", /*op=*/false);
+  c10::intrusive_ptr<c10::StorageImpl> memory = memory_->NewStorage(nbytes);  // may make room (the arena's handler)
+  void* target = memory->_mutable_data_ptr_no_checks().get();
+  // The block goes to its home first (nothing reads it before the wait below), then the copy fills it.
+  if (absl::Status delivered = Deliver(engine, s, memory, /*copy=*/false, paged_evictable_[s]); !delivered.ok()) {
+    return delivered;
+  }
+  memory.reset();
+  if (absl::Status copied = pager.PageIn(page, target); !copied.ok()) {
+    // The page is still out: drop the memory again, so that the storage is paged as the engine believes.
+    if (c10::intrusive_ptr<c10::StorageImpl> holder = Holder(s)) {
+      if (shadows_[s]) {
+        shadows_[s].reset();
+      } else {
+        (void)EvictStorage(*holder);
+      }
+    }
+    return copied;
+  }
+  device_pages_.erase(s);
+  unwaited_[s] = page;
+  if (!ahead) {
+    if (absl::Status waited = SettlePageIn(s); !waited.ok()) return waited;
+  }
+  RecordMemoryEvent(MemoryEventKind::kPageIn, engine.StorageAddress(s), nbytes, s, memory_->history_device());
+  ++stats_.page_ins;
+  stats_.page_in_ns += NowNs() - start;
+  return absl::OkStatus();
+}
+
+absl::Status TorchExecutor::SettlePageIn(StorageIndex s) {
+  if (unwaited_.empty()) return absl::OkStatus();
+  auto it = unwaited_.find(s);
+  if (it == unwaited_.end()) return absl::OkStatus();
+  const DevicePager::Page page = it->second;
+  unwaited_.erase(it);
+  DevicePager* pager = memory_->pager();
+  absl::Status waited = pager->WaitForPageIn(page);  // on the device: the host goes on
+  absl::Status released = pager->Release(page);
+  return waited.ok() ? released : waited;
+}
+
+void TorchExecutor::WillRead(Engine&, std::uint32_t s) {
+  if (unwaited_.empty()) return;
+  if (absl::Status settled = SettlePageIn(s); !settled.ok() && deferred_error_.ok()) deferred_error_ = settled;
 }
 
 bool TorchExecutor::InUse(const c10::StorageImpl* impl) const {
@@ -382,6 +473,7 @@ bool TorchExecutor::InUse(const c10::StorageImpl* impl) const {
 }
 
 absl::StatusOr<bool> TorchExecutor::Relocate(Engine& engine, std::uint32_t s, AddressRange avoid) {
+  if (absl::Status settled = SettlePageIn(s); !settled.ok()) return settled;  // the move reads the copied bytes
   if (s >= homes_.size() || shadows_[s]) return false;
   c10::intrusive_ptr<c10::StorageImpl> home = homes_[s].lock();
   if (!home || IsEvicted(*home) || !EvictableMemory(*memory_, *home) || InUse(home.get())) return false;
@@ -407,6 +499,7 @@ absl::StatusOr<bool> TorchExecutor::Relocate(Engine& engine, std::uint32_t s, Ad
 }
 
 absl::StatusOr<bool> TorchExecutor::Slide(Engine& engine, std::uint32_t s, std::uintptr_t to) {
+  if (absl::Status settled = SettlePageIn(s); !settled.ok()) return settled;  // the move reads the copied bytes
   c10::intrusive_ptr<c10::StorageImpl> holder = Holder(s);
   if (!holder || IsEvicted(*holder) || !EvictableMemory(*memory_, *holder) || InUse(holder.get())) return false;
   const MemoryEventScope history("remat: compact", /*op=*/false);
@@ -418,6 +511,15 @@ absl::StatusOr<bool> TorchExecutor::Slide(Engine& engine, std::uint32_t s, std::
 }
 
 void TorchExecutor::Clear() {
+  if (DevicePager* pager = memory_->pager(); pager != nullptr) {
+    std::vector<StorageIndex> unwaited;
+    for (const auto& [s, page] : unwaited_) unwaited.push_back(s);
+    for (StorageIndex s : unwaited) (void)SettlePageIn(s);  // what the program keeps is read after its copy
+    for (const auto& [s, page] : device_pages_) (void)pager->Release(page);
+  }
+  unwaited_.clear();
+  device_pages_.clear();
+  deferred_error_ = absl::OkStatus();
   ops_.clear();
   homes_.clear();
   shadows_.clear();
@@ -430,6 +532,13 @@ void TorchExecutor::Forget(const RecycledIds& ids) {
     homes_[s] = c10::weak_intrusive_ptr<c10::StorageImpl>(c10::intrusive_ptr<c10::StorageImpl>());
     shadows_[s].reset();
     paged_evictable_[s] = true;
+    if (DevicePager* pager = memory_->pager(); pager != nullptr) {
+      (void)SettlePageIn(s);
+      if (auto it = device_pages_.find(s); it != device_pages_.end()) {
+        (void)pager->Release(it->second);
+        device_pages_.erase(it);
+      }
+    }
   }
 }
 

@@ -30,6 +30,12 @@
 //     arena owner the block had when it was paged out (s + 1, or none for a pinned storage). Only then is the tier
 //     copy released: a failed allocation or load keeps it.
 //   DropPaged(engine, s) releases the tier copy.
+// When the device memory pages itself (DeviceMemory::pager(), CUDA: pinned host pages and a copy stream), the tier
+// holds nothing and the bytes go through the pager instead, asynchronously: PageOut starts the copy and drops the
+// memory at once (the block is reused only after the copy has read it); PageIn allocates, moves the block into the
+// home and starts the copy into it, then orders the current stream after the copy (WaitForPageIn) before it returns;
+// PageInAhead (a prefetch) leaves that wait to WillRead, called before the first op that reads the storage, or to
+// any other call that touches it (evict, page out, relocate, slide, Clear). The host never waits for a page copy.
 //
 // Memory: every allocation, copy and arena operation goes through a DeviceMemory (device_memory.h): the CPU arena by
 // default, a CUDA device's arena when the bridge runs on CUDA. With memory that host code cannot read, page copies
@@ -48,6 +54,7 @@
 #include <span>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/container/inlined_vector.h"
 #include "absl/status/status.h"
 #include "integration/cpu_device_memory.h"
@@ -135,6 +142,8 @@ class TorchExecutor final : public Executor {
   absl::Status PageOut(Engine& engine, std::uint32_t storage) override;
   absl::Status PageIn(Engine& engine, std::uint32_t storage) override;
   void DropPaged(Engine& engine, std::uint32_t storage) override;
+  absl::Status PageInAhead(Engine& engine, std::uint32_t storage) override;
+  void WillRead(Engine& engine, std::uint32_t storage) override;
 
   // The user op whose kernel runs now (the bridge sets it between BeforeOp and AfterOp), or nullptr: its storages
   // are in use even when they are not engine inputs.
@@ -159,7 +168,11 @@ class TorchExecutor final : public Executor {
   void Grow(StorageIndex s);
   absl::Status Deliver(Engine& engine, StorageIndex s, const c10::intrusive_ptr<c10::StorageImpl>& source,
                        bool copy, bool evictable = true);
-  absl::Status PageInOrThrow(Engine& engine, StorageIndex s);
+  absl::Status PageInStatus(Engine& engine, StorageIndex s, bool ahead);  // PageInOrThrow, errors as statuses
+  absl::Status PageInOrThrow(Engine& engine, StorageIndex s, bool ahead);
+  absl::Status PageInThroughPager(Engine& engine, StorageIndex s, DevicePager& pager, bool ahead);
+  // Orders the current stream after s's page-in copy if a prefetch left that wait for later, and forgets the page.
+  absl::Status SettlePageIn(StorageIndex s);
 
   CpuDeviceMemory default_memory_{nullptr};
   DeviceMemory* memory_ = &default_memory_;
@@ -172,6 +185,9 @@ class TorchExecutor final : public Executor {
   HostTier* tier_ = nullptr;
   EngineLock* lock_ = nullptr;
   std::vector<bool> paged_evictable_;  // by StorageIndex: the arena owner its block had when paged out
+  absl::flat_hash_map<StorageIndex, DevicePager::Page> device_pages_;  // paged out through the memory's pager
+  absl::flat_hash_map<StorageIndex, DevicePager::Page> unwaited_;      // prefetched: copy not waited for yet
+  absl::Status deferred_error_;  // a failed wait in WillRead (which cannot fail): the next call returns it
 };
 
 }  // namespace remat::integration

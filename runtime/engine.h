@@ -102,6 +102,11 @@ struct PagingOptions {
   // Two independent directions (PCIe is full duplex; V100 has separate copy engines each way): a page-in waits only
   // for earlier page-ins and its own page-out, not for other page-outs. Off: one FIFO link, as in the contract.
   bool duplex = false;
+  // Before each op the caller runs (BeginOp), page in up to two paged storages expected next (PageInOrder: the order
+  // the previous pass read them in, else the storage paged out last): the first of a learned order making room as
+  // an op would, the others only into free memory that leaves an eighth of the budget free. For executors whose copies overlap
+  // compute (CUDA's copy stream); off: pages come in on demand only.
+  bool prefetch = false;
 };
 
 struct EngineOptions {
@@ -441,6 +446,7 @@ class Engine final : public PressureHandler, private StorageView {
   bool UsedByRunningKernel(StorageIndex s) const;
   // Waits (advancing the clock, counting stall) until the inputs of `op` are on the device.
   void WaitForInputs(OpId op);
+  void PrefetchForNextOps();  // PagingOptions::prefetch (engine_paging.cc)
 
   std::unique_ptr<Impl> impl_;
   EngineOptions options_;

@@ -21,6 +21,7 @@
 #include "runtime/eviction_pool.h"
 #include "runtime/graph_records.h"
 #include "runtime/neighbourhood_costs.h"
+#include "runtime/page_in_order.h"
 
 namespace remat {
 namespace engine_internal {
@@ -69,6 +70,9 @@ struct Engine::Impl : GraphRecords {
   // the last Recycle.
   std::vector<StorageIndex> settled;
   std::vector<OpId> recycle_ops;
+  PageInOrder page_order;  // engine_paging.cc: what to prefetch next (runtime/page_in_order.h)
+  std::vector<bool> paged_in;  // by storage: paged in and not read since (its read teaches page_order)
+  std::vector<StorageIndex> prefetch_guard;  // prefetched, deferred until read (engine_paging.cc), oldest first
   OpId open_op = kNone;  // between BeginOp and EndOp/AbortOp
   // A new storage's slot (reused if one is free) with its record and the parts' entries reset.
   StorageIndex NewStorageSlot() {

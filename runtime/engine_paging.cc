@@ -12,6 +12,36 @@
 #include "runtime/engine_impl.h"
 
 namespace remat {
+namespace {
+
+// Prefetch (PrefetchForNextOps): how many paged storages to bring back ahead of each op, and the share of the budget
+// the ones after the first must leave free (the op's own outputs need room).
+constexpr int kPrefetchDepth = 2;
+constexpr std::int64_t kPrefetchHeadroomDivisor = 8;
+// Prefetched storages not read yet are deferred (the policy takes them only when nothing else is left), at most this
+// many at a time: a wrong guess must not hold memory for long.
+constexpr std::size_t kPrefetchGuarded = 4;
+
+PageInOrder::Key KeyOf(const GraphRecords& m, StorageIndex s) {
+  const auto& st = m.storages[s];
+  if (st.constant || st.tensors.empty()) return {0, st.size, s + 1};
+  return {m.ops[m.tensors[st.tensors[0]].op].name + 1, st.size, 0};
+}
+
+// Ends the deferral a prefetch gave `s` (it goes back into the pool when it can be chosen there). `Records` is the
+// engine's Impl (a template: the type is private to Engine).
+template <typename Records>
+void Unguard(Records& m, StorageIndex s) {
+  auto it = std::find(m.prefetch_guard.begin(), m.prefetch_guard.end(), s);
+  if (it == m.prefetch_guard.end()) return;
+  m.prefetch_guard.erase(it);
+  if (s >= m.storages.size()) return;
+  GraphRecords::Storage& st = m.storages[s];
+  st.deferred = false;  // its stale entry in deferred_list is skipped (ReleaseDeferred)
+  if (st.material && st.locks == 0 && !st.pinned && !m.InPool(s)) m.PoolAppend(s);
+}
+
+}  // namespace
 
 bool Engine::Paged(StorageIndex s) const { return impl_->storages[s].paged; }
 std::int64_t Engine::ReadyAt(StorageIndex s) const { return impl_->storages[s].ready_at; }
@@ -35,8 +65,9 @@ bool Engine::PrefersPaging(StorageIndex s) const {
 absl::Status Engine::Reclaim(StorageIndex s) {
   if (PrefersPaging(s)) {
     absl::Status paged = PageOutStorage(s);
-    if (!absl::IsNotFound(paged)) return paged;
-    // Its bytes are gone already (executor.h, PageOut): nothing to page, so it is dropped.
+    if (!absl::IsNotFound(paged) && !absl::IsResourceExhausted(paged)) return paged;
+    // Its bytes are gone already (executor.h, PageOut): nothing to page, so it is dropped. Or the second tier is
+    // fuller than the engine's count says (a pinned pool's alignment and fragmentation): it is dropped instead.
   }
   return Evict(s);
 }
@@ -66,6 +97,9 @@ absl::Status Engine::PageOutStorage(StorageIndex s) {
     m.tensors[t].defined = false;
   }
   st.has_address = false;
+  m.page_order.NotePagedOut(s, KeyOf(m, s), [&m](std::uint32_t x, PageInOrder::Key key) {
+    return x < m.storages.size() && m.storages[x].paged && KeyOf(m, x) == key;
+  });
   stats_.used_bytes -= st.size;
   stats_.host_used_bytes += st.size;
   stats_.host_peak_bytes = std::max(stats_.host_peak_bytes, stats_.host_used_bytes);
@@ -88,7 +122,7 @@ absl::StatusOr<bool> Engine::PageInStorage(StorageIndex s, bool prefetch, bool m
   }
   no_reclaim_ = !may_reclaim;
   NoteAllocation();
-  absl::Status x = executor_->PageIn(*this, s);
+  absl::Status x = prefetch ? executor_->PageInAhead(*this, s) : executor_->PageIn(*this, s);
   no_reclaim_ = false;
   if (!x.ok()) {
     if (!absl::IsResourceExhausted(x)) return x;  // the allocation's MakeRoom failed (a page-out), or the copy
@@ -98,6 +132,9 @@ absl::StatusOr<bool> Engine::PageInStorage(StorageIndex s, bool prefetch, bool m
   st.ready_at = link_.Issue(st.size, /*in=*/true, stats_.clock, st.ready_at);  // after its own page-out
   st.paged = false;
   st.material = true;
+  m.page_order.NotePagedBack();
+  if (m.paged_in.size() <= s) m.paged_in.resize(m.storages.size(), false);
+  m.paged_in[s] = true;
   m.nb.Touch(s);
   for (TensorId t : st.tensors) m.tensors[t].defined = m.tensors[t].paged_defined;
   stats_.used_bytes += st.size;
@@ -118,6 +155,7 @@ void Engine::DropPagedCopy(StorageIndex s) {
   if (!st.paged) return;
   executor_->DropPaged(*this, s);
   st.paged = false;
+  impl_->page_order.NotePagedBack();
   impl_->nb.Touch(s);
   stats_.host_used_bytes -= st.size;
 }
@@ -162,10 +200,68 @@ absl::StatusOr<int> Engine::PrefetchAhead(std::span<const TensorId> upcoming, bo
 void Engine::WaitForInputs(OpId op) {
   Impl& m = *impl_;
   std::int64_t ready = stats_.clock;
-  for (TensorId p : m.Inputs(m.ops[op])) ready = std::max(ready, m.storages[m.tensors[p].storage].ready_at);
+  const bool paging = options_.paging.mode != OffloadMode::kOff;
+  for (TensorId p : m.Inputs(m.ops[op])) {
+    const StorageIndex s = m.tensors[p].storage;
+    ready = std::max(ready, m.storages[s].ready_at);
+    if (!paging) continue;
+    executor_->WillRead(*this, s);  // the kernel is ordered after a prefetch's copy
+    if (s < m.paged_in.size() && m.paged_in[s]) {
+      if (!m.prefetch_guard.empty()) Unguard(m, s);
+      m.paged_in[s] = false;
+      m.page_order.NoteRead(KeyOf(m, s));
+    }
+  }
   if (ready > stats_.clock) {
     stats_.stall_ns += ready - stats_.clock;
     stats_.clock = ready;
+  }
+  // An op the caller runs (BeginOp, not a replay inside another op): bring back what comes next while it runs.
+  if (paging && options_.paging.prefetch && m.stack.size() == 1 && m.stack.back().t == kNone) PrefetchForNextOps();
+}
+
+void Engine::PrefetchForNextOps() {
+  Impl& m = *impl_;
+  const PagingOptions& p = options_.paging;
+  if (p.mode == OffloadMode::kOff || stats_.host_used_bytes == 0 || !p.prefetch) return;
+  auto still_paged = [&m](std::uint32_t s, PageInOrder::Key key) {
+    return s < m.storages.size() && m.storages[s].paged && !m.storages[s].dead && KeyOf(m, s) == key;
+  };
+  std::vector<std::int64_t> picks;
+  for (const PageInOrder::Key& key : m.page_order.Next(kPrefetchDepth)) {  // the previous pass's order
+    if (std::int64_t s = m.page_order.Take(key, still_paged); s >= 0) picks.push_back(s);
+  }
+  const bool learned = !picks.empty();
+  if (!learned) {  // nothing known: the storage paged out last, into free memory only
+    if (std::int64_t s = m.page_order.TakeMostRecent(still_paged); s >= 0) picks.push_back(s);
+  }
+  // The first one of a learned order may make room as the op would (the policy's victims: the op's inputs are
+  // locked); the others only take memory nobody needs, leaving some of the budget free for the op's outputs.
+  const std::int64_t headroom = options_.budget / kPrefetchHeadroomDivisor;
+  bool first = learned;
+  for (const std::int64_t s : picks) {
+    const Impl::Storage& st = m.storages[s];
+    if (!st.paged) continue;
+    if (!first) {
+      if (stats_.used_bytes + st.size > options_.budget - headroom) break;
+      if (options_.mode == AccountingMode::kArena && options_.arena != nullptr &&
+          options_.arena->Stats().largest_free_block < static_cast<std::size_t>(st.size + headroom)) {
+        break;
+      }
+    }
+    absl::StatusOr<bool> in = PageInStorage(static_cast<StorageIndex>(s), /*prefetch=*/true, /*may_reclaim=*/first);
+    if (in.ok() && *in && !m.storages[s].deferred) {
+      Impl::Storage& prefetched = m.storages[s];
+      prefetched.deferred = true;
+      if (m.InPool(s)) {
+        m.PoolRemove(s);
+        m.PoolAppend(s);  // into deferred_list
+      }
+      m.prefetch_guard.push_back(static_cast<StorageIndex>(s));
+      if (m.prefetch_guard.size() > kPrefetchGuarded) Unguard(m, m.prefetch_guard.front());
+    }
+    first = false;
+    if (!in.ok() || !*in) break;  // a prefetch that cannot happen is no error: the op pages in on demand
   }
 }
 

@@ -26,6 +26,11 @@
 //         be made; the host copy must then be kept.
 //       DropPaged(engine, s): the host copy of paged s is no longer needed (s was recomputed, or its last
 //         reference died); release it.
+//       PageInAhead(engine, s): PageIn for a prefetch (Engine::Prefetch, PrefetchAhead): the copy may still be
+//         running when it returns, and nothing reads s until the engine calls WillRead(engine, s) (default: PageIn).
+//       WillRead(engine, s): an op (or replay) that reads resident s is about to run: order it after s's page-in
+//         copy if one may still be running (default: nothing). Called for every input of every op while paging is
+//         on, so it must be cheap when there is nothing to wait for.
 //     The defaults of PageOut and PageIn return Unimplemented: an executor that cannot page never loses data, and
 //     an engine configured to page with it fails its call loudly instead.
 //   - Relocate(engine, s, avoid) (arena mode, EngineOptions::relocate): move storage s's bytes to a free block of
@@ -62,6 +67,8 @@ class Executor {
   virtual absl::Status PageOut(Engine& engine, std::uint32_t storage);
   virtual absl::Status PageIn(Engine& engine, std::uint32_t storage);
   virtual void DropPaged(Engine& engine, std::uint32_t storage);
+  virtual absl::Status PageInAhead(Engine& engine, std::uint32_t storage) { return PageIn(engine, storage); }
+  virtual void WillRead(Engine&, std::uint32_t) {}
   struct AddressRange {
     std::uintptr_t begin = 0;
     std::uintptr_t end = 0;  // exclusive

@@ -1,6 +1,8 @@
-// DeviceArena: see device_arena.h for the contract. About 730 lines on purpose: the stream-ordered bookkeeping below
-// (live and pending blocks, events, the single-to-multi-stream barrier) is one state under one lock; the stitching
-// provider's own logic lives in cuda_stitch_provider.cc, only its choice and statistics are here.
+// DeviceArena: see device_arena.h for the contract. About 880 lines on purpose: the stream-ordered bookkeeping below
+// (live and pending blocks, events, the single-to-multi-stream barrier, handoffs of blocks taken back in one stream's
+// order, bounce buffers freed after their events) is one state under one lock; the stitching provider's own logic
+// lives in cuda_stitch_provider.cc, only its choice and statistics are here. If it grows again, the slide (Move,
+// CopyForMoveLocked, the bounce buffers) is the part to move out, with State in an internal header.
 //
 // State under one mutex: live blocks (address -> size, requested size, stream, recorded streams), pending blocks
 // (freed, waiting for their events), the streams seen, the single-to-multi-stream barrier event, a pool of
@@ -50,7 +52,18 @@ struct PendingBlock {
   std::uintptr_t address = 0;
   std::size_t size = 0;
   std::vector<cudaEvent_t> events;
+  std::vector<cudaStream_t> streams;  // per event: the stream it was recorded on
 };
+
+// Blocks handed back to the arena in the order of one stream (ReclaimForStreamLocked): that stream waited for their
+// events on the device; any other stream that allocates waits for `event`, recorded on it after those waits.
+struct Handoff {
+  cudaStream_t stream = nullptr;
+  cudaEvent_t event = nullptr;
+};
+
+// The stream the calling thread's Allocate is for, while the arena may call MakeRoom (nullptr outside Allocate).
+thread_local const cudaStream_t* t_allocating_stream = nullptr;
 
 }  // namespace
 
@@ -85,6 +98,8 @@ struct DeviceArena::State {
   bool multi_stream = false;
   cudaEvent_t barrier = nullptr;                     // recorded on the first stream at the switch
   std::vector<cudaEvent_t> free_events;
+  std::vector<Handoff> handoffs;
+  std::vector<std::pair<void*, cudaEvent_t>> bounce_frees;  // pinned bounce buffers freed once their event completes
   std::atomic<PressureHandler*> handler{nullptr};
   DeviceArenaStats stats;                            // counters only; the rest is filled in by Stats()
   std::uint64_t retired_pressure = 0;                // pressure_allocations of arenas already released
@@ -97,6 +112,8 @@ struct DeviceArena::State {
     (void)ReclaimLocked(/*synchronize=*/true);
     ScopedDevice device(runtime, options.device);
     if (barrier != nullptr) (void)runtime->EventDestroy(barrier);
+    for (const Handoff& handoff : handoffs) (void)runtime->EventDestroy(handoff.event);
+    (void)FreeBouncesLocked(/*synchronize=*/true);
     for (cudaEvent_t event : free_events) (void)runtime->EventDestroy(event);
     arena.reset();  // releases the segment (tensors still pointing into it are the caller's bug)
   }
@@ -301,12 +318,21 @@ struct DeviceArena::State {
       }
       done += chunk;
     }
-    if (copied.ok()) copied = runtime->StreamSynchronize(stream);
+    // The range the block left goes back to the arena now: in one stream's mode stream order protects it; with
+    // several streams, the others wait for the copies on the device (a handoff) before they may reuse it.
+    if (copied.ok() && multi_stream) copied = HandOffLocked(stream);
     if (host != nullptr) {
-      // The stream is synchronized unless a copy failed; then wait before the buffer goes.
-      if (!copied.ok()) (void)runtime->StreamSynchronize(stream);
-      const absl::Status freed = runtime->HostFreePinned(host);
-      if (copied.ok()) copied = freed;
+      // The bounce buffer goes once the copies through it have run (an event), or at once after a failed copy.
+      absl::StatusOr<cudaEvent_t> event = copied.ok() ? TakeEventLocked() : absl::StatusOr<cudaEvent_t>(copied);
+      absl::Status recorded = event.ok() ? runtime->EventRecord(*event, stream) : event.status();
+      if (recorded.ok()) {
+        bounce_frees.emplace_back(host, *event);
+      } else {
+        if (event.ok()) free_events.push_back(*event);
+        (void)runtime->StreamSynchronize(stream);
+        const absl::Status freed = runtime->HostFreePinned(host);
+        if (copied.ok()) copied = freed;
+      }
     }
     return copied;
   }
@@ -327,6 +353,13 @@ struct DeviceArena::State {
     }
     ReleaseArenaLocked();
     return absl::OkStatus();
+  }
+
+  // A pending block whose uses are over (or ordered before the next user): back to the arena, its events reusable.
+  void ReturnPendingLocked(const PendingBlock& block) {
+    for (cudaEvent_t event : block.events) free_events.push_back(event);
+    ReturnToArenaLocked(block.address, block.size);
+    pending_bytes -= block.size;
   }
 
   absl::StatusOr<std::size_t> ReclaimLocked(bool synchronize) {
@@ -358,14 +391,109 @@ struct DeviceArena::State {
         still.push_back(std::move(block));
         continue;
       }
-      for (cudaEvent_t event : block.events) free_events.push_back(event);
-      ReturnToArenaLocked(block.address, block.size);
-      pending_bytes -= block.size;
+      ReturnPendingLocked(block);
       ++reclaimed;
     }
     pending = std::move(still);
     if (reclaimed == 0 && !first_error.ok()) return first_error;
     return reclaimed;
+  }
+
+  // Every pending block back to the arena for an allocation on `stream`, without the host waiting: `stream` waits
+  // (cudaStreamWaitEvent) for each event recorded on another stream; events on `stream` itself are behind it in
+  // stream order already. Other streams that allocate afterwards wait for a handoff event (OrderAfterHandoffsLocked).
+  absl::StatusOr<std::size_t> ReclaimForStreamLocked(cudaStream_t stream) {
+    if (pending.empty()) return std::size_t{0};
+    ScopedDevice device(runtime, options.device);
+    if (!device.status().ok()) return device.status();
+    std::size_t reclaimed = 0;
+    absl::Status error;
+    std::vector<PendingBlock> still;
+    for (PendingBlock& block : pending) {
+      absl::Status status;
+      for (std::size_t i = 0; i < block.events.size() && status.ok(); ++i) {
+        if (block.streams[i] != stream) status = runtime->StreamWaitEvent(stream, block.events[i]);
+      }
+      if (!status.ok()) {
+        if (error.ok()) error = status;
+        still.push_back(std::move(block));
+        continue;
+      }
+      ReturnPendingLocked(block);
+      ++reclaimed;
+    }
+    pending = std::move(still);
+    if (reclaimed > 0) {
+      ++stats.stream_ordered_reclaims;
+      (void)HandOffLocked(stream);
+    }
+    if (reclaimed == 0 && !error.ok()) return error;
+    return reclaimed;
+  }
+
+  // Frees the bounce buffers whose copies have run (with `synchronize`, waits for all of them first).
+  absl::Status FreeBouncesLocked(bool synchronize) {
+    absl::Status status;
+    std::vector<std::pair<void*, cudaEvent_t>> still;
+    for (const auto& [host, event] : bounce_frees) {
+      bool done = true;
+      if (synchronize) {
+        (void)runtime->EventSynchronize(event);
+      } else {
+        absl::StatusOr<bool> query = runtime->EventQuery(event);
+        done = query.ok() && *query;
+      }
+      if (!done) {
+        still.emplace_back(host, event);
+        continue;
+      }
+      free_events.push_back(event);
+      if (absl::Status freed = runtime->HostFreePinned(host); !freed.ok() && status.ok()) status = freed;
+    }
+    bounce_frees = std::move(still);
+    return status;
+  }
+
+  // Memory given back to the arena in `stream`'s order: other streams that allocate wait for what `stream` queued so
+  // far (OrderAfterHandoffsLocked). Without an event the host waits for `stream` instead.
+  absl::Status HandOffLocked(cudaStream_t stream) {
+    absl::StatusOr<cudaEvent_t> event = TakeEventLocked();
+    absl::Status recorded = event.ok() ? runtime->EventRecord(*event, stream) : event.status();
+    if (recorded.ok()) {
+      handoffs.push_back(Handoff{stream, *event});
+      return absl::OkStatus();
+    }
+    if (event.ok()) free_events.push_back(*event);
+    ++stats.synchronizations;
+    return runtime->StreamSynchronize(stream);
+  }
+
+  // An allocation on `stream` may get a block another stream took back in its own order: `stream` waits for those
+  // handoffs first (on the device). Completed handoffs are dropped.
+  absl::Status OrderAfterHandoffsLocked(cudaStream_t stream) {
+    if (handoffs.empty()) return absl::OkStatus();
+    ScopedDevice device(runtime, options.device);
+    if (!device.status().ok()) return device.status();
+    std::vector<Handoff> still;
+    absl::Status status;
+    for (const Handoff& handoff : handoffs) {
+      absl::StatusOr<bool> done = runtime->EventQuery(handoff.event);
+      if (done.ok() && *done) {
+        free_events.push_back(handoff.event);
+        continue;
+      }
+      still.push_back(handoff);
+      if (handoff.stream != stream && status.ok()) status = runtime->StreamWaitEvent(stream, handoff.event);
+    }
+    handoffs = std::move(still);
+    return status;
+  }
+
+  // Pending blocks back to the arena under pressure: in the allocating stream's order when the caller is Allocate
+  // (no host wait), else by waiting for their events on the host.
+  absl::StatusOr<std::size_t> ReclaimUnderPressureLocked() {
+    if (t_allocating_stream != nullptr) return ReclaimForStreamLocked(*t_allocating_stream);
+    return ReclaimLocked(/*synchronize=*/true);
   }
 
   // A failed synchronization (an event that cannot be waited on) or the user handler's error is no lack of memory:
@@ -375,16 +503,16 @@ struct DeviceArena::State {
       std::lock_guard<std::mutex> lock(mu);
       absl::StatusOr<std::size_t> completed = ReclaimLocked(/*synchronize=*/false);
       if (completed.ok() && *completed > 0) return true;
-      absl::StatusOr<std::size_t> waited = ReclaimLocked(/*synchronize=*/true);
+      absl::StatusOr<std::size_t> waited = ReclaimUnderPressureLocked();
       if (!waited.ok()) return waited.status();
       if (*waited > 0) return true;
     }
     PressureHandler* user = handler.load(std::memory_order_acquire);
     if (user == nullptr) return false;
     const absl::StatusOr<bool> evicted = user->MakeRoom(target, bytes);
-    // Frees made by the handler in multi-stream mode are pending: wait for them so the arena sees them.
+    // Frees made by the handler in multi-stream mode are pending: take them back so the arena sees them.
     std::lock_guard<std::mutex> lock(mu);
-    absl::StatusOr<std::size_t> after = ReclaimLocked(/*synchronize=*/true);
+    absl::StatusOr<std::size_t> after = ReclaimUnderPressureLocked();
     if (!evicted.ok()) return evicted;
     if (!after.ok()) return after.status();
     return *evicted || *after > 0;
@@ -444,6 +572,7 @@ absl::StatusOr<std::uintptr_t> DeviceArena::Allocate(std::size_t bytes, cudaStre
   {
     std::lock_guard<std::mutex> lock(s.mu);
     absl::Status status = s.NoteStreamLocked(stream);
+    if (status.ok()) status = s.OrderAfterHandoffsLocked(stream);
     if (!status.ok()) return status;
     status = s.EnsureArenaLocked();
     if (!status.ok()) {
@@ -451,11 +580,16 @@ absl::StatusOr<std::uintptr_t> DeviceArena::Allocate(std::size_t bytes, cudaStre
       return status;
     }
     (void)s.ReclaimLocked(/*synchronize=*/false);
+    if (!s.bounce_frees.empty()) (void)s.FreeBouncesLocked(/*synchronize=*/false);
     arena = s.arena;
     ++s.inflight;
   }
+  const cudaStream_t* outer = std::exchange(t_allocating_stream, &stream);  // the pressure path reclaims for it
   absl::StatusOr<std::uintptr_t> address = arena->Allocate(bytes, kNoOwner, placement);
+  t_allocating_stream = outer;
   std::lock_guard<std::mutex> lock(s.mu);
+  // Blocks another stream took back while this one made room: wait for them too (this block may be one).
+  if (address.ok() && !s.handoffs.empty()) (void)s.OrderAfterHandoffsLocked(stream);
   --s.inflight;
   if (!address.ok()) {
     // Making room failed for another reason than memory (a page-out that could not be written): that error.
@@ -484,7 +618,7 @@ absl::Status DeviceArena::Free(std::uintptr_t address) {
     s.ReturnToArenaLocked(address, block.size);
     return absl::OkStatus();
   }
-  PendingBlock pending{address, block.size, {}};
+  PendingBlock pending{address, block.size, {}, {}};
   ScopedDevice device(s.runtime, s.options.device);
   absl::Status status = device.status();
   block.uses.push_back(block.stream);
@@ -498,6 +632,7 @@ absl::Status DeviceArena::Free(std::uintptr_t address) {
     status = s.runtime->EventRecord(*event, stream);
     if (status.ok()) {
       pending.events.push_back(*event);
+      pending.streams.push_back(stream);
     } else {
       s.free_events.push_back(*event);
     }
@@ -571,6 +706,7 @@ absl::Status DeviceArena::EmptyCache() {
   std::lock_guard<std::mutex> lock(s.mu);
   absl::StatusOr<std::size_t> reclaimed = s.ReclaimLocked(/*synchronize=*/true);
   if (!reclaimed.ok()) return reclaimed.status();
+  if (absl::Status freed = s.FreeBouncesLocked(/*synchronize=*/true); !freed.ok()) return freed;
   const bool attached = s.handler.load(std::memory_order_acquire) != nullptr;
   if (s.live.empty() && s.pending.empty() && s.inflight == 0 && !attached) s.ReleaseArenaLocked();
   return absl::OkStatus();
@@ -581,8 +717,10 @@ absl::StatusOr<std::uintptr_t> DeviceArena::TryAllocate(std::size_t bytes, cudaS
   State& s = *state_;
   std::lock_guard<std::mutex> lock(s.mu);
   if (absl::Status status = s.NoteStreamLocked(stream); !status.ok()) return status;
+  if (absl::Status status = s.OrderAfterHandoffsLocked(stream); !status.ok()) return status;
   if (absl::Status status = s.EnsureArenaLocked(); !status.ok()) return status;
   (void)s.ReclaimLocked(/*synchronize=*/false);
+  if (!s.bounce_frees.empty()) (void)s.FreeBouncesLocked(/*synchronize=*/false);
   absl::StatusOr<std::uintptr_t> address = s.arena->TryAllocate(bytes, kNoOwner, placement);
   if (!address.ok()) return address.status();
   s.AddLiveLocked(*s.arena, *address, bytes, stream);
@@ -731,6 +869,7 @@ void DeviceArena::ResetAccumulated() {
   }
   st.ooms = 0;
   st.synchronizations = 0;
+  st.stream_ordered_reclaims = 0;
   st.device_mallocs = 0;
   st.device_frees = 0;
 }

@@ -14,8 +14,13 @@
 // still be running. At that switch an event recorded on the first stream is made a dependency of every newly
 // seen stream until it completes, which covers blocks freed earlier without events. Pending blocks return to the
 // arena when an allocation finds their events complete; under pressure the allocator first takes back completed
-// ones, then waits for the rest (EventSynchronize), then asks the pressure handler (the runtime) to evict, then
-// fails.
+// ones, then takes back the rest in the allocating stream's order, then asks the pressure handler (the runtime) to
+// evict (and takes back what that freed the same way), then fails. "In the stream's order" means without the host
+// waiting, as cudaMallocAsync pools reuse memory: the allocating stream waits on the device (cudaStreamWaitEvent)
+// for each pending event recorded on another stream (a page-out's copy, say), and then records a handoff event that
+// every other stream allocating afterwards waits for while it has not completed, since it may get one of those
+// blocks. The host waits (EventSynchronize) only in EmptyCache, SetBudget and when the pressure comes from outside
+// Allocate.
 //
 // Errors are values: Allocate fails with ResourceExhausted naming the device, the request, the budget, what is
 // allocated and pending, the free bytes and the largest hole. Freeing an address that is not a live block is
@@ -83,7 +88,8 @@ struct DeviceArenaStats {
   std::size_t largest_free_block = 0;
   std::int64_t pressure_allocations = 0;  // allocations that needed the pressure path (num_alloc_retries)
   std::int64_t ooms = 0;
-  std::int64_t synchronizations = 0;      // waits for pending events (under pressure or EmptyCache)
+  std::int64_t synchronizations = 0;      // host waits for pending events (EmptyCache, or pressure outside Allocate)
+  std::int64_t stream_ordered_reclaims = 0;  // pressure that took pending blocks back in the allocating stream's order
   std::int64_t device_mallocs = 0;
   std::int64_t device_frees = 0;
   std::int64_t move_bounces = 0;          // slides whose bytes went through pinned host memory (Move)
@@ -115,8 +121,9 @@ class DeviceArena {
                                              Placement placement = Placement::kLow);
   // Slides the live block at `from` to `to` inside the range it would free (Arena::Move) and moves its bytes with
   // device-to-device copies on the block's stream (in chunks no longer than the distance, so that overlapping
-  // ranges copy correctly), waiting for them; a slide that would take 64 or more such copies bounces its bytes
-  // through pinned host memory instead (chunks of up to 64 MiB). FailedPrecondition for a block other streams use (record_stream);
+  // ranges copy correctly), left to stream order (other streams allocating afterwards wait for them on the device,
+  // a handoff); a slide that would take 64 or more such copies bounces its bytes through pinned host memory instead
+  // (chunks of up to 64 MiB), and the host waits for those. FailedPrecondition for a block other streams use (record_stream);
   // the arena's InvalidArgument when `to` is out of range (nothing changes then). DataLoss when a copy fails: the
   // block lives at `to` from then on, but its bytes are not all there.
   absl::Status Move(std::uintptr_t from, std::uintptr_t to);

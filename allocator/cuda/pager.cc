@@ -140,34 +140,51 @@ absl::StatusOr<std::uintptr_t> CudaPager::PageIn(PageId id, cudaStream_t consume
   // Outside our lock: the device arena may call the runtime's pressure handler, which may page out.
   absl::StatusOr<std::uintptr_t> address = s.device->Allocate(bytes, consumer, placement);
   if (!address.ok()) return address.status();
-  std::lock_guard<std::mutex> lock(s.mu);
-  auto it = s.pages.find(id);
-  if (it == s.pages.end() || it->second.state != PageState::kOut) {
-    (void)s.device->Free(*address);
-    return absl::FailedPreconditionError(absl::StrCat("remat: page ", id, " changed while paging it in"));
-  }
-  Page& page = it->second;
-  ScopedDevice device(s.runtime, s.device->device());
-  absl::Status status = device.status();
-  if (status.ok()) status = s.CopyWaitsFor(consumer);
-  if (status.ok()) {
-    // Copy-out of this page ran earlier on the same stream: stream order covers it.
-    status = s.runtime->MemcpyAsync(reinterpret_cast<void*>(*address), reinterpret_cast<const void*>(page.host),
-                                    bytes, CopyKind::kHostToDevice, s.copy);
-  }
-  if (status.ok()) status = s.runtime->EventRecord(page.copied, s.copy);
+  absl::Status status = PageInto(id, *address, consumer);
+  // The caller may free the block before waiting for the page: it is not reused before the copy has written it.
   if (status.ok()) status = s.device->RecordStream(*address, s.copy);
   if (!status.ok()) {
     (void)s.runtime->StreamSynchronize(s.copy);
     (void)s.device->Free(*address);
     return status;
   }
+  return *address;
+}
+
+absl::Status CudaPager::PageInto(PageId id, std::uintptr_t address, cudaStream_t consumer) {
+  State& s = *state_;
+  std::lock_guard<std::mutex> lock(s.mu);
+  auto it = s.pages.find(id);
+  if (it == s.pages.end()) return absl::NotFoundError(absl::StrCat("remat: no page ", id));
+  if (it->second.state != PageState::kOut) {
+    return absl::FailedPreconditionError(absl::StrCat("remat: page ", id, " is already paged in"));
+  }
+  Page& page = it->second;
+  const std::size_t bytes = page.bytes;
+  absl::StatusOr<std::size_t> block = s.device->BlockSize(address);
+  if (!block.ok() || *block < bytes) {
+    return absl::InvalidArgumentError(absl::StrCat("remat: page-in of ", bytes, " bytes into ", absl::Hex(address),
+                                                   ", which is not a live device block that large"));
+  }
+  ScopedDevice device(s.runtime, s.device->device());
+  absl::Status status = device.status();
+  // The block may be memory that work queued on `consumer` just freed: the copy starts after that work.
+  if (status.ok()) status = s.CopyWaitsFor(consumer);
+  if (status.ok()) {
+    // Copy-out of this page ran earlier on the same stream: stream order covers it.
+    status = s.runtime->MemcpyAsync(reinterpret_cast<void*>(address), reinterpret_cast<const void*>(page.host),
+                                    bytes, CopyKind::kHostToDevice, s.copy);
+  }
+  if (status.ok()) status = s.runtime->EventRecord(page.copied, s.copy);
+  if (!status.ok()) {
+    (void)s.runtime->StreamSynchronize(s.copy);  // nothing may still write the block the caller gets back
+    return status;
+  }
   page.state = PageState::kIn;
   status = s.FreeHostAfterCopies(page);
   ++s.stats.pages_in;
   s.stats.bytes_in += bytes;
-  if (!status.ok()) return status;
-  return *address;
+  return status;
 }
 
 absl::Status CudaPager::WaitForPage(PageId id, cudaStream_t stream) {

@@ -9,6 +9,9 @@
 //   PageIn(page, consumer)  allocates a device block for use on `consumer`, and copies the page back on the copy
 //       stream after the work queued on `consumer` so far (the new block may be memory that work just freed).
 //       Returns the address at once; the copy runs asynchronously.
+//   PageInto(page, address, consumer)  the same copy into a live device block the caller allocated for `consumer`
+//       (at least the page's size), e.g. one that a torch storage already owns. The copy stream is not recorded as a
+//       user of that block: the caller makes `consumer` wait for the page (WaitForPage) before it uses or frees it.
 //   WaitForPage(page, stream)  makes `stream` wait for that page's copy-in only (cudaStreamWaitEvent): an op
 //       calls it for each paged-in input before it is launched, and is not held up by other pages still copying.
 //   Release(page)  forgets the page; its host block returns to the pool once the copies that use it finish.
@@ -50,6 +53,7 @@ class CudaPager {
 
   absl::StatusOr<PageId> PageOut(std::uintptr_t address, std::size_t bytes, cudaStream_t producer);
   absl::StatusOr<std::uintptr_t> PageIn(PageId page, cudaStream_t consumer, Placement placement = Placement::kLow);
+  absl::Status PageInto(PageId page, std::uintptr_t address, cudaStream_t consumer);
   absl::Status WaitForPage(PageId page, cudaStream_t stream);
   // True once the page's last copy (out, or in after PageIn) has finished.
   absl::StatusOr<bool> CopyDone(PageId page);

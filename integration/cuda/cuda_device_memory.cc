@@ -4,6 +4,7 @@
 #include <c10/util/Exception.h>
 
 #include <cstring>
+#include <limits>
 #include <string>
 #include <utility>
 
@@ -49,6 +50,8 @@ CudaDeviceMemory::CudaDeviceMemory(RematCudaAllocator* allocator, c10::DeviceInd
       tensor_device_(tensor_device) {}
 
 CudaDeviceMemory::~CudaDeviceMemory() {
+  own_pager_.reset();  // waits for its copy stream; before the pool its pages live in
+  own_pool_.reset();
   if (staging_ != nullptr) (void)allocator_->runtime()->HostFreePinned(staging_);
 }
 
@@ -94,6 +97,17 @@ absl::Status CudaDeviceMemory::Slide(c10::StorageImpl& storage, std::uintptr_t t
     RecordMemoryEvent(MemoryEventKind::kMove, from, allocator_->Device(device_).BlockSize(to).value_or(0), to,
                       device_);
   }
+  // The copies ran on the block's stream; kernels on the current stream read it next: order them after the copies.
+  cuda::CudaRuntime* runtime = allocator_->runtime();
+  if (absl::StatusOr<cudaStream_t> owner = allocator_->Device(device_).BlockStream(to);
+      owner.ok() && *owner != allocator_->CurrentStream(device_)) {
+    const cuda::ScopedDevice scoped(runtime, device_);
+    absl::StatusOr<cudaEvent_t> event = runtime->EventCreate();
+    absl::Status waited = event.ok() ? runtime->EventRecord(*event, *owner) : event.status();
+    if (waited.ok()) waited = runtime->StreamWaitEvent(allocator_->CurrentStream(device_), *event);
+    if (event.ok()) (void)runtime->EventDestroy(*event);
+    if (!waited.ok()) (void)runtime->StreamSynchronize(*owner);  // no event: the host waits instead
+  }
   // The block now lives at `to` (with its bytes, unless DataLoss): the old DataPtr must not free anything.
   void* pointer = reinterpret_cast<void*>(to);
   c10::DataPtr old = storage.set_data_ptr(c10::DataPtr(pointer, pointer, allocator_->raw_deleter(), data.device()));
@@ -115,7 +129,8 @@ absl::Status CudaDeviceMemory::CopyAndWait(void* dst, const void* src, std::size
   const cuda::ScopedDevice scoped(runtime, device_);
   if (!scoped.status().ok()) return scoped.status();
   const cudaStream_t stream = allocator_->CurrentStream(device_);
-  // A device block another stream made (or last wrote) is read or overwritten only once that stream's work is done.
+  // A device block another stream made (or last wrote) is read or overwritten only once that stream's work is done:
+  // the current stream waits for it on the device (an event), the host does not.
   cuda::DeviceArena& device_arena = allocator_->Device(device_);
   const bool src_on_device = kind == cuda::CopyKind::kDeviceToHost || kind == cuda::CopyKind::kDeviceToDevice;
   const bool dst_on_device = kind == cuda::CopyKind::kHostToDevice || kind == cuda::CopyKind::kDeviceToDevice;
@@ -123,9 +138,17 @@ absl::Status CudaDeviceMemory::CopyAndWait(void* dst, const void* src, std::size
     if (!on_device) continue;
     absl::StatusOr<cudaStream_t> owner = device_arena.BlockStream(reinterpret_cast<std::uintptr_t>(pointer));
     if (!owner.ok() || *owner == stream) continue;
-    if (absl::Status waited = runtime->StreamSynchronize(*owner); !waited.ok()) return waited;
+    absl::StatusOr<cudaEvent_t> event = runtime->EventCreate();
+    if (!event.ok()) return event.status();
+    absl::Status waited = runtime->EventRecord(*event, *owner);
+    if (waited.ok()) waited = runtime->StreamWaitEvent(stream, *event);
+    (void)runtime->EventDestroy(*event);  // legal with the wait pending, as in CUDA
+    if (!waited.ok()) return waited;
   }
   if (absl::Status copied = runtime->MemcpyAsync(dst, src, nbytes, kind, stream); !copied.ok()) return copied;
+  // Between two device blocks, stream order is enough: whatever reads `dst` next runs on this stream or waits for
+  // it. Host memory is read or reused by the host as soon as this returns: wait for the copy.
+  if (kind == cuda::CopyKind::kDeviceToDevice) return absl::OkStatus();
   return runtime->StreamSynchronize(stream);
 }
 
@@ -163,6 +186,49 @@ absl::Status CudaDeviceMemory::CopyFromHost(void* dst, const void* host, std::si
   if (absl::Status staged = EnsureStaging(nbytes); !staged.ok()) return staged;
   std::memcpy(staging_, host, nbytes);
   return CopyAndWait(dst, staging_, nbytes, cuda::CopyKind::kHostToDevice);
+}
+
+// ---- asynchronous paging (DevicePager) --------------------------------------------------------------------------
+
+absl::StatusOr<cuda::CudaPager*> CudaDeviceMemory::Pager() {
+  if (pager_ != nullptr) return pager_;
+  absl::StatusOr<cuda::CudaPager*> shared = allocator_->Pager(device_);
+  if (shared.ok()) return pager_ = *shared;
+  if (!absl::IsFailedPrecondition(shared.status())) return shared.status();
+  // No host budget on the allocator: a pool of our own, bounded by the engine's host budget instead.
+  absl::StatusOr<std::unique_ptr<cuda::PinnedHostPool>> pool =
+      cuda::PinnedHostPool::Create(allocator_->runtime(), std::numeric_limits<std::size_t>::max() / 2);
+  if (!pool.ok()) return pool.status();
+  absl::StatusOr<std::unique_ptr<cuda::CudaPager>> pager =
+      cuda::CudaPager::Create(allocator_->runtime(), &allocator_->Device(device_), pool->get());
+  if (!pager.ok()) return pager.status();
+  own_pool_ = std::move(*pool);
+  own_pager_ = std::move(*pager);
+  return pager_ = own_pager_.get();
+}
+
+absl::StatusOr<DevicePager::Page> CudaDeviceMemory::PageOut(const void* src, std::size_t nbytes) {
+  absl::StatusOr<cuda::CudaPager*> pager = Pager();
+  if (!pager.ok()) return pager.status();
+  return (*pager)->PageOut(reinterpret_cast<std::uintptr_t>(src), nbytes, allocator_->CurrentStream(device_));
+}
+
+absl::Status CudaDeviceMemory::PageIn(Page page, void* dst) {
+  absl::StatusOr<cuda::CudaPager*> pager = Pager();
+  if (!pager.ok()) return pager.status();
+  return (*pager)->PageInto(page, reinterpret_cast<std::uintptr_t>(dst), allocator_->CurrentStream(device_));
+}
+
+absl::Status CudaDeviceMemory::WaitForPageIn(Page page) {
+  absl::StatusOr<cuda::CudaPager*> pager = Pager();
+  if (!pager.ok()) return pager.status();
+  return (*pager)->WaitForPage(page, allocator_->CurrentStream(device_));
+}
+
+absl::Status CudaDeviceMemory::Release(Page page) {
+  absl::StatusOr<cuda::CudaPager*> pager = Pager();
+  if (!pager.ok()) return pager.status();
+  return (*pager)->Release(page);
 }
 
 }  // namespace remat::integration

@@ -8,13 +8,16 @@
 #include "integration/cuda/cuda_device_memory.h"
 
 #include <ATen/core/Tensor.h>
+#include <ATen/record_function.h>
 #include <ATen/ops/cat.h>
 #include <ATen/ops/div.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/equal.h>
+#include <ATen/ops/mm.h>
 #include <ATen/ops/mul.h>
 #include <ATen/ops/randn.h>
 #include <ATen/ops/sin.h>
+#include <ATen/ops/sum.h>
 #include <ATen/ops/tanh.h>
 #include <c10/core/CPUAllocator.h>
 #include <c10/util/Exception.h>
@@ -22,6 +25,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
 #include <memory>
 #include <string>
@@ -252,6 +256,31 @@ TEST(CudaEngineMemory, PageCopiesWaitForTheStreamThatMadeTheBlock) {
   device.cuda->Free(block);
 }
 
+// A slide copies on the block's own stream; the kernels that read the block next run on the current stream, which
+// must be ordered after those copies (the double's ordering model), without the host waiting.
+TEST(CudaEngineMemory, TheCurrentStreamIsOrderedAfterASlidesCopiesOnTheBlocksStream) {
+  FakeDevice device(512 * kKiB);
+  absl::StatusOr<std::unique_ptr<CudaDeviceMemory>> memory =
+      CudaDeviceMemory::Create(device.cuda.get(), 0, device.host.get(), c10::DeviceType::CPU);
+  ASSERT_TRUE(memory.ok()) << memory.status();
+  const cudaStream_t made_on = *device.rt.StreamCreate();
+  const cudaStream_t current = *device.rt.StreamCreate();
+  device.current = made_on;
+  c10::intrusive_ptr<c10::StorageImpl> hole = (*memory)->NewStorage(4096);
+  c10::intrusive_ptr<c10::StorageImpl> x = (*memory)->NewStorage(8192);
+  const auto to = reinterpret_cast<std::uintptr_t>(hole->data_ptr().get());
+  ASSERT_EQ(reinterpret_cast<std::uintptr_t>(x->data_ptr().get()), to + 4096);
+  hole.reset();
+  device.current = current;
+  const std::uint64_t syncs = device.rt.counters().synchronizations;
+  ASSERT_TRUE((*memory)->Slide(*x, to).ok());
+  EXPECT_EQ(reinterpret_cast<std::uintptr_t>(x->data_ptr().get()), to);
+  device.rt.LaunchKernel(current, {{to, 8192}}, {}, "reader");
+  EXPECT_EQ(device.rt.counters().races, 0u) << ::testing::PrintToString(device.rt.races());
+  EXPECT_EQ(device.rt.counters().synchronizations, syncs);
+  x.reset();
+}
+
 // The engine's storages (page-ins, replay scratch) and copies go to its device whichever device the calling thread
 // selected, and the thread's selection is left as it was.
 TEST(CudaEngineMemory, StoragesAndCopiesUseTheEnginesDeviceWhicheverTheThreadSelected) {
@@ -288,7 +317,69 @@ TEST(CudaEngineDisable, HoldingMoreThanTheBudgetWhenDisablingIsAnErrorThatSaysSo
 
 INSTANTIATE_TEST_SUITE_P(Policies, CudaEngine, ::testing::Values("dtr-eq", "coop", "lru"));
 
-TEST(CudaEngineStreams, EvictionsOnTwoStreamsWaitForPendingUsesAndStayIdentical) {
+// Tells the double about every op as a kernel on the compute stream, reading its inputs' storages and writing its
+// outputs' (at the op's end: the CPU kernel has run then, after everything remat did for it), so that the double's
+// ordering model checks each against the copies that page those storages out and in. Global: RecordFunction
+// callbacks are plain function pointers.
+class KernelReporter {
+ public:
+  KernelReporter(cuda::FakeCudaRuntime* rt, cudaStream_t stream) {
+    rt_ = rt;
+    stream_ = stream;
+    handle_ = at::addGlobalCallback(
+        at::RecordFunctionCallback(&Start, &End).needsInputs(true).needsOutputs(true));
+  }
+  ~KernelReporter() {
+    at::removeCallback(handle_);
+    rt_ = nullptr;
+  }
+
+ private:
+  // The inputs' storages, taken at the start (the boxed inputs do not outlive it); their bytes' place is read at the
+  // end, after remat brought them back.
+  struct Inputs final : at::ObserverContext {
+    std::vector<c10::intrusive_ptr<c10::StorageImpl>> storages;
+  };
+  static void AddStorages(const c10::IValue& value, std::vector<c10::intrusive_ptr<c10::StorageImpl>>& out) {
+    auto add = [&](const at::Tensor& t) {
+      if (t.defined() && t.has_storage()) {
+        out.push_back(c10::intrusive_ptr<c10::StorageImpl>::reclaim_copy(t.storage().unsafeGetStorageImpl()));
+      }
+    };
+    if (value.isTensor()) {
+      add(value.toTensor());
+    } else if (value.isTensorList()) {
+      for (const at::Tensor& t : value.toTensorList()) add(t);
+    }
+  }
+  static void AddRange(const c10::StorageImpl& storage, std::vector<cuda::FakeRange>& out) {
+    const void* data = storage.data_ptr().get();
+    if (data != nullptr && storage.nbytes() > 0) out.push_back({reinterpret_cast<std::uintptr_t>(data), storage.nbytes()});
+  }
+  static std::unique_ptr<at::ObserverContext> Start(const at::RecordFunction& fn) {
+    auto inputs = std::make_unique<Inputs>();
+    for (const c10::IValue& input : fn.inputs()) AddStorages(input, inputs->storages);
+    return inputs;
+  }
+  static void End(const at::RecordFunction& fn, at::ObserverContext* context) {
+    if (rt_ == nullptr) return;
+    std::vector<cuda::FakeRange> reads;
+    std::vector<cuda::FakeRange> writes;
+    if (context != nullptr) {
+      for (const auto& storage : static_cast<Inputs*>(context)->storages) AddRange(*storage, reads);
+    }
+    std::vector<c10::intrusive_ptr<c10::StorageImpl>> outputs;
+    for (const c10::IValue& output : fn.outputs()) AddStorages(output, outputs);
+    for (const auto& storage : outputs) AddRange(*storage, writes);
+    rt_->LaunchKernel(stream_, reads, writes, fn.name());
+  }
+
+  static inline cuda::FakeCudaRuntime* rt_ = nullptr;
+  static inline cudaStream_t stream_ = nullptr;
+  at::CallbackHandle handle_;
+};
+
+TEST(CudaEngineStreams, EvictionsOnTwoStreamsAreReusedAfterPendingUsesAndStayIdentical) {
   at::manual_seed(11);
   const std::vector<at::Tensor> reference = Reference(5, 18);
   FakeDevice device(512 * kKiB);
@@ -302,16 +393,24 @@ TEST(CudaEngineStreams, EvictionsOnTwoStreamsWaitForPendingUsesAndStayIdentical)
   at::manual_seed(5);
   std::vector<at::Tensor> ys = Chain(x, 9);
   device.current = *second;  // torch switched streams: blocks freed from now on wait for their streams' events
-  device.rt.HoldStream(*first);  // the first stream is still busy: its blocks' events complete only when waited for
-  std::vector<at::Tensor> more = Chain(ys.back(), 9);
-  ys.insert(ys.end(), more.begin(), more.end());
-  more.clear();
+  const std::uint64_t races = device.rt.counters().races;
+  {
+    // The kernels on the second stream must be ordered after what the first stream did to their memory (uses,
+    // slides' copies): checked by the double's ordering model, since its CPU kernels run at once.
+    KernelReporter reporter(&device.rt, *second);
+    std::vector<at::Tensor> more = Chain(ys.back(), 9);
+    ys.insert(ys.end(), more.begin(), more.end());
+  }
+  EXPECT_EQ(device.rt.counters().races, races) << ::testing::PrintToString(device.rt.races());
   // Chain(ys.back(), 9) continues the random stream where Chain(x, 9) left it: the same 18 values.
   for (std::size_t i = 0; i < ys.size(); ++i) EXPECT_TRUE(SameBytes(ys[i], reference[i])) << i;
   const cuda::DeviceArenaStats stats = device.Stats();
   EXPECT_TRUE(stats.multi_stream);
-  EXPECT_GT(stats.synchronizations, 0);  // the engine's frees on the busy stream were waited for before reuse
-  device.rt.ReleaseStream(*first);
+  // The engine's frees of the first stream's blocks were reused after their events, in the second stream's order:
+  // the host never waited for the first stream.
+  EXPECT_GT(stats.stream_ordered_reclaims, 0);
+  EXPECT_EQ(stats.synchronizations, 0);
+  EXPECT_EQ(device.rt.host_waits_for(*first), 0u);
   EXPECT_GT(GetEngineStats()->engine.evictions, 0);
   EXPECT_LE(stats.allocated_bytes.peak, static_cast<std::int64_t>(device.budget()));
   ys.resize(4);
@@ -340,10 +439,10 @@ TEST(CudaEngineErrors, TooSmallABudgetRaisesOutOfMemoryErrorSayingWhatHoldsTheMe
   ASSERT_TRUE(disabled.ok()) << disabled;
 }
 
-// Paging on the device: victims are copied to the engine's host tier through the pinned staging block
-// (cudaMemcpyAsync device-to-host and back, checked by the double against live device and pinned allocations) and
-// come back byte-identical when read.
-TEST(CudaEnginePaging, OffloadAlwaysPagesThroughPinnedStagingAndStaysIdentical) {
+// Paging on the device goes through the asynchronous pager: victims are copied to pinned host pages on the copy
+// stream (cudaMemcpyAsync device-to-host and back, checked by the double against live device and pinned
+// allocations) and come back byte-identical when read; nothing is kept in the engine's own host tier.
+TEST(CudaEnginePaging, OffloadAlwaysPagesThroughThePagerAndStaysIdentical) {
   at::manual_seed(11);
   const std::vector<at::Tensor> reference = Reference(7, 24);
   FakeDevice device(704 * kKiB);
@@ -359,14 +458,95 @@ TEST(CudaEnginePaging, OffloadAlwaysPagesThroughPinnedStagingAndStaysIdentical) 
   EXPECT_GT(stats->engine.page_outs, 0);
   EXPECT_GT(stats->engine.page_ins, 0);
   EXPECT_EQ(stats->executor.page_outs, stats->engine.page_outs);
-  EXPECT_GT(device.rt.counters().host_allocs, pinned_before);  // the staging block
+  EXPECT_EQ(stats->host_tier.stores, 0);  // the pages are the pager's pinned blocks
+  EXPECT_GT(device.rt.counters().host_allocs, pinned_before);  // the pinned pool's segment
   EXPECT_LE(device.Stats().allocated_bytes.peak, static_cast<std::int64_t>(device.budget()));
   ys.resize(4);
   const absl::Status disabled = DisableRematEngine();
   ASSERT_TRUE(disabled.ok()) << disabled;
-  EXPECT_EQ(device.rt.live_host_allocations(), 0u);  // the staging block went with the engine
-  // What the user kept came back from the host tier before it went.
+  EXPECT_EQ(device.rt.live_host_allocations(), 0u);  // the pool went with the engine
+  // What the user kept came back from its pages before they went.
   for (std::size_t i = 0; i < ys.size(); ++i) EXPECT_TRUE(SameBytes(ys[i], reference[i])) << i;
+}
+
+// A small MLP's forward and backward passes: 8 layers of 128 x 128 (64 KiB) weights.
+struct Mlp {
+  explicit Mlp(int seed) {
+    at::manual_seed(seed);
+    x = at::randn({128, 128});
+    for (int i = 0; i < 8; ++i) {
+      ws.push_back(at::randn({128, 128}).mul_(0.1));
+      ws.back().set_requires_grad(true);
+    }
+  }
+  void Step() {
+    at::Tensor y = x;
+    for (const at::Tensor& w : ws) y = at::tanh(at::mm(y, w));
+    at::sum(y).backward();
+  }
+  std::vector<at::Tensor> Grads() const {
+    std::vector<at::Tensor> out;
+    for (const at::Tensor& w : ws) out.push_back(w.grad().clone());
+    return out;
+  }
+  at::Tensor x;
+  std::vector<at::Tensor> ws;
+};
+
+// Issue 19, item 1: a training step with paging makes no host synchronization on the compute stream's behalf
+// (cudaStreamSynchronize, cudaEventSynchronize of its events, cudaDeviceSynchronize), and every kernel is ordered after
+// the copies its inputs need and every page-out copy after the kernel that produced its block (the double's ordering
+// model: no races). Two steps: the second prefetches in the order the first read its pages. Gradients are
+// byte-identical to an unconstrained run.
+TEST(CudaEnginePaging, ATrainingStepPagesWithoutHostSynchronizationAndKernelsWaitForTheirPages) {
+  std::vector<at::Tensor> reference;
+  {
+    Mlp mlp(3);
+    mlp.Step();
+    mlp.Step();
+    reference = mlp.Grads();
+  }
+  FakeDevice device(1024 * kKiB);
+  const cudaStream_t compute = *device.rt.StreamCreate();
+  device.current = compute;
+  Mlp mlp(3);  // x and the weights on the device: constants for remat
+  ASSERT_TRUE(device.Enable("dtr-eq", OffloadMode::kAlways).ok());
+  const cuda::FakeCudaCounters before = device.rt.counters();
+  {
+    KernelReporter reporter(&device.rt, compute);
+    mlp.Step();
+    const std::int64_t first_step_prefetches = GetEngineStats()->engine.prefetches;
+    mlp.Step();
+    EXPECT_GT(GetEngineStats()->engine.prefetches, first_step_prefetches);  // in the order the first step read
+  }
+  const cuda::FakeCudaCounters after = device.rt.counters();
+  absl::StatusOr<BridgeStats> stats = GetEngineStats();
+  ASSERT_TRUE(stats.ok());
+  EXPECT_GT(stats->engine.page_outs, 0);
+  EXPECT_GT(stats->engine.page_ins, 0);
+  EXPECT_GT(after.checked_kernels - before.checked_kernels, 50u);
+  EXPECT_EQ(device.rt.host_waits_for(compute), 0u);
+  EXPECT_EQ(after.device_synchronizations, before.device_synchronizations);
+  EXPECT_EQ(after.races, before.races) << ::testing::PrintToString(device.rt.races());
+  EXPECT_GT(after.stream_waits, before.stream_waits);  // the ordering is on the device
+  EXPECT_GT(device.Stats().stream_ordered_reclaims, 0);
+  EXPECT_LE(device.Stats().allocated_bytes.peak, static_cast<std::int64_t>(device.budget()));
+  const std::vector<at::Tensor> grads = mlp.Grads();
+  for (std::size_t i = 0; i < grads.size(); ++i) EXPECT_TRUE(SameBytes(grads[i], reference[i])) << i;
+  std::printf("[ figures ] 2 steps: modelled stall %lld us, %lld page-outs, %lld page-ins, %lld prefetches, %llu kernels checked, "
+              "%llu stream waits, %llu host synchronizations (%llu for the compute stream), %lld stream-ordered "
+              "reclaims\n",
+              static_cast<long long>(stats->engine.stall_ns / 1000), static_cast<long long>(stats->engine.page_outs),
+              static_cast<long long>(stats->engine.page_ins),
+              static_cast<long long>(stats->engine.prefetches),
+              static_cast<unsigned long long>(after.checked_kernels - before.checked_kernels),
+              static_cast<unsigned long long>(after.stream_waits - before.stream_waits),
+              static_cast<unsigned long long>(after.synchronizations - before.synchronizations),
+              static_cast<unsigned long long>(device.rt.host_waits_for(compute)),
+              static_cast<long long>(device.Stats().stream_ordered_reclaims));
+  mlp.ws.clear();
+  const absl::Status disabled = DisableRematEngine();
+  ASSERT_TRUE(disabled.ok()) << disabled;
 }
 
 // Held storages that do not fit back when the engine is switched off: with paging on, the engine must not page the

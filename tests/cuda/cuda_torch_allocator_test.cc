@@ -143,11 +143,16 @@ TEST(CudaTorchAllocator, RecordStreamDelaysReuseUntilTheUseFinishes) {
   c10::DataPtr b = f.allocator->allocate(2048);
   EXPECT_NE(b.get(), x);  // the other half of the budget, not the block in use
   EXPECT_FALSE(use_done);
-  // Only x's memory is left: the allocator waits for side's use, then reuses it.
+  // Only x's memory is left: it is reused in the current stream's order, after side's use (on the device: the host
+  // does not wait, and the current stream's next kernel runs only once side's use has).
   c10::DataPtr c = f.allocator->allocate(2048);
   EXPECT_EQ(c.get(), x);
-  EXPECT_TRUE(use_done);
-  EXPECT_EQ(f.allocator->getDeviceStats(0).num_sync_all_streams, 1);
+  EXPECT_FALSE(use_done);
+  bool next_saw_use_done = false;
+  f.rt.Launch(f.current, [&] { next_saw_use_done = use_done; });
+  f.rt.ReleaseStream(side);
+  EXPECT_TRUE(next_saw_use_done);
+  EXPECT_EQ(f.allocator->getDeviceStats(0).num_sync_all_streams, 0);
   // A DataPtr that is not ours is ignored, as PyTorch's allocator does.
   c10::DataPtr foreign(reinterpret_cast<void*>(0x1000), c10::Device(c10::DeviceType::CUDA, 0));
   f.allocator->recordStream(foreign, side_stream);
@@ -284,7 +289,7 @@ TEST(CudaTorchAllocator, HandlerThatFreesNothingGivesOutOfMemoryErrorWithTheNumb
   f.allocator->SetPressureHandler(0, nullptr);
 }
 
-TEST(CudaTorchAllocator, PendingStreamFreesAreReclaimedBeforeTheHandlerIsAsked) {
+TEST(CudaTorchAllocator, PendingStreamFreesAreTakenBackBeforeTheHandlerIsAsked) {
   Fixture f(4096);
   cudaStream_t side = *f.rt.StreamCreate();
   c10::cuda::CUDAStream side_stream = f.Wrap(side);
@@ -303,11 +308,15 @@ TEST(CudaTorchAllocator, PendingStreamFreesAreReclaimedBeforeTheHandlerIsAsked) 
   }  // pending: side still uses it
   EXPECT_EQ(f.allocator->getDeviceStats(0).active_bytes[0].current, 4096);
   c10::DataPtr b = f.allocator->allocate(2048);
-  EXPECT_EQ(b.get(), x);          // the pending block, once side's use finished
-  EXPECT_TRUE(use_done);
-  EXPECT_EQ(handler.calls, 0);    // waiting was enough: nothing was evicted
+  EXPECT_EQ(b.get(), x);          // the pending block, in the current stream's order after side's use
+  EXPECT_EQ(handler.calls, 0);    // taking it back was enough: nothing was evicted
   EXPECT_EQ(evictable.size(), 1u);
-  EXPECT_EQ(f.allocator->getDeviceStats(0).num_sync_all_streams, 1);
+  EXPECT_EQ(f.allocator->getDeviceStats(0).num_sync_all_streams, 0);  // the host did not wait
+  bool next_saw_use_done = false;
+  f.rt.Launch(f.current, [&] { next_saw_use_done = use_done; });
+  EXPECT_FALSE(use_done);
+  f.rt.ReleaseStream(side);
+  EXPECT_TRUE(next_saw_use_done);
   f.allocator->SetPressureHandler(0, nullptr);
 }
 
@@ -328,7 +337,12 @@ TEST(CudaTorchAllocator, EvictedBlockStillInUseOnAnotherStreamIsReusedOnlyAfterT
   c10::DataPtr fresh = f.allocator->allocate(2048);
   EXPECT_EQ(handler.calls, 1);
   EXPECT_EQ(fresh.get(), victim);
-  EXPECT_TRUE(use_done);  // the allocator waited for side before handing the memory out
+  // Handed out in the current stream's order after side's use: its next kernel runs only once that use has.
+  bool next_saw_use_done = false;
+  f.rt.Launch(f.current, [&] { next_saw_use_done = use_done; });
+  EXPECT_FALSE(use_done);
+  f.rt.ReleaseStream(side);
+  EXPECT_TRUE(next_saw_use_done);
   EXPECT_EQ(f.allocator->getDeviceStats(0).active_bytes[0].current, 4096);
   f.allocator->SetPressureHandler(0, nullptr);
 }

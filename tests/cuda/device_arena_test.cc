@@ -130,7 +130,10 @@ TEST(CudaDeviceArena, BlockWithPendingUseOnAnotherStreamIsNotReusedUntilItsEvent
   EXPECT_EQ(arena->Stats().pending_blocks, 0u);
 }
 
-TEST(CudaDeviceArena, UnderPressureWaitsForPendingUsesBeforeReusing) {
+// Under pressure a pending block is reused in the allocating stream's order (as cudaMallocAsync pools do): the
+// stream waits for the block's other uses on the device, the host does not wait, and work the stream queues on the
+// reused block runs only after those uses.
+TEST(CudaDeviceArena, UnderPressureReusesInTheAllocatingStreamsOrderWithoutTheHostWaiting) {
   FakeCudaRuntime rt;
   auto arena = MakeArena(rt, 2048);
   cudaStream_t s1 = *rt.StreamCreate();
@@ -141,13 +144,48 @@ TEST(CudaDeviceArena, UnderPressureWaitsForPendingUsesBeforeReusing) {
   bool use_done = false;
   rt.Launch(s2, [&] { use_done = true; });
   ASSERT_TRUE(arena->Free(x).ok());
-  // The budget is full of x: the allocation must wait for x's use to finish (EventSynchronize), then reuse it.
+  const std::uint64_t syncs = rt.counters().synchronizations;
   absl::StatusOr<std::uintptr_t> again = arena->Allocate(2048, s1);
   ASSERT_TRUE(again.ok()) << again.status();
   EXPECT_EQ(*again, x);
-  EXPECT_TRUE(use_done);
-  EXPECT_EQ(arena->Stats().synchronizations, 1);
+  EXPECT_FALSE(use_done);  // still queued on s2: nobody waited on the host
+  EXPECT_EQ(rt.counters().synchronizations, syncs);
+  EXPECT_EQ(rt.host_waits_for(s1) + rt.host_waits_for(s2), 0u);
+  bool reuse_saw_use_done = false;
+  rt.Launch(s1, [&] { reuse_saw_use_done = use_done; });  // the new owner's kernel
+  EXPECT_EQ(rt.PendingWork(s1), 3u);  // the wait for s2's event, the handoff event, the kernel
+  rt.ReleaseStream(s2);
+  EXPECT_TRUE(reuse_saw_use_done);
+  EXPECT_EQ(arena->Stats().synchronizations, 0);
+  EXPECT_EQ(arena->Stats().stream_ordered_reclaims, 1);
   EXPECT_EQ(arena->Stats().pressure_allocations, 1);
+  ASSERT_TRUE(arena->Free(*again).ok());
+}
+
+// Blocks one stream took back in its own order are handed to another stream only after that stream waits for them.
+TEST(CudaDeviceArena, AnotherStreamWaitsForBlocksTakenBackInAStreamsOrder) {
+  FakeCudaRuntime rt;
+  auto arena = MakeArena(rt, 4096);
+  cudaStream_t s1 = *rt.StreamCreate();
+  cudaStream_t s2 = *rt.StreamCreate();
+  cudaStream_t s3 = *rt.StreamCreate();
+  std::uintptr_t x = *arena->Allocate(4096, s1);
+  ASSERT_TRUE(arena->RecordStream(x, s2).ok());
+  rt.HoldStream(s2);
+  bool use_done = false;
+  rt.Launch(s2, [&] { use_done = true; });
+  ASSERT_TRUE(arena->Free(x).ok());
+  std::uintptr_t small = *arena->Allocate(1024, s1);  // under pressure: takes x back in s1's order
+  EXPECT_EQ(arena->Stats().stream_ordered_reclaims, 1);
+  std::uintptr_t other = *arena->Allocate(1024, s3);  // part of x: s3 must be ordered after s2's use too
+  EXPECT_NE(other, small);
+  bool s3_saw_use_done = false;
+  rt.Launch(s3, [&] { s3_saw_use_done = use_done; });
+  rt.ReleaseStream(s2);
+  EXPECT_TRUE(s3_saw_use_done);
+  EXPECT_EQ(rt.counters().synchronizations, 0u);
+  ASSERT_TRUE(arena->Free(small).ok());
+  ASSERT_TRUE(arena->Free(other).ok());
 }
 
 TEST(CudaDeviceArena, ANewStreamWaitsForWorkOfTheFirstStream) {
@@ -261,7 +299,8 @@ TEST(CudaDeviceArena, MoveSlidesABlockWithItsBytesAcrossAnOverlap) {
 }
 
 // A short slide of a large block: 64 KiB by 512 bytes would be 128 device-to-device copies; the bytes bounce
-// through pinned host memory instead (one chunk: two copies), and the pinned buffer is freed.
+// through pinned host memory instead (one chunk: two copies), and the pinned buffer is freed once they have run (an
+// event, checked at the next allocation), without the host waiting.
 TEST(CudaDeviceArena, AShortSlideOfALargeBlockBouncesThroughPinnedHostMemory) {
   FakeCudaRuntime rt;
   auto arena = MakeArena(rt, 1 << 20);
@@ -275,6 +314,8 @@ TEST(CudaDeviceArena, AShortSlideOfALargeBlockBouncesThroughPinnedHostMemory) {
   ASSERT_TRUE(arena->Move(block, hole).ok());
   EXPECT_EQ(rt.counters().copies, before.copies + 2);
   EXPECT_EQ(arena->Stats().move_bounces, 1);
+  EXPECT_EQ(rt.counters().synchronizations, before.synchronizations);
+  ASSERT_TRUE(arena->Free(*arena->Allocate(512, nullptr)).ok());  // the copies have run: the buffer goes
   EXPECT_EQ(rt.live_host_allocations(), 0u);
   auto* moved = reinterpret_cast<unsigned char*>(hole);
   int same = 0;
@@ -349,7 +390,7 @@ TEST(CudaDeviceArena, EmptyCacheKeepsTheSegmentWhileAPressureHandlerIsAttached) 
   EXPECT_EQ(arena->arena(), nullptr);
 }
 
-TEST(CudaDeviceArena, EvictionsOnBusyStreamsAreWaitedFor) {
+TEST(CudaDeviceArena, EvictionsOnBusyStreamsAreWaitedForOnTheDevice) {
   FakeCudaRuntime rt;
   auto arena = MakeArena(rt, 4096);
   cudaStream_t s1 = *rt.StreamCreate();
@@ -364,7 +405,13 @@ TEST(CudaDeviceArena, EvictionsOnBusyStreamsAreWaitedFor) {
   absl::StatusOr<std::uintptr_t> c = arena->Allocate(2048, s2);
   ASSERT_TRUE(c.ok()) << c.status();
   EXPECT_EQ(*c, a);
-  EXPECT_TRUE(use_done);
+  // s2 reuses a after a's last use on s1, on the device: its next kernel runs only once s1 has run.
+  bool reuse_saw_use_done = false;
+  rt.Launch(s2, [&] { reuse_saw_use_done = use_done; });
+  EXPECT_FALSE(use_done);
+  rt.ReleaseStream(s1);
+  EXPECT_TRUE(reuse_saw_use_done);
+  EXPECT_EQ(rt.counters().synchronizations, 0u);
   arena->SetPressureHandler(nullptr);
   ASSERT_TRUE(arena->Free(b).ok());
   ASSERT_TRUE(arena->Free(*c).ok());

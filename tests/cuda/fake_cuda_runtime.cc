@@ -19,6 +19,8 @@ struct FakeCudaRuntime::Event {
   std::uint64_t recorded = 0;   // generation of the latest record
   std::uint64_t completed = 0;  // generation the stream has reached
   bool destroyed = false;
+  Clock clock;                  // what the latest record is ordered after
+  const void* stream = nullptr;  // the stream of the latest record
 };
 
 struct FakeCudaRuntime::Work {
@@ -33,6 +35,8 @@ struct FakeCudaRuntime::Stream {
   std::deque<Work> queue;
   bool held = false;
   bool destroyed = false;
+  Clock clock;                 // what its latest work is ordered after (itself included)
+  std::uint64_t position = 0;  // of its latest work
 };
 
 FakeCudaRuntime::FakeCudaRuntime(FakeCudaOptions options) : options_(options) {
@@ -111,6 +115,7 @@ absl::Status FakeCudaRuntime::DeviceFree(void* pointer) {
   }
   // cudaFree synchronizes the device: everything queued must have run first.
   Pump();
+  ForgetAccesses(FakeRange{it->first, it->second.bytes});
   device_used_[static_cast<std::size_t>(it->second.device)] -= it->second.bytes;
   std::free(pointer);
   allocations_.erase(it);
@@ -134,6 +139,7 @@ absl::Status FakeCudaRuntime::HostFreePinned(void* pointer) {
   if (it == allocations_.end() || it->second.device >= 0) {
     return absl::InvalidArgumentError("fake cuda: cudaFreeHost of a pointer cudaHostAlloc did not return");
   }
+  ForgetAccesses(FakeRange{it->first, it->second.bytes});  // cudaFreeHost synchronizes too
   std::free(pointer);
   allocations_.erase(it);
   ++counters_.host_frees;
@@ -176,6 +182,10 @@ absl::Status FakeCudaRuntime::MemcpyAsync(void* dst, const void* src, std::size_
                                             std::exchange(fail_next_copy_, "")));
   }
   ++counters_.copies;
+  const std::uint64_t position = Tick(s);
+  const std::string what = absl::StrCat("copy #", counters_.copies, " of ", bytes, " bytes");
+  CheckAndRecord(s, position, FakeRange{reinterpret_cast<std::uintptr_t>(src), bytes}, false, what);
+  CheckAndRecord(s, position, FakeRange{reinterpret_cast<std::uintptr_t>(dst), bytes}, true, what);
   Work work;
   // Checked again when it runs: the memory may have gone since (an unmap, a free) on a real device too.
   work.run = [this, dst, src, bytes, dst_device, src_device] {
@@ -265,6 +275,8 @@ absl::Status FakeCudaRuntime::StreamSynchronize(cudaStream_t stream) {
   std::lock_guard<std::recursive_mutex> lock(mu_);
   Stream* s = StreamOf(stream);
   if (s == nullptr) return absl::InvalidArgumentError("fake cuda: cudaStreamSynchronize of an unknown stream");
+  ++host_waits_[s];
+  HostLearns(s->clock);
   return SyncUntil([s] { return s->queue.empty(); });
 }
 
@@ -272,6 +284,7 @@ absl::StatusOr<bool> FakeCudaRuntime::StreamQuery(cudaStream_t stream) {
   std::lock_guard<std::recursive_mutex> lock(mu_);
   Stream* s = StreamOf(stream);
   if (s == nullptr) return absl::InvalidArgumentError("fake cuda: cudaStreamQuery of an unknown stream");
+  if (s->queue.empty()) HostLearns(s->clock);
   return s->queue.empty();
 }
 
@@ -281,6 +294,7 @@ absl::Status FakeCudaRuntime::StreamWaitEvent(cudaStream_t stream, cudaEvent_t e
   Event* e = EventOf(event);
   if (s == nullptr || e == nullptr) return absl::InvalidArgumentError("fake cuda: cudaStreamWaitEvent: unknown handle");
   ++counters_.stream_waits;
+  Merge(s->clock, e->clock);
   Work work;
   work.kind = Work::Kind::kWait;
   work.event = e;
@@ -301,6 +315,9 @@ absl::Status FakeCudaRuntime::EventRecord(cudaEvent_t event, cudaStream_t stream
   Stream* s = StreamOf(stream);
   Event* e = EventOf(event);
   if (s == nullptr || e == nullptr) return absl::InvalidArgumentError("fake cuda: cudaEventRecord: unknown handle");
+  Tick(s);
+  e->clock = s->clock;
+  e->stream = s;
   Work work;
   work.kind = Work::Kind::kRecord;
   work.event = e;
@@ -313,6 +330,7 @@ absl::StatusOr<bool> FakeCudaRuntime::EventQuery(cudaEvent_t event) {
   std::lock_guard<std::recursive_mutex> lock(mu_);
   Event* e = EventOf(event);
   if (e == nullptr) return absl::InvalidArgumentError("fake cuda: cudaEventQuery of an unknown event");
+  if (e->completed >= e->recorded) HostLearns(e->clock);
   return e->completed >= e->recorded;
 }
 
@@ -321,6 +339,8 @@ absl::Status FakeCudaRuntime::EventSynchronize(cudaEvent_t event) {
   Event* e = EventOf(event);
   if (e == nullptr) return absl::InvalidArgumentError("fake cuda: cudaEventSynchronize of an unknown event");
   const std::uint64_t target = e->recorded;
+  ++host_waits_[e->stream];
+  HostLearns(e->clock);
   return SyncUntil([e, target] { return e->completed >= target; });
 }
 
@@ -337,6 +357,10 @@ absl::Status FakeCudaRuntime::EventDestroy(cudaEvent_t event) {
 absl::Status FakeCudaRuntime::DeviceSynchronize() {
   std::lock_guard<std::recursive_mutex> lock(mu_);
   ++counters_.device_synchronizations;
+  for (const auto& s : streams_) {
+    ++host_waits_[s.get()];
+    HostLearns(s->clock);
+  }
   return SyncUntil([this] {
     for (const auto& s : streams_) {
       if (!s->queue.empty()) return false;
@@ -379,10 +403,96 @@ void FakeCudaRuntime::Launch(cudaStream_t stream, std::uintptr_t address, std::s
   std::lock_guard<std::recursive_mutex> lock(mu_);
   Stream* s = StreamOf(stream);
   if (s == nullptr) std::abort();  // a test bug
+  Tick(s);
   Work work;
   work.run = std::move(kernel);
   if (bytes > 0) work.touches = {{address, bytes}};
   Enqueue(s, std::move(work));
+}
+
+void FakeCudaRuntime::LaunchKernel(cudaStream_t stream, const std::vector<FakeRange>& reads,
+                                   const std::vector<FakeRange>& writes, const std::string& name) {
+  std::lock_guard<std::recursive_mutex> lock(mu_);
+  Stream* s = StreamOf(stream);
+  if (s == nullptr) std::abort();  // a test bug
+  ++counters_.checked_kernels;
+  const std::uint64_t position = Tick(s);
+  for (const FakeRange& range : reads) CheckAndRecord(s, position, range, false, name);
+  for (const FakeRange& range : writes) CheckAndRecord(s, position, range, true, name);
+  Work work;
+  work.run = [] {};
+  Enqueue(s, std::move(work));
+}
+
+// Ordering: see the header. Vector clocks over streams; the host's clock is what it has seen complete.
+std::uint64_t FakeCudaRuntime::Tick(Stream* stream) {
+  Merge(stream->clock, host_clock_);
+  stream->clock[stream] = ++stream->position;
+  return stream->position;
+}
+
+void FakeCudaRuntime::Merge(Clock& into, const Clock& from) {
+  for (const auto& [stream, position] : from) {
+    std::uint64_t& mine = into[stream];
+    mine = std::max(mine, position);
+  }
+}
+
+void FakeCudaRuntime::HostLearns(const Clock& clock) { Merge(host_clock_, clock); }
+
+bool FakeCudaRuntime::Tracked(const FakeRange& range) const {
+  return range.bytes > 0 && (InAllocation(reinterpret_cast<const void*>(range.address), range.bytes, true) ||
+                             InAllocation(reinterpret_cast<const void*>(range.address), range.bytes, false));
+}
+
+void FakeCudaRuntime::ForgetAccesses(const FakeRange& range) {
+  std::erase_if(accesses_, [&](const Access& a) {
+    return a.range.address < range.address + range.bytes && range.address < a.range.address + a.range.bytes;
+  });
+}
+
+void FakeCudaRuntime::CheckAndRecord(Stream* stream, std::uint64_t position, const FakeRange& range, bool write,
+                                     const std::string& what) {
+  if (!Tracked(range)) return;
+  auto ordered_after = [&](const Access& a) {
+    if (a.stream == stream) return true;
+    auto it = stream->clock.find(a.stream);
+    return it != stream->clock.end() && it->second >= a.position;
+  };
+  std::vector<Access> kept;
+  kept.reserve(accesses_.size() + 1);
+  for (Access& a : accesses_) {
+    const bool overlaps =
+        a.range.address < range.address + range.bytes && range.address < a.range.address + a.range.bytes;
+    if (overlaps && (write || a.write) && !ordered_after(a)) {
+      ++counters_.races;
+      if (race_log_.size() < 100) {
+        race_log_.push_back(absl::StrCat(what, (write ? " writes " : " reads "), range.bytes, " bytes at ",
+                                         absl::Hex(range.address), " unordered after ", a.what,
+                                         (a.write ? " (wrote " : " (read "), a.range.bytes, " bytes at ",
+                                         absl::Hex(a.range.address), ")"));
+      }
+    }
+    // Superseded: covered by this access, which is ordered after it and conflicts with whatever it conflicts with.
+    const bool covered = a.range.address >= range.address &&
+                         a.range.address + a.range.bytes <= range.address + range.bytes;
+    if (covered && ordered_after(a) && (write || !a.write)) continue;
+    kept.push_back(std::move(a));
+  }
+  kept.push_back(Access{range, write, stream, position, what});
+  accesses_ = std::move(kept);
+}
+
+std::vector<std::string> FakeCudaRuntime::races() const {
+  std::lock_guard<std::recursive_mutex> lock(mu_);
+  return race_log_;
+}
+
+std::uint64_t FakeCudaRuntime::host_waits_for(cudaStream_t stream) const {
+  std::lock_guard<std::recursive_mutex> lock(mu_);
+  const Stream* s = StreamOf(stream);
+  auto it = host_waits_.find(s);
+  return it == host_waits_.end() ? 0 : it->second;
 }
 
 std::size_t FakeCudaRuntime::PendingWork(cudaStream_t stream) const {

@@ -13,6 +13,14 @@
 //     for the GPU: it runs the held queues it depends on to the point waited for, and counts as a synchronization.
 //   - Launch(stream, fn) enqueues a host function as a kernel, so tests can model uses of memory in stream order;
 //     with a range, the kernel is declared to touch it (an unmap checks queued work against it).
+//   - Ordering (fake_cuda_order.cc): the double keeps a happens-before relation over everything enqueued, as vector
+//     clocks: work on one stream is ordered; StreamWaitEvent orders a stream after the event's latest record; the
+//     host learns of completed work by synchronizing or by a query that answers "done" (stream, event, device), and
+//     work it enqueues after that is ordered after it. Every copy's device and pinned ranges, and the ranges that
+//     tests declare for kernels (LaunchKernel: what a kernel reads and writes), are accesses; an access that
+//     conflicts with an earlier one (a read after a write, a write after a read or write of overlapping bytes) and
+//     is not ordered after it is a race: counted (counters().races) and described (races()). Host synchronizations
+//     are attributed to the streams they wait for (host_waits_for).
 //   - Virtual memory (fake_cuda_vmm.cc): reservations are PROT_NONE host address space; a physical handle is a
 //     memfd of its size, counted against its device's bytes; MapPhysical maps it there without access, SetAccess
 //     opens it read-write. Each call checks CUDA's rules (granularity-aligned, inside a reservation, no double
@@ -64,6 +72,14 @@ struct FakeCudaCounters {
   std::uint64_t stream_waits = 0;
   std::uint64_t device_synchronizations = 0;  // DeviceSynchronize calls (also counted in synchronizations)
   std::uint64_t faults = 0;                   // copies that ran on memory no longer mapped with access (skipped)
+  std::uint64_t races = 0;                    // conflicting accesses not ordered after each other (see Ordering)
+  std::uint64_t checked_kernels = 0;          // LaunchKernel calls
+};
+
+// A range of memory an access touches (device or pinned host; anything else is not tracked).
+struct FakeRange {
+  std::uintptr_t address = 0;
+  std::size_t bytes = 0;
 };
 
 class FakeCudaRuntime final : public CudaRuntime {
@@ -107,6 +123,13 @@ class FakeCudaRuntime final : public CudaRuntime {
   void ReleaseStream(cudaStream_t stream);  // run what is queued (as far as waits allow), then run on enqueue
   void Launch(cudaStream_t stream, std::function<void()> kernel);
   void Launch(cudaStream_t stream, std::uintptr_t address, std::size_t bytes, std::function<void()> kernel);
+  // A kernel declared by what it reads and writes, enqueued on `stream` (it runs nothing): checked for races
+  // against earlier accesses and recorded as an access itself (Ordering, above).
+  void LaunchKernel(cudaStream_t stream, const std::vector<FakeRange>& reads, const std::vector<FakeRange>& writes,
+                    const std::string& name = "kernel");
+  std::vector<std::string> races() const;  // one line per race, in order (capped at 100)
+  // Host synchronizations (stream, event or device) that waited for work of `stream`.
+  std::uint64_t host_waits_for(cudaStream_t stream) const;
   std::size_t PendingWork(cudaStream_t stream) const;
   void FailNextDeviceMalloc(std::string message = "injected cudaErrorMemoryAllocation");
   // The next MemcpyAsync fails without copying anything (a sticky CUDA error in a real run).
@@ -127,6 +150,14 @@ class FakeCudaRuntime final : public CudaRuntime {
   struct Event;
   struct Work;
   struct Stream;
+  using Clock = std::map<const void*, std::uint64_t>;  // vector clock: stream -> position of its work
+  struct Access {
+    FakeRange range;
+    bool write = false;
+    const void* stream = nullptr;
+    std::uint64_t position = 0;
+    std::string what;
+  };
   struct Allocation {
     std::size_t bytes = 0;
     int device = -1;  // -1: pinned host
@@ -154,6 +185,14 @@ class FakeCudaRuntime final : public CudaRuntime {
   bool InMappedRange(std::uintptr_t address, std::size_t bytes) const;
   bool QueuedWorkTouches(std::uintptr_t address, std::size_t bytes) const;
   void ReleaseVirtualMemory();  // at destruction
+  // Ordering (fake_cuda_order.cc).
+  std::uint64_t Tick(Stream* stream);  // the next position on `stream`, ordered after what the host knows
+  static void Merge(Clock& into, const Clock& from);
+  void HostLearns(const Clock& clock);  // the host saw this work complete
+  void CheckAndRecord(Stream* stream, std::uint64_t position, const FakeRange& range, bool write,
+                      const std::string& what);
+  bool Tracked(const FakeRange& range) const;
+  void ForgetAccesses(const FakeRange& range);  // the memory went back (cudaFree and cudaFreeHost synchronize)
 
   FakeCudaOptions options_;
   mutable std::recursive_mutex mu_;
@@ -169,6 +208,10 @@ class FakeCudaRuntime final : public CudaRuntime {
   std::map<std::uintptr_t, Mapping> mappings_;          // address -> mapping
   PhysicalHandle next_handle_ = 1;
   std::vector<VmmCall> vmm_log_;
+  Clock host_clock_;
+  std::vector<Access> accesses_;
+  std::vector<std::string> race_log_;
+  std::map<const void*, std::uint64_t> host_waits_;
   static thread_local int current_device_;
 };
 

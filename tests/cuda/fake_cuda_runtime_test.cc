@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <string>
 #include <vector>
 
 namespace remat::cuda {
@@ -88,6 +89,53 @@ TEST(CudaFakeRuntime, DeviceMemoryIsBounded) {
   ASSERT_TRUE(rt.DeviceFree(p).ok());
   EXPECT_FALSE(rt.DeviceMalloc(16).ok());
   EXPECT_TRUE(rt.DeviceMalloc(16).ok());
+}
+
+// The ordering model: a kernel that reads what a copy on another stream writes races with it unless its stream
+// waits for an event recorded after the copy, or the host learned the copy finished.
+TEST(FakeCudaRuntime, KernelsRaceWithCopiesTheyAreNotOrderedAfter) {
+  FakeCudaRuntime rt;
+  cudaStream_t copy = *rt.StreamCreate();
+  cudaStream_t compute = *rt.StreamCreate();
+  void* device = *rt.DeviceMalloc(4096);
+  void* host = *rt.HostAllocPinned(4096);
+  const FakeRange block{reinterpret_cast<std::uintptr_t>(device), 4096};
+  rt.HoldStream(copy);
+  ASSERT_TRUE(rt.MemcpyAsync(device, host, 4096, CopyKind::kHostToDevice, copy).ok());
+  rt.LaunchKernel(compute, {block}, {}, "reader");
+  EXPECT_EQ(rt.counters().races, 1u);
+  ASSERT_EQ(rt.races().size(), 1u);
+  EXPECT_NE(rt.races()[0].find("reader reads 4096 bytes"), std::string::npos) << rt.races()[0];
+
+  cudaEvent_t copied = *rt.EventCreate();
+  cudaEvent_t read = *rt.EventCreate();
+  ASSERT_TRUE(rt.EventRecord(read, compute).ok());  // overwriting what a kernel reads: after that kernel
+  ASSERT_TRUE(rt.StreamWaitEvent(copy, read).ok());
+  ASSERT_TRUE(rt.MemcpyAsync(device, host, 4096, CopyKind::kHostToDevice, copy).ok());
+  ASSERT_TRUE(rt.EventRecord(copied, copy).ok());
+  ASSERT_TRUE(rt.StreamWaitEvent(compute, copied).ok());
+  rt.LaunchKernel(compute, {block}, {}, "ordered reader");
+  EXPECT_EQ(rt.counters().races, 1u);  // no new race
+  // A copy out of the block must come after the kernel that writes it.
+  rt.LaunchKernel(compute, {}, {block}, "writer");
+  ASSERT_TRUE(rt.MemcpyAsync(host, device, 4096, CopyKind::kDeviceToHost, copy).ok());
+  EXPECT_EQ(rt.counters().races, 2u);
+  EXPECT_EQ(rt.host_waits_for(compute), 0u);
+  rt.ReleaseStream(copy);
+  ASSERT_TRUE(rt.StreamSynchronize(compute).ok());
+  EXPECT_EQ(rt.host_waits_for(compute), 1u);
+  EXPECT_EQ(rt.host_waits_for(copy), 0u);
+  ASSERT_TRUE(rt.EventSynchronize(copied).ok());
+  EXPECT_EQ(rt.host_waits_for(copy), 1u);
+  // The host knows everything finished: what it launches now is ordered after all of it.
+  ASSERT_TRUE(rt.MemcpyAsync(device, host, 4096, CopyKind::kHostToDevice, copy).ok());
+  ASSERT_TRUE(rt.StreamSynchronize(copy).ok());
+  rt.LaunchKernel(compute, {}, {block}, "after the host waited");
+  EXPECT_EQ(rt.counters().races, 2u);
+  ASSERT_TRUE(rt.EventDestroy(copied).ok());
+  ASSERT_TRUE(rt.EventDestroy(read).ok());
+  ASSERT_TRUE(rt.DeviceFree(device).ok());
+  ASSERT_TRUE(rt.HostFreePinned(host).ok());
 }
 
 }  // namespace

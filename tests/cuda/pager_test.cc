@@ -153,5 +153,51 @@ TEST(CudaPinnedHostPool, GrowsUpToItsBudgetAndReusesAfterEvents) {
   ASSERT_TRUE(pool->Free(*c).ok());
 }
 
+// Pages of odd sizes take their size rounded to 512 bytes in the pinned pool, not to the next power of two (as
+// PyTorch's pinned-memory caching allocator would: 640 KiB + 1 byte would take 1 MiB there).
+TEST(CudaPinnedHostPool, PagesTakeTheirSizeNotTheNextPowerOfTwo) {
+  Fixture f(std::size_t{4} << 20, std::size_t{8} << 20);
+  cudaStream_t s = *f.rt.StreamCreate();
+  const std::vector<std::size_t> sizes = {640 * 1024 + 1, 100 * 1024 + 3, 1536 * 1024, 3 * 1024 + 7};
+  std::size_t rounded_to_512 = 0;
+  std::vector<PageId> pages;
+  for (std::size_t bytes : sizes) {
+    std::uintptr_t block = *f.device->Allocate(bytes, s);
+    absl::StatusOr<PageId> page = f.pager->PageOut(block, bytes, s);
+    ASSERT_TRUE(page.ok()) << page.status();
+    pages.push_back(*page);
+    ASSERT_TRUE(f.device->Free(block).ok());
+    rounded_to_512 += (bytes + 511) / 512 * 512;
+  }
+  EXPECT_EQ(f.host->Stats().allocated_bytes, rounded_to_512);  // 2,335,232 bytes; powers of two: 3,280,896
+  for (PageId page : pages) ASSERT_TRUE(f.pager->Release(page).ok());
+}
+
+// PageInto copies a page into a block the caller allocated; the consumer's kernel is ordered after the copy only
+// through WaitForPage (the double's ordering model sees the race without it).
+TEST(CudaPager, PageIntoACallersBlockIsOrderedByWaitForPage) {
+  Fixture f;
+  cudaStream_t s = *f.rt.StreamCreate();
+  const std::size_t bytes = 4096;
+  std::uintptr_t a = *f.device->Allocate(bytes, s);
+  f.rt.Launch(s, [&] { Fill(a, bytes, 3); });
+  std::vector<unsigned char> expected(bytes);
+  std::memcpy(expected.data(), reinterpret_cast<void*>(a), bytes);
+  PageId page = *f.pager->PageOut(a, bytes, s);
+  ASSERT_TRUE(f.device->Free(a).ok());
+  std::uintptr_t b = *f.device->Allocate(bytes, s);
+  ASSERT_TRUE(f.pager->PageInto(page, b, s).ok());
+  EXPECT_EQ(f.pager->PageInto(page, b, s).code(), absl::StatusCode::kFailedPrecondition);  // already in
+  const std::uint64_t races = f.rt.counters().races;
+  f.rt.LaunchKernel(s, {{b, bytes}}, {}, "unordered reader");
+  EXPECT_EQ(f.rt.counters().races, races + 1);
+  ASSERT_TRUE(f.pager->WaitForPage(page, s).ok());
+  f.rt.LaunchKernel(s, {{b, bytes}}, {}, "ordered reader");
+  EXPECT_EQ(f.rt.counters().races, races + 1);
+  EXPECT_EQ(std::memcmp(reinterpret_cast<void*>(b), expected.data(), bytes), 0);
+  ASSERT_TRUE(f.pager->Release(page).ok());
+  ASSERT_TRUE(f.device->Free(b).ok());
+}
+
 }  // namespace
 }  // namespace remat::cuda

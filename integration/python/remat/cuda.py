@@ -17,7 +17,8 @@ With the engine on (the default), the ops of the thread that installed it, and t
 tracked, and an allocation that does not fit evicts storages the engine can recompute (``policy``), rematerialized
 bitwise when read, exactly as on the CPU; ``remat.stats()`` reports its evictions and ``remat.disable()`` switches
 it off (every tensor still held is brought back, under the budget). ``offload`` ("auto", "always") pages victims to
-host memory (``host_budget``) instead of dropping them, synchronously through a pinned staging block. On CUDA the
+host memory (``host_budget``) instead of dropping them: pinned host pages copied on a copy stream, ordered by
+events (the consuming kernel's stream waits for its page, not the host), with prefetch ahead of use. On CUDA the
 engine runs on device 0 and keeps the outputs of random ops (dropout) instead of evicting them: only the CPU
 generator's state is captured so far. Its logic runs in CI on the CUDA runtime's test double
 (tests/cuda/cuda_engine_test.cc), never yet on a GPU.
