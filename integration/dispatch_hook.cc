@@ -382,6 +382,13 @@ void RecordOp(const c10::OperatorHandle& op, const OpTraits& traits, c10::Dispat
   auto start = std::chrono::steady_clock::now();
   for (int retries = 0;; ++retries) {
     try {
+      // The kernel runs with the key excluded: its nested calls are part of the op (a replay runs them again), so
+      // they go straight to their kernels instead of through this fallback (boxing their arguments costs about a
+      // microsecond per op with nested calls, aten::mm's among them). What a thread started by the kernel inherits
+      // follows: at::launch and a backward pass the kernel runs capture this state, so their ops are part of the
+      // op too, as they were on this thread through t_depth; at::parallel_for's OpenMP workers never had the key.
+      // (Threads a kernel starts are in dispatch_hook_test's KernelThreads tests.)
+      const c10::impl::ExcludeDispatchKeyGuard nested_calls_pass(g_key);
       op.redispatchBoxed(below, stack);
       break;
     } catch (const c10::OutOfMemoryError&) {
@@ -399,6 +406,14 @@ void RecordOp(const c10::OperatorHandle& op, const OpTraits& traits, c10::Dispat
       stack->resize(base);
       stack->insert(stack->end(), retry_arguments.begin(), retry_arguments.end());
       start = std::chrono::steady_clock::now();  // the op's cost is that of the run that succeeds
+    } catch (c10::Error& e) {
+      // Its nested calls did not go through the hook, so nothing named the op that read an evicted storage: a
+      // recorded op's inputs are resident (BeforeOp), so this is remat's bug; name the op for the report.
+      if (e.msg().find(kEvictedAccessMessage) != std::string::npos) {
+        e.add_context(absl::StrCat("remat: the evicted storage was read inside the recorded op ", traits.name));
+      }
+      observer->OpFailed(record);
+      throw;
     } catch (...) {
       observer->OpFailed(record);
       throw;

@@ -27,11 +27,15 @@
 #include <ATen/ops/sum.h>
 #include <ATen/ops/tanh.h>
 #include <ATen/ops/zeros.h>
+#include <ATen/Parallel.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
+#include <torch/library.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
+#include <future>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -347,6 +351,87 @@ TEST_F(DispatchHookTest, AFailingOpIsReportedAndItsErrorPropagates) {
   }
   EXPECT_EQ(observer_.failed(), 1);
   EXPECT_TRUE(observer_.Names().empty());
+}
+
+// ---- Threads a recorded kernel starts ----
+
+// A kernel that does its work on other threads, as real kernels do: two at::parallel_for chunks (OpenMP workers)
+// and one at::launch task (the inter-op pool, which carries the launching thread's dispatch key state), each
+// running dispatcher ops. Everything it runs is part of the op: its replay runs it all again.
+at::Tensor ThreadedAddKernel(const at::Tensor& a, const at::Tensor& b) {
+  std::vector<at::Tensor> parts(2);
+  at::parallel_for(0, 2, 1, [&](std::int64_t begin, std::int64_t end) {
+    for (std::int64_t i = begin; i < end; ++i) parts[static_cast<std::size_t>(i)] = at::add(a, b);
+  });
+  std::promise<at::Tensor> launched;
+  std::future<at::Tensor> product = launched.get_future();
+  at::launch([&] { launched.set_value(at::mul(a, b)); });
+  return at::add(at::add(parts[0], parts[1]), product.get());
+}
+
+TORCH_LIBRARY_FRAGMENT(remat_hook_test, m) { m.def("threaded_add(Tensor a, Tensor b) -> Tensor"); }
+TORCH_LIBRARY_IMPL(remat_hook_test, CPU, m) { m.impl("threaded_add", &ThreadedAddKernel); }
+
+at::Tensor ThreadedAdd(const at::Tensor& a, const at::Tensor& b) {
+  static const c10::OperatorHandle op =
+      c10::Dispatcher::singleton().findSchemaOrThrow("remat_hook_test::threaded_add", "");
+  return op.typed<at::Tensor(const at::Tensor&, const at::Tensor&)>().call(a, b);
+}
+
+// The kernel runs with the hook's key excluded (dispatch_hook.cc, RecordOp): the ops of the threads it starts are
+// not recorded as ops of their own, whether the thread inherits the key state (at::launch) or not (OpenMP), and the
+// key is back once the op returns, also when it threw.
+TEST_F(DispatchHookTest, KernelThreadsOpsArePartOfTheOp) {
+  const int threads = at::get_num_threads();
+  at::set_num_threads(2);
+  const at::Tensor a = at::randn({4, 4});
+  const at::Tensor b = at::randn({4, 4});
+  at::Tensor out;
+  {
+    ScopedHook hook;
+    out = ThreadedAdd(a, b);
+    EXPECT_TRUE(HookEnabledOnThisThread());
+    EXPECT_THROW(ThreadedAdd(a, at::ones({3})), c10::Error);
+    EXPECT_TRUE(HookEnabledOnThisThread());
+  }
+  at::set_num_threads(threads);
+  EXPECT_THAT(observer_.Names(), ElementsAre("remat_hook_test::threaded_add"));
+  EXPECT_EQ(observer_.failed(), 1);
+  absl::StatusOr<c10::Stack> replayed = Replay(*observer_.Only("remat_hook_test::threaded_add"));
+  ASSERT_TRUE(replayed.ok()) << replayed.status();
+  EXPECT_TRUE(SameBytes((*replayed)[0].toTensor(), out));
+}
+
+// A backward pass a recorded kernel runs is part of it too (on CPU autograd runs it on the calling thread, with the
+// key state captured from it); backward passes started outside any op are recorded op by op.
+at::Tensor GradKernel(const at::Tensor& a) {
+  // The op has no autograd kernel: torch's fallback ran it below autograd. Autograd back on, the rest as it is.
+  c10::impl::LocalDispatchKeySet state = c10::impl::tls_local_dispatch_key_set();
+  state.excluded_ = state.excluded_ - c10::autograd_dispatch_keyset_with_ADInplaceOrView;
+  const c10::impl::ForceDispatchKeyGuard autograd_on(state);
+  at::AutoGradMode grad(true);
+  at::Tensor leaf = a.detach().set_requires_grad(true);
+  at::sum(at::tanh(leaf)).backward();
+  return leaf.grad();
+}
+
+TORCH_LIBRARY_FRAGMENT(remat_hook_test, m) { m.def("grad_of_tanh(Tensor a) -> Tensor"); }
+TORCH_LIBRARY_IMPL(remat_hook_test, CompositeExplicitAutograd, m) { m.impl("grad_of_tanh", &GradKernel); }
+
+TEST_F(DispatchHookTest, ABackwardPassInsideAKernelIsPartOfItAndOneOutsideIsRecorded) {
+  static const c10::OperatorHandle op =
+      c10::Dispatcher::singleton().findSchemaOrThrow("remat_hook_test::grad_of_tanh", "");
+  const at::Tensor a = at::randn({8});
+  at::Tensor x = at::randn({8}).set_requires_grad(true);
+  {
+    ScopedHook hook;
+    (void)op.typed<at::Tensor(const at::Tensor&)>().call(a);
+    at::sum(at::tanh(x)).backward();
+  }
+  const std::vector<std::string> names = observer_.Names();
+  EXPECT_EQ(names.front(), "remat_hook_test::grad_of_tanh");
+  EXPECT_EQ(std::count(names.begin(), names.end(), "aten::tanh"), 1) << testing::PrintToString(names);
+  EXPECT_EQ(std::count(names.begin(), names.end(), "aten::tanh_backward"), 1) << testing::PrintToString(names);
 }
 
 TEST_F(DispatchHookTest, MultiOutputOpRestoresEveryEvictedOutput) {
