@@ -243,6 +243,10 @@ void HookParentAfterFork();
 void HookChildAfterFork();
 OpObserver* GetObserver();
 
+// Empties a dead record's arguments, keeping its aliases' TensorImpls (without their storages) for the hook's next
+// captures on this thread instead of destroying them. For the record's owner, when it drops the record.
+void RecycleAliases(c10::Stack& arguments);
+
 // Fresh detached aliases of the record's arguments (a replay may resize an out= argument; the record's own
 // aliases stay untouched) with a fresh copy of the captured generator in the Generator argument, if any.
 c10::Stack ReplayArguments(const OpRecord& record);

@@ -21,6 +21,7 @@
 #include <ATen/ops/native_channel_shuffle.h>
 #include <ATen/ops/mish_backward.h>
 #include <ATen/ops/silu_backward.h>
+#include <ATen/ops/sin.h>
 #include <ATen/ops/ones.h>
 #include <ATen/ops/rand.h>
 #include <ATen/ops/randn.h>
@@ -351,6 +352,53 @@ TEST_F(DispatchHookTest, AFailingOpIsReportedAndItsErrorPropagates) {
   }
   EXPECT_EQ(observer_.failed(), 1);
   EXPECT_TRUE(observer_.Names().empty());
+}
+
+// A dead record's aliases are reused by the next captures on the thread (RecycleAliases): the reused TensorImpl
+// takes the new argument's storage and layout, holds no storage while it waits, and an alias anyone else still
+// references is left alone.
+TEST_F(DispatchHookTest, RecycledAliasesTakeTheNextArgumentAndHoldNothingMeanwhile) {
+  at::Tensor a = at::randn({4, 4});
+  const at::Tensor b = at::randn({3, 5}, at::kDouble).t();  // another dtype, transposed strides
+  const at::Tensor b_view = b.slice(/*dim=*/0, /*start=*/1);  // a storage offset
+  {
+    ScopedHook hook;
+    (void)at::tanh(a);
+  }
+  std::shared_ptr<OpRecord> first = observer_.Only("aten::tanh");
+  ASSERT_EQ(first->arguments.size(), 1u);
+  const c10::TensorImpl* recycled = first->arguments[0].toTensor().unsafeGetTensorImpl();
+  const c10::weak_intrusive_ptr<c10::StorageImpl> a_storage = a.storage().getWeakStorageImpl();
+  first->input_storages.clear();
+  RecycleAliases(first->arguments);
+  EXPECT_TRUE(first->arguments.empty());
+  a.reset();
+  EXPECT_TRUE(a_storage.expired()) << "a recycled alias must not keep its old storage alive";
+
+  {
+    ScopedHook hook;
+    (void)at::sin(b_view);
+  }
+  std::shared_ptr<OpRecord> second = observer_.Only("aten::sin");
+  const at::Tensor& alias = second->arguments[0].toTensor();
+  EXPECT_EQ(alias.unsafeGetTensorImpl(), recycled) << "the spare was not reused";
+  EXPECT_EQ(alias.storage().unsafeGetStorageImpl(), b_view.storage().unsafeGetStorageImpl());
+  EXPECT_EQ(alias.sizes(), b_view.sizes());
+  EXPECT_EQ(alias.strides(), b_view.strides());
+  EXPECT_EQ(alias.storage_offset(), b_view.storage_offset());
+  EXPECT_EQ(alias.scalar_type(), at::kDouble);
+  EXPECT_EQ(alias.is_contiguous(), b_view.is_contiguous());
+  EXPECT_FALSE(alias.unsafeGetTensorImpl()->version_counter().enabled());
+  absl::StatusOr<c10::Stack> replayed = Replay(*second);
+  ASSERT_TRUE(replayed.ok()) << replayed.status();
+  EXPECT_TRUE(SameBytes((*replayed)[0].toTensor(), at::sin(b_view)));
+
+  // Held elsewhere: not taken.
+  const at::Tensor held = alias;
+  RecycleAliases(second->arguments);
+  EXPECT_TRUE(held.has_storage());
+  EXPECT_EQ(held.storage().unsafeGetStorageImpl(), b_view.storage().unsafeGetStorageImpl());
+  EXPECT_EQ(held.sizes(), b_view.sizes());
 }
 
 // ---- Threads a recorded kernel starts ----
