@@ -434,12 +434,13 @@ TEST_F(DispatchHookTest, KernelThreadsOpsArePartOfTheOp) {
   at::set_num_threads(2);
   const at::Tensor a = at::randn({4, 4});
   const at::Tensor b = at::randn({4, 4});
+  const at::Tensor mismatched = at::ones({3});
   at::Tensor out;
   {
     ScopedHook hook;
     out = ThreadedAdd(a, b);
     EXPECT_TRUE(HookEnabledOnThisThread());
-    EXPECT_THROW(ThreadedAdd(a, at::ones({3})), c10::Error);
+    EXPECT_THROW(ThreadedAdd(a, mismatched), c10::Error);
     EXPECT_TRUE(HookEnabledOnThisThread());
   }
   at::set_num_threads(threads);
