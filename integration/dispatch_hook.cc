@@ -73,8 +73,8 @@ thread_local std::vector<c10::intrusive_ptr<c10::TensorImpl>> t_spare_aliases;
 
 // A spare can stand in for shallow_copy_and_detach of `source`: both plain TensorImpls (not a subclass, which
 // detaches differently) and no Python dispatch mode to run (shallow_copy_and_detach would let it detach).
-bool SpareFits(const c10::TensorImpl& source) {
-  return !t_spare_aliases.empty() && typeid(source) == typeid(c10::TensorImpl) &&
+bool SpareFits(const std::vector<c10::intrusive_ptr<c10::TensorImpl>>& spares, const c10::TensorImpl& source) {
+  return !spares.empty() && typeid(source) == typeid(c10::TensorImpl) &&
          c10::impl::TorchDispatchModeTLS::stack_len() == 0;
 }
 
@@ -84,11 +84,12 @@ at::Tensor DetachedAlias(const at::Tensor& tensor, bool* replayable, bool versio
     *replayable = false;
     return tensor;
   }
-  if (!versioned && SpareFits(*tensor.unsafeGetTensorImpl())) {
+  std::vector<c10::intrusive_ptr<c10::TensorImpl>>& spares = t_spare_aliases;  // one TLS lookup
+  if (!versioned && SpareFits(spares, *tensor.unsafeGetTensorImpl())) {
     // The same copy of the metadata shallow_copy_and_detach makes (storage, sizes, strides, offset, dtype, device,
     // keys), into a spare whose version counter is already the disabled one.
-    c10::intrusive_ptr<c10::TensorImpl> impl = std::move(t_spare_aliases.back());
-    t_spare_aliases.pop_back();
+    c10::intrusive_ptr<c10::TensorImpl> impl = std::move(spares.back());
+    spares.pop_back();
     impl->shallow_copy_from(tensor.getIntrusivePtr());
     return at::Tensor(std::move(impl));
   }
@@ -577,20 +578,22 @@ void WaitForObserverCalls() {
 OpObserver* GetObserver() { return g_observer.load(std::memory_order_seq_cst); }
 
 void RecycleAliases(c10::Stack& arguments) {
+  if (arguments.empty()) return;
+  std::vector<c10::intrusive_ptr<c10::TensorImpl>>& spares = t_spare_aliases;  // one TLS lookup
   for (c10::IValue& value : arguments) {
-    if (t_spare_aliases.size() >= kMaxSpareAliases) break;
+    if (spares.size() >= kMaxSpareAliases) break;
     if (!value.isTensor()) continue;
-    const c10::TensorImpl* impl = value.toTensor().unsafeGetTensorImpl();
+    const at::Tensor& tensor = value.toTensor();
+    if (!tensor.defined()) continue;
+    const c10::TensorImpl* impl = tensor.unsafeGetTensorImpl();
     // Only a record's own alias (plain, no version counter) that nothing else references, weakly or from Python.
-    if (impl == nullptr || !value.toTensor().defined() || typeid(*impl) != typeid(c10::TensorImpl) ||
-        impl->version_counter().enabled() || value.toTensor().use_count() != 1 ||
-        value.toTensor().weak_use_count() != 1 || impl->pyobj_slot()->load_pyobj() != nullptr) {
+    if (impl->version_counter().enabled() || tensor.use_count() != 1 || tensor.weak_use_count() != 1 ||
+        typeid(*impl) != typeid(c10::TensorImpl) || impl->pyobj_slot()->load_pyobj() != nullptr) {
       continue;
     }
     c10::intrusive_ptr<c10::TensorImpl> spare = std::move(value).toTensor().unsafeReleaseIntrusivePtr();
-    value = c10::IValue();
     spare->release_resources();  // its storage reference goes now: a storage's death is its use count
-    t_spare_aliases.push_back(std::move(spare));
+    spares.push_back(std::move(spare));
   }
   arguments.clear();
 }
