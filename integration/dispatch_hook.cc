@@ -2,8 +2,9 @@
 //
 // Hot path (pass-through): a thread_local depth read and one acquire load of the observer, then redispatch below our key.
 // Recording path: traits come from a thread_local cache keyed by the schema's address (one global lookup per
-// operator per thread); capture makes one TensorImpl per tensor argument (shallow_copy_and_detach, no dispatcher
-// call) and, for random ops, one copy of the generator.
+// operator per thread); capture fills one TensorImpl per tensor argument (a spare of a dropped record when the thread
+// has one, else shallow_copy_and_detach; no dispatcher call) and, for random ops, one copy of the generator. The kernel
+// runs with the key excluded: its nested calls never reach the fallback.
 #include "integration/dispatch_hook.h"
 
 #include <ATen/CPUGeneratorImpl.h>
@@ -95,7 +96,8 @@ at::Tensor DetachedAlias(const at::Tensor& tensor, bool* replayable, bool versio
   }
   if (versioned) {
     return at::Tensor(
-        tensor.unsafeGetTensorImpl()->shallow_copy_and_detach(c10::VariableVersion(0), /*allow_tensor_metadata_change=*/true));
+        tensor.unsafeGetTensorImpl()->shallow_copy_and_detach(c10::VariableVersion(0),
+                                                              /*allow_tensor_metadata_change=*/true));
   }
   // A TensorImpl made outside inference mode allocates a version counter that shallow_copy_and_detach then throws
   // away: made in inference mode it skips that allocation and its free. Nothing else differs: the alias takes the
