@@ -309,6 +309,23 @@ struct Arena::State {
     return absl::OkStatus();
   }
 
+  // Re-keys the free block at `it` to its node's current size and address. In place when the new key still sorts
+  // between its neighbours (the usual case: the remainder of a split or a merged block keeps its place), which also
+  // keeps the tree from going empty and back (a lone free block: two node allocations per Allocate and per Free).
+  void Rekey(decltype(free_index)::iterator it) {
+    const FreeKey key = KeyOf(it->block);
+    const FreeKeyLess less;
+    const bool after_prev = it == free_index.begin() || less(*std::prev(it), key);
+    const bool before_next = std::next(it) == free_index.end() || less(key, *std::next(it));
+    if (after_prev && before_next) {
+      // Only size and address change, and the order they define is kept: the set stays sorted.
+      const_cast<FreeKey&>(*it) = key;
+      return;
+    }
+    free_index.erase(it);  // before the insert: a btree's insert invalidates its iterators
+    free_index.insert(key);
+  }
+
   // Best fit and split; nullptr when no free block holds `aligned`.
   Node* Place(std::size_t aligned, OwnerId owner, Placement placement) {
     decltype(free_index)::iterator it;
@@ -331,9 +348,9 @@ struct Arena::State {
       return nullptr;
     }
     Node* f = it->block;
-    free_index.erase(it);
     Node* b;
     if (f->size == aligned) {
+      free_index.erase(it);
       b = f;
     } else {
       b = pool.New();
@@ -358,7 +375,7 @@ struct Arena::State {
         if (f->next != nullptr) f->next->prev = b;
         f->next = b;
       }
-      free_index.insert(KeyOf(f));
+      Rekey(it);  // f is smaller now, and kLow moved its address
     }
     b->free = false;
     b->owner = owner;
@@ -438,9 +455,14 @@ struct Arena::State {
     allocated -= b->size;
     b->free = true;
     b->owner = kNoOwner;
+    // The block that survives a merge keeps its entry in the index, re-keyed (Rekey); a block with no free
+    // neighbour gets one.
     Node* lower = b->prev;
+    std::optional<decltype(free_index)::iterator> kept;
+    FreeKey lower_key{};  // lower's key in the index while its node grows
     if (lower != nullptr && lower->free) {
-      free_index.erase(KeyOf(lower));
+      lower_key = KeyOf(lower);
+      kept = free_index.find(lower_key);
       lower->size += b->size;
       lower->next = b->next;
       if (b->next != nullptr) b->next->prev = lower;
@@ -449,13 +471,24 @@ struct Arena::State {
     }
     Node* upper = b->next;
     if (upper != nullptr && upper->free) {
-      free_index.erase(KeyOf(upper));
+      auto upper_it = free_index.find(KeyOf(upper));
       b->size += upper->size;
       b->next = upper->next;
       if (upper->next != nullptr) upper->next->prev = b;
       pool.Delete(upper);
+      if (!kept) {  // b takes upper's entry (Rekey reads the node it names)
+        const_cast<FreeKey&>(*upper_it).block = b;
+        kept = upper_it;
+      } else {  // both neighbours were free: lower's entry stays (erasing invalidates iterators: find it again)
+        free_index.erase(upper_it);
+        kept = free_index.find(lower_key);
+      }
     }
-    free_index.insert(KeyOf(b));
+    if (kept) {
+      Rekey(*kept);
+    } else {
+      free_index.insert(KeyOf(b));
+    }
   }
 
   // Place, growing first when the options allow it.

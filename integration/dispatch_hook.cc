@@ -2,8 +2,9 @@
 //
 // Hot path (pass-through): a thread_local depth read and one acquire load of the observer, then redispatch below our key.
 // Recording path: traits come from a thread_local cache keyed by the schema's address (one global lookup per
-// operator per thread); capture makes one TensorImpl per tensor argument (shallow_copy_and_detach, no dispatcher
-// call) and, for random ops, one copy of the generator.
+// operator per thread); capture fills one TensorImpl per tensor argument (a spare of a dropped record when the thread
+// has one, else shallow_copy_and_detach; no dispatcher call) and, for random ops, one copy of the generator. The kernel
+// runs with the key excluded: its nested calls never reach the fallback.
 #include "integration/dispatch_hook.h"
 
 #include <ATen/CPUGeneratorImpl.h>
@@ -11,6 +12,7 @@
 #include <ATen/core/List.h>
 #include <c10/core/InferenceMode.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
+#include <c10/core/impl/TorchDispatchModeTLS.h>
 #include <c10/util/Exception.h>
 #include <torch/csrc/autograd/graph_task.h>
 
@@ -20,6 +22,7 @@
 #include <memory>
 #include <mutex>
 #include <thread>
+#include <typeinfo>
 #include <utility>
 
 #include "absl/container/flat_hash_map.h"
@@ -61,15 +64,47 @@ bool IsPlain(const at::Tensor& tensor) {
 // `versioned`: the alias gets a version counter of its own, as any tensor an op runs on needs (an in-place kernel
 // bumps it). A record's own aliases are only read (shapes, storages) and re-aliased for each replay
 // (ReplayArguments), so they go without one: no counter to allocate and free per tensor argument of every op.
+// Spare TensorImpls of the aliases of records that died (RecycleAliases), for the captures that follow on this
+// thread: a fresh alias costs an allocation, a TensorImpl's construction and, when its record is dropped, its
+// destruction (about 0.8k instructions per tensor argument, in inference mode to skip a version counter's allocation
+// on top). Records die in bulk when the bridge prunes (every RecordStore::kPruneEvery ops), so the pool holds up to
+// a prune's worth of two-tensor ops; each spare is a bare TensorImpl (no storage, about 200 bytes).
+constexpr std::size_t kMaxSpareAliases = 4096;
+thread_local std::vector<c10::intrusive_ptr<c10::TensorImpl>> t_spare_aliases;
+
+// A spare can stand in for shallow_copy_and_detach of `source`: both plain TensorImpls (not a subclass, which
+// detaches differently) and no Python dispatch mode to run (shallow_copy_and_detach would let it detach).
+bool SpareFits(const std::vector<c10::intrusive_ptr<c10::TensorImpl>>& spares, const c10::TensorImpl& source) {
+  return !spares.empty() && typeid(source) == typeid(c10::TensorImpl) &&
+         c10::impl::TorchDispatchModeTLS::stack_len() == 0;
+}
+
 at::Tensor DetachedAlias(const at::Tensor& tensor, bool* replayable, bool versioned) {
   if (!tensor.defined()) return tensor;
   if (!IsPlain(tensor)) {
     *replayable = false;
     return tensor;
   }
+  std::vector<c10::intrusive_ptr<c10::TensorImpl>>& spares = t_spare_aliases;  // one TLS lookup
+  if (!versioned && SpareFits(spares, *tensor.unsafeGetTensorImpl())) {
+    // The same copy of the metadata shallow_copy_and_detach makes (storage, sizes, strides, offset, dtype, device,
+    // keys), into a spare whose version counter is already the disabled one.
+    c10::intrusive_ptr<c10::TensorImpl> impl = std::move(spares.back());
+    spares.pop_back();
+    impl->shallow_copy_from(tensor.getIntrusivePtr());
+    return at::Tensor(std::move(impl));
+  }
+  if (versioned) {
+    return at::Tensor(
+        tensor.unsafeGetTensorImpl()->shallow_copy_and_detach(c10::VariableVersion(0),
+                                                              /*allow_tensor_metadata_change=*/true));
+  }
+  // A TensorImpl made outside inference mode allocates a version counter that shallow_copy_and_detach then throws
+  // away: made in inference mode it skips that allocation and its free. Nothing else differs: the alias takes the
+  // source's dispatch keys (autograd's included).
+  const c10::InferenceMode no_version_counter;
   return at::Tensor(tensor.unsafeGetTensorImpl()->shallow_copy_and_detach(
-      versioned ? c10::VariableVersion(0) : c10::VariableVersion(c10::VariableVersion::DISABLED),
-      /*allow_tensor_metadata_change=*/true));
+      c10::VariableVersion(c10::VariableVersion::DISABLED), /*allow_tensor_metadata_change=*/true));
 }
 
 void NoteStorage(const at::Tensor& tensor, InputStorages* storages) {
@@ -358,14 +393,8 @@ void RecordOp(const c10::OperatorHandle& op, const OpTraits& traits, c10::Dispat
   record.replayable = traits.replayable;
   const std::size_t num_arguments = op.schema().arguments().size();
   record.arguments.reserve(num_arguments);
-  {
-    // The record's aliases have no version counter (AliasValue), but a TensorImpl made outside inference mode
-    // allocates one before shallow_copy_and_detach replaces it: made in inference mode they skip that allocation
-    // and its free. Nothing else differs: the alias takes the source's dispatch keys (autograd's included).
-    c10::InferenceMode no_version_counter;
-    for (std::size_t i = stack->size() - num_arguments; i < stack->size(); ++i) {
-      record.arguments.push_back(AliasValue((*stack)[i], &record.input_storages, &record.replayable));
-    }
+  for (std::size_t i = stack->size() - num_arguments; i < stack->size(); ++i) {
+    record.arguments.push_back(AliasValue((*stack)[i], &record.input_storages, &record.replayable));
   }
   if (traits.random) CaptureRng(record, record.arguments);
   record.unannotated_writes = UnannotatedWritesOfCall(op.schema().name(), record.arguments);
@@ -382,6 +411,13 @@ void RecordOp(const c10::OperatorHandle& op, const OpTraits& traits, c10::Dispat
   auto start = std::chrono::steady_clock::now();
   for (int retries = 0;; ++retries) {
     try {
+      // The kernel runs with the key excluded: its nested calls are part of the op (a replay runs them again), so
+      // they go straight to their kernels instead of through this fallback (boxing their arguments costs about a
+      // microsecond per op with nested calls, aten::mm's among them). What a thread started by the kernel inherits
+      // follows: at::launch and a backward pass the kernel runs capture this state, so their ops are part of the
+      // op too, as they were on this thread through t_depth; at::parallel_for's OpenMP workers never had the key.
+      // (Threads a kernel starts are in dispatch_hook_test's KernelThreads tests.)
+      const c10::impl::ExcludeDispatchKeyGuard nested_calls_pass(g_key);
       op.redispatchBoxed(below, stack);
       break;
     } catch (const c10::OutOfMemoryError&) {
@@ -399,6 +435,14 @@ void RecordOp(const c10::OperatorHandle& op, const OpTraits& traits, c10::Dispat
       stack->resize(base);
       stack->insert(stack->end(), retry_arguments.begin(), retry_arguments.end());
       start = std::chrono::steady_clock::now();  // the op's cost is that of the run that succeeds
+    } catch (c10::Error& e) {
+      // Its nested calls did not go through the hook, so nothing named the op that read an evicted storage: a
+      // recorded op's inputs are resident (BeforeOp), so this is remat's bug; name the op for the report.
+      if (e.msg().find(kEvictedAccessMessage) != std::string::npos) {
+        e.add_context(absl::StrCat("remat: the evicted storage was read inside the recorded op ", traits.name));
+      }
+      observer->OpFailed(record);
+      throw;
     } catch (...) {
       observer->OpFailed(record);
       throw;
@@ -409,6 +453,7 @@ void RecordOp(const c10::OperatorHandle& op, const OpTraits& traits, c10::Dispat
       std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start).count());
   CaptureOutputs(record, *stack);
   observer->AfterOp(std::move(record));
+  RecycleAliases(record.arguments);  // a record the observer did not keep (moved from when it did: empty)
 }
 
 }  // namespace
@@ -533,6 +578,27 @@ void WaitForObserverCalls() {
 
 // Sequentially consistent: read after an ObserverCall is counted (op_capture.h), it pairs with SetObserver(nullptr).
 OpObserver* GetObserver() { return g_observer.load(std::memory_order_seq_cst); }
+
+void RecycleAliases(c10::Stack& arguments) {
+  if (arguments.empty()) return;
+  std::vector<c10::intrusive_ptr<c10::TensorImpl>>& spares = t_spare_aliases;  // one TLS lookup
+  for (c10::IValue& value : arguments) {
+    if (spares.size() >= kMaxSpareAliases) break;
+    if (!value.isTensor()) continue;
+    const at::Tensor& tensor = value.toTensor();
+    if (!tensor.defined()) continue;
+    const c10::TensorImpl* impl = tensor.unsafeGetTensorImpl();
+    // Only a record's own alias (plain, no version counter) that nothing else references, weakly or from Python.
+    if (impl->version_counter().enabled() || tensor.use_count() != 1 || tensor.weak_use_count() != 1 ||
+        typeid(*impl) != typeid(c10::TensorImpl) || impl->pyobj_slot()->load_pyobj() != nullptr) {
+      continue;
+    }
+    c10::intrusive_ptr<c10::TensorImpl> spare = std::move(value).toTensor().unsafeReleaseIntrusivePtr();
+    spare->release_resources();  // its storage reference goes now: a storage's death is its use count
+    spares.push_back(std::move(spare));
+  }
+  arguments.clear();
+}
 
 c10::Stack ReplayArguments(const OpRecord& record) {
   c10::Stack arguments;

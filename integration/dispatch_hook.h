@@ -13,8 +13,10 @@
 // task, so backward ops run by `backward()` on an enabled thread are seen too. Other threads are not affected.
 //
 // What the fallback does:
-//   - no observer installed, or an op nested inside another seen op (a kernel's own at:: calls), or one of our
-//     own remat:: ops: redispatch below the key at once (the pass-through path: one TLS read, one atomic load);
+//   - no observer installed, or an op nested inside another seen op, or one of our own remat:: ops: redispatch
+//     below the key at once (the pass-through path: one TLS read, one atomic load). A recorded op's kernel runs
+//     with the key excluded, so its own at:: calls do not even reach the fallback; threads that copy the kernel's
+//     dispatch key state (at::launch, a backward pass the kernel runs) do the same: their ops are part of the op;
 //   - an op traced or transformed rather than run on real memory (a Python dispatch mode such as FakeTensor, a
 //     tensor subclass, functionalization, functorch, meta tensors: their keys below the hook): it passes through,
 //     so torch.compile's tracing is untouched, and the ops it then runs on real tensors are recorded;
@@ -242,6 +244,10 @@ void HookPrepareFork();
 void HookParentAfterFork();
 void HookChildAfterFork();
 OpObserver* GetObserver();
+
+// Empties a dead record's arguments, keeping its aliases' TensorImpls (without their storages) for the hook's next
+// captures on this thread instead of destroying them. For the record's owner, when it drops the record.
+void RecycleAliases(c10::Stack& arguments);
 
 // Fresh detached aliases of the record's arguments (a replay may resize an out= argument; the record's own
 // aliases stay untouched) with a fresh copy of the captured generator in the Generator argument, if any.

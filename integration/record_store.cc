@@ -13,10 +13,10 @@ std::unique_ptr<ReplayOp> RecordStore::Make(OpRecord&& record) {
 }
 
 void RecordStore::Recycle(std::unique_ptr<ReplayOp> replay) {
+  OpRecord& r = replay->record;
+  RecycleAliases(r.arguments);  // the hook reuses the aliases' TensorImpls
   if (spares_.size() >= kMaxSpares) return;  // destroyed here
   // Its references go now, as if it were destroyed; the rest is overwritten when it is reused.
-  OpRecord& r = replay->record;
-  r.arguments.clear();
   r.input_storages.clear();
   r.outputs.clear();
   r.rng.reset();

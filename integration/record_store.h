@@ -8,7 +8,8 @@
 //   - DuePrune() is true once every kPruneEvery calls (one per op).
 //   - DropInert(engine, executor, on_drop) takes out of the executor the record of every kept op the engine reports
 //     inert (Engine::OpInert: nothing can replay it), calls on_drop(record) while its references are still held,
-//     then lets them go at once (a storage's death is its use count) and keeps the emptied ReplayOp as a spare.
+//     then lets them go at once (a storage's death is its use count; the TensorImpls of its aliases, without their
+//     storages, go to the hook's spares: RecycleAliases) and keeps the emptied ReplayOp as a spare.
 //     Dropped(op) then tells the ops it dropped, until ClearDropped().
 #pragma once
 

@@ -21,17 +21,22 @@
 #include <ATen/ops/native_channel_shuffle.h>
 #include <ATen/ops/mish_backward.h>
 #include <ATen/ops/silu_backward.h>
+#include <ATen/ops/sin.h>
 #include <ATen/ops/ones.h>
 #include <ATen/ops/rand.h>
 #include <ATen/ops/randn.h>
 #include <ATen/ops/sum.h>
 #include <ATen/ops/tanh.h>
 #include <ATen/ops/zeros.h>
+#include <ATen/Parallel.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
+#include <torch/library.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
+#include <future>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -347,6 +352,135 @@ TEST_F(DispatchHookTest, AFailingOpIsReportedAndItsErrorPropagates) {
   }
   EXPECT_EQ(observer_.failed(), 1);
   EXPECT_TRUE(observer_.Names().empty());
+}
+
+// A dead record's aliases are reused by the next captures on the thread (RecycleAliases): the reused TensorImpl
+// takes the new argument's storage and layout, holds no storage while it waits, and an alias anyone else still
+// references is left alone.
+TEST_F(DispatchHookTest, RecycledAliasesTakeTheNextArgumentAndHoldNothingMeanwhile) {
+  at::Tensor a = at::randn({4, 4});
+  const at::Tensor b = at::randn({3, 5}, at::kDouble).t();  // another dtype, transposed strides
+  const at::Tensor b_view = b.slice(/*dim=*/0, /*start=*/1);  // a storage offset
+  {
+    ScopedHook hook;
+    (void)at::tanh(a);
+  }
+  std::shared_ptr<OpRecord> first = observer_.Only("aten::tanh");
+  ASSERT_EQ(first->arguments.size(), 1u);
+  const c10::TensorImpl* recycled = first->arguments[0].toTensor().unsafeGetTensorImpl();
+  const c10::weak_intrusive_ptr<c10::StorageImpl> a_storage = a.storage().getWeakStorageImpl();
+  first->input_storages.clear();
+  RecycleAliases(first->arguments);
+  EXPECT_TRUE(first->arguments.empty());
+  a.reset();
+  EXPECT_TRUE(a_storage.expired()) << "a recycled alias must not keep its old storage alive";
+
+  {
+    ScopedHook hook;
+    (void)at::sin(b_view);
+  }
+  std::shared_ptr<OpRecord> second = observer_.Only("aten::sin");
+  const at::Tensor& alias = second->arguments[0].toTensor();
+  EXPECT_EQ(alias.unsafeGetTensorImpl(), recycled) << "the spare was not reused";
+  EXPECT_EQ(alias.storage().unsafeGetStorageImpl(), b_view.storage().unsafeGetStorageImpl());
+  EXPECT_EQ(alias.sizes(), b_view.sizes());
+  EXPECT_EQ(alias.strides(), b_view.strides());
+  EXPECT_EQ(alias.storage_offset(), b_view.storage_offset());
+  EXPECT_EQ(alias.scalar_type(), at::kDouble);
+  EXPECT_EQ(alias.is_contiguous(), b_view.is_contiguous());
+  EXPECT_FALSE(alias.unsafeGetTensorImpl()->version_counter().enabled());
+  absl::StatusOr<c10::Stack> replayed = Replay(*second);
+  ASSERT_TRUE(replayed.ok()) << replayed.status();
+  EXPECT_TRUE(SameBytes((*replayed)[0].toTensor(), at::sin(b_view)));
+
+  // Held elsewhere: not taken.
+  const at::Tensor held = alias;
+  RecycleAliases(second->arguments);
+  EXPECT_TRUE(held.has_storage());
+  EXPECT_EQ(held.storage().unsafeGetStorageImpl(), b_view.storage().unsafeGetStorageImpl());
+  EXPECT_EQ(held.sizes(), b_view.sizes());
+}
+
+// ---- Threads a recorded kernel starts ----
+
+// A kernel that does its work on other threads, as real kernels do: two at::parallel_for chunks (OpenMP workers)
+// and one at::launch task (the inter-op pool, which carries the launching thread's dispatch key state), each
+// running dispatcher ops. Everything it runs is part of the op: its replay runs it all again.
+at::Tensor ThreadedAddKernel(const at::Tensor& a, const at::Tensor& b) {
+  std::vector<at::Tensor> parts(2);
+  at::parallel_for(0, 2, 1, [&](std::int64_t begin, std::int64_t end) {
+    for (std::int64_t i = begin; i < end; ++i) parts[static_cast<std::size_t>(i)] = at::add(a, b);
+  });
+  std::promise<at::Tensor> launched;
+  std::future<at::Tensor> product = launched.get_future();
+  at::launch([&] { launched.set_value(at::mul(a, b)); });
+  return at::add(at::add(parts[0], parts[1]), product.get());
+}
+
+TORCH_LIBRARY_FRAGMENT(remat_hook_test, m) { m.def("threaded_add(Tensor a, Tensor b) -> Tensor"); }
+TORCH_LIBRARY_IMPL(remat_hook_test, CPU, m) { m.impl("threaded_add", &ThreadedAddKernel); }
+
+at::Tensor ThreadedAdd(const at::Tensor& a, const at::Tensor& b) {
+  static const c10::OperatorHandle op =
+      c10::Dispatcher::singleton().findSchemaOrThrow("remat_hook_test::threaded_add", "");
+  return op.typed<at::Tensor(const at::Tensor&, const at::Tensor&)>().call(a, b);
+}
+
+// The kernel runs with the hook's key excluded (dispatch_hook.cc, RecordOp): the ops of the threads it starts are
+// not recorded as ops of their own, whether the thread inherits the key state (at::launch) or not (OpenMP), and the
+// key is back once the op returns, also when it threw.
+TEST_F(DispatchHookTest, KernelThreadsOpsArePartOfTheOp) {
+  const int threads = at::get_num_threads();
+  at::set_num_threads(2);
+  const at::Tensor a = at::randn({4, 4});
+  const at::Tensor b = at::randn({4, 4});
+  const at::Tensor mismatched = at::ones({3});
+  at::Tensor out;
+  {
+    ScopedHook hook;
+    out = ThreadedAdd(a, b);
+    EXPECT_TRUE(HookEnabledOnThisThread());
+    EXPECT_THROW(ThreadedAdd(a, mismatched), c10::Error);
+    EXPECT_TRUE(HookEnabledOnThisThread());
+  }
+  at::set_num_threads(threads);
+  EXPECT_THAT(observer_.Names(), ElementsAre("remat_hook_test::threaded_add"));
+  EXPECT_EQ(observer_.failed(), 1);
+  absl::StatusOr<c10::Stack> replayed = Replay(*observer_.Only("remat_hook_test::threaded_add"));
+  ASSERT_TRUE(replayed.ok()) << replayed.status();
+  EXPECT_TRUE(SameBytes((*replayed)[0].toTensor(), out));
+}
+
+// A backward pass a recorded kernel runs is part of it too (on CPU autograd runs it on the calling thread, with the
+// key state captured from it); backward passes started outside any op are recorded op by op.
+at::Tensor GradKernel(const at::Tensor& a) {
+  // The op has no autograd kernel: torch's fallback ran it below autograd. Autograd back on, the rest as it is.
+  c10::impl::LocalDispatchKeySet state = c10::impl::tls_local_dispatch_key_set();
+  state.excluded_ = state.excluded_ - c10::autograd_dispatch_keyset_with_ADInplaceOrView;
+  const c10::impl::ForceDispatchKeyGuard autograd_on(state);
+  at::AutoGradMode grad(true);
+  at::Tensor leaf = a.detach().set_requires_grad(true);
+  at::sum(at::tanh(leaf)).backward();
+  return leaf.grad();
+}
+
+TORCH_LIBRARY_FRAGMENT(remat_hook_test, m) { m.def("grad_of_tanh(Tensor a) -> Tensor"); }
+TORCH_LIBRARY_IMPL(remat_hook_test, CompositeExplicitAutograd, m) { m.impl("grad_of_tanh", &GradKernel); }
+
+TEST_F(DispatchHookTest, ABackwardPassInsideAKernelIsPartOfItAndOneOutsideIsRecorded) {
+  static const c10::OperatorHandle op =
+      c10::Dispatcher::singleton().findSchemaOrThrow("remat_hook_test::grad_of_tanh", "");
+  const at::Tensor a = at::randn({8});
+  at::Tensor x = at::randn({8}).set_requires_grad(true);
+  {
+    ScopedHook hook;
+    (void)op.typed<at::Tensor(const at::Tensor&)>().call(a);
+    at::sum(at::tanh(x)).backward();
+  }
+  const std::vector<std::string> names = observer_.Names();
+  EXPECT_EQ(names.front(), "remat_hook_test::grad_of_tanh");
+  EXPECT_EQ(std::count(names.begin(), names.end(), "aten::tanh"), 1) << testing::PrintToString(names);
+  EXPECT_EQ(std::count(names.begin(), names.end(), "aten::tanh_backward"), 1) << testing::PrintToString(names);
 }
 
 TEST_F(DispatchHookTest, MultiOutputOpRestoresEveryEvictedOutput) {
