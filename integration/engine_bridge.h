@@ -202,8 +202,6 @@ class EngineBridge final : public OpObserver, public PressureHandler, public Hel
   void MarkStep();
   // Plan mode: the recorded iteration the last plan was made from (PlanDriver::PlannedTrace); empty otherwise.
   std::string PlannedTrace();
-  // In a forked child, right after the fork: plan mode off there (PlanDriver::AfterForkInChild).
-  void PlanAfterForkInChild();
   // An export: code outside the dispatcher is about to hold `impl`'s bytes or address (numpy(), DLPack, data_ptr(),
   // untyped_storage(), torch.save). Brings them back if evicted or paged and fixes the storage (Engine::Fix: never
   // evicted, moved or paged out again while it lives). `writable`: the export may write the bytes without remat
@@ -223,6 +221,11 @@ class EngineBridge final : public OpObserver, public PressureHandler, public Hel
   // child, where the forking thread is the only one and the engine's state is whole.
   void LockForFork() { lock_.LockForFork(); }
   void UnlockAfterFork() { lock_.UnlockAfterFork(); }
+  // In the child, right after the fork (engine_bridge_plan.cc): the arena's own lock may have been held by a parent
+  // thread the child does not have (an allocation on another thread), and the child never touches an arena again
+  // (cpu_allocator.h), so the engine forgets it (Engine::ForgetArena: it hung reading the arena's peak after an
+  // op); plan mode is off in the child (PlanDriver::AfterForkInChild).
+  void AfterForkInChild();
   // Makes every live storage resident again (before remat is switched off: user tensors must keep their data).
   // Allocations then come from whatever allocator is installed. Nothing is paged out meanwhile; ResourceExhausted
   // when some of what is held does not fit back (it is still in the host tier).

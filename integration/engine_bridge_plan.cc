@@ -1,5 +1,5 @@
 // EngineBridge, plan mode (policy "plan"): the plan driver's setup and its per-op and per-iteration calls
-// (integration/plan_driver.h). The bridge's other parts do not know about plans.
+// (integration/plan_driver.h), and what a forked child turns off. The bridge's other parts do not know about plans.
 #include "allocator/arena.h"
 #include "integration/cpu_allocator.h"
 #include "integration/engine_bridge.h"
@@ -60,7 +60,8 @@ void EngineBridge::MarkStep() {
 
 namespace remat::integration {
 
-void EngineBridge::PlanAfterForkInChild() {
+void EngineBridge::AfterForkInChild() {
+  engine_->ForgetArena();
   if (plan_ != nullptr) plan_->AfterForkInChild(*engine_);
 }
 

@@ -109,7 +109,7 @@ void ChildAfterFork() {
   CpuArenaChildAfterFork();
   HookChildAfterFork();
   SessionChildAfterFork();
-  if (g_bridge != nullptr) g_bridge->PlanAfterForkInChild();
+  if (g_bridge != nullptr) g_bridge->AfterForkInChild();
   if (g_bridge != nullptr) g_bridge->UnlockAfterFork();
   g_mutex.unlock();
   g_lifecycle_mutex.unlock();

@@ -349,6 +349,9 @@ class Engine final : public PressureHandler, private StorageView {
 
   // Paging (see the contract above).
   bool Paged(StorageIndex s) const;
+  // From now on the engine never reads the arena (EngineOptions::arena): for a forked child, where the arena's lock
+  // may be held by a thread the child does not have. Peaks are the engine's count from then on; no window search.
+  void ForgetArena() { options_.arena = nullptr; }
   // Switches PagingOptions::page_constants from now on (off while a caller brings everything back for good).
   void SetPageConstants(bool allowed) { options_.paging.page_constants = allowed; }
   bool page_constants() const { return options_.paging.page_constants; }
