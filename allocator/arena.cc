@@ -1,4 +1,4 @@
-// Arena implementation (contract in arena.h). One file of about 910 lines on purpose: every operation below works on
+// Arena implementation (contract in arena.h). One file of about 950 lines on purpose: every operation below works on
 // the same private State under its one lock (placement, coalescing, growth, windows, moves, and when stitching the
 // choice of the hole that maps the fewest granules), and splitting it would put that State in a header for no
 // reader's benefit.

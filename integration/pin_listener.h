@@ -27,6 +27,13 @@ enum class PinListenerSlot { kTrace = 0, kPlan = 1 };
 
 namespace pin_listener_detail {
 inline std::atomic<PinListener*> listeners[2] = {nullptr, nullptr};
+
+template <typename Call>
+void ForEachListener(Call call) {
+  for (std::atomic<PinListener*>& slot : listeners) {
+    if (PinListener* listener = slot.load(std::memory_order_acquire); listener != nullptr) call(*listener);
+  }
+}
 }  // namespace pin_listener_detail
 
 // Not owned; nullptr removes it.
@@ -35,17 +42,11 @@ inline void SetPinListener(PinListener* listener, PinListenerSlot slot = PinList
 }
 
 inline void NotePinned(const c10::StorageImpl* storage) {
-  for (std::atomic<PinListener*>& slot : pin_listener_detail::listeners) {
-    PinListener* listener = slot.load(std::memory_order_acquire);
-    if (listener != nullptr) listener->Pinned(storage);
-  }
+  pin_listener_detail::ForEachListener([&](PinListener& l) { l.Pinned(storage); });
 }
 
 inline void NoteBlankOverwritten(const c10::StorageImpl* storage) {
-  for (std::atomic<PinListener*>& slot : pin_listener_detail::listeners) {
-    PinListener* listener = slot.load(std::memory_order_acquire);
-    if (listener != nullptr) listener->BlankOverwritten(storage);
-  }
+  pin_listener_detail::ForEachListener([&](PinListener& l) { l.BlankOverwritten(storage); });
 }
 
 }  // namespace remat::integration

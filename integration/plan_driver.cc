@@ -138,9 +138,6 @@ std::string PlanDriver::PlannedTrace() const {
   return planned_trace_;
 }
 
-PlanDriverStats PlanDriver::Stats() const {
-  PlanDriverStats s = stats_;
-  return s;
-}
+PlanDriverStats PlanDriver::Stats() const { return stats_; }
 
 }  // namespace remat::integration

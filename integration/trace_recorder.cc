@@ -106,10 +106,14 @@ const std::string& TraceRecorder::NameOfStorage(c10::StorageImpl& storage) {
     it->second.names.push_back(NewName());
     const std::string& name = it->second.names.front();
     *stream_ << "{\"INSTRUCTION\":\"CONSTANT\",\"NAME\":" << Quoted(name) << "}\n";
-    const std::size_t bytes = counts_ == nullptr || counts_(storage) ? StorageBytes(storage) : 0;
+    const std::size_t bytes = BudgetedBytes(storage, StorageBytes(storage));
     *stream_ << "{\"INSTRUCTION\":\"MEMORY\",\"NAME\":" << Quoted(name) << ",\"MEMORY\":\"" << bytes << "\"}\n";
   }
   return it->second.names.front();
+}
+
+std::size_t TraceRecorder::BudgetedBytes(c10::StorageImpl& storage, std::size_t bytes) const {
+  return counts_ == nullptr || counts_(storage) ? bytes : 0;
 }
 
 void TraceRecorder::Declare(c10::StorageImpl& storage) {
@@ -204,7 +208,7 @@ void TraceRecorder::OnOp(const OpRecord& record) {
       continue;  // the overwritten blank itself: a fresh result below
     }
     // Memory the budget does not count (InMemory's `counts`) is 0 bytes, as for constants.
-    Result result{NewName(), counts_ == nullptr || counts_(*storage) ? output.storage_nbytes : 0, -1};
+    Result result{NewName(), BudgetedBytes(*storage, output.storage_nbytes), -1};
     if (output.input_storage >= 0) {
       const c10::StorageImpl* shared = record.input_storages[output.input_storage].get();
       for (std::size_t k = 0; k < arg_storages.size(); ++k) {
@@ -225,7 +229,7 @@ void TraceRecorder::OnOp(const OpRecord& record) {
     results.push_back(std::move(result));
   }
   for (c10::StorageImpl* blank : blanks) {
-    Result result{NewName(), counts_ == nullptr || counts_(*blank) ? StorageBytes(*blank) : 0, -1};
+    Result result{NewName(), BudgetedBytes(*blank, StorageBytes(*blank)), -1};
     known_[blank].names.push_back(result.name);
     results.push_back(std::move(result));
   }

@@ -83,6 +83,8 @@ class TraceRecorder {
   void ReleaseDead();
   const std::string& NameOf(const at::Tensor& tensor);
   const std::string& NameOfStorage(c10::StorageImpl& storage);
+  // `bytes` when the budget counts `storage` (InMemory's `counts`; always without it), else 0.
+  std::size_t BudgetedBytes(c10::StorageImpl& storage, std::size_t bytes) const;
   std::string NewName();
 
   mutable std::mutex mutex_;
