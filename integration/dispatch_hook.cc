@@ -31,6 +31,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "integration/device_generator.h"
 #include "integration/memory_events.h"
 #include "integration/op_capture.h"
 #include "integration/op_effects.h"
@@ -147,23 +148,19 @@ c10::IValue AliasValue(const c10::IValue& value, InputStorages* storages,
   return value;
 }
 
-bool OnCpuOnly(const c10::Stack& arguments) {
-  for (const c10::IValue& value : arguments) {
-    if (value.isTensor() && value.toTensor().defined() && !value.toTensor().is_cpu()) return false;
-    if (value.isTensorList()) {
-      for (const at::Tensor& tensor : value.toTensorList()) {
-        if (tensor.defined() && !tensor.is_cpu()) return false;
-      }
-    }
-    if (value.isDevice() && value.toDevice().type() != c10::DeviceType::CPU) return false;
-  }
-  return true;
-}
-
 at::Generator CopyGenerator(const at::Generator& generator) {
   at::Generator shared = generator;
   std::lock_guard<std::mutex> lock(shared.mutex());
   return shared.clone();
+}
+
+std::optional<at::Generator> CopyDefaultGenerator(const c10::Stack& arguments) {
+  const absl::StatusOr<c10::Device> device = OpDevice(arguments);
+  if (!device.ok()) return std::nullopt;
+  if (device->is_cpu()) return CopyGenerator(at::detail::getDefaultCPUGenerator());
+  const absl::StatusOr<at::Generator> generator = DefaultGeneratorOf(*device);
+  if (!generator.ok()) return std::nullopt;
+  return CopyGenerator(*generator);
 }
 
 namespace {
@@ -174,12 +171,10 @@ void CaptureRng(OpRecord& record, const c10::Stack& arguments) {
     record.rng = CopyGenerator(arguments[index].toGenerator());
     return;
   }
-  // The op draws from the default generator of its device. Only the CPU one is handled so far.
-  if (!OnCpuOnly(arguments)) {
-    record.replayable = false;
-    return;
-  }
-  record.rng = CopyGenerator(at::detail::getDefaultCPUGenerator());
+  // The op draws from the default generator of its device (device_generator.h): CUDA's Philox seed and offset on a
+  // GPU. Without one to copy, the op cannot be replayed: its outputs stay constants.
+  record.rng = CopyDefaultGenerator(arguments);
+  if (!record.rng.has_value()) record.replayable = false;
 }
 
 // Autocast is on for a device when its key is not excluded (torch excludes the autocast keys by default).
@@ -626,9 +621,15 @@ absl::StatusOr<c10::Stack> ReplayWith(const OpRecord& record, c10::Stack argumen
   }
   // Random ops without a Generator argument, and opaque calls, draw from the default generator: lend it the
   // captured state for the replay, then give it back its own, so the user's random stream does not move.
+  // The generator is the default one of the device the op drew from (the CPU's, or CUDA's Philox state).
   const bool swap_default_generator = record.traits->generator_argument < 0 && record.rng.has_value();
   std::optional<at::Tensor> saved_state;
   at::Generator default_generator = at::detail::getDefaultCPUGenerator();
+  if (swap_default_generator && !record.rng->device().is_cpu()) {
+    absl::StatusOr<at::Generator> device_generator = DefaultGeneratorOf(record.rng->device());
+    if (!device_generator.ok()) return device_generator.status();
+    default_generator = *std::move(device_generator);
+  }
   try {
     c10::impl::ForceDispatchKeyGuard capture_state(record.tls_keys);
     AutocastDtypeGuard autocast_cpu(c10::DeviceType::CPU, record.autocast_cpu_dtype);

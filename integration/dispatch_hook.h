@@ -190,7 +190,7 @@ struct OpRecord {
   // False when a replay could not reproduce the op: the op has side effects (OpTraits::replayable), a tensor
   // argument is not a plain strided tensor with a
   // storage (sparse, a Python subclass, a functorch wrapper: kept as is in `arguments`, not detached), or a random
-  // op's generator could not be captured (a non-CPU default generator, so far).
+  // op's generator could not be captured (its arguments on two devices, a device torch has no generator for).
   bool replayable = true;
   // The thread's dispatch key state at capture (autocast on/off and friends), restored for a replay.
   c10::impl::LocalDispatchKeySet tls_keys;

@@ -10,6 +10,7 @@
 #include <c10/util/intrusive_ptr.h>
 
 #include <mutex>
+#include <optional>
 #include <vector>
 
 #include "integration/dispatch_hook.h"
@@ -29,10 +30,12 @@ c10::IValue AliasValue(const c10::IValue& value, InputStorages* storages,
                        bool* replayable);
 // Fills record.outputs from the op's returns, the top of `stack`.
 void CaptureOutputs(OpRecord& record, const c10::Stack& stack);
-// No tensor or device argument is off the CPU.
-bool OnCpuOnly(const c10::Stack& arguments);
 // A private copy of the generator's state, taken under its lock.
 at::Generator CopyGenerator(const at::Generator& generator);
+// A private copy of the default generator of the device the op with these arguments runs on (device_generator.h:
+// the CPU's, CUDA's Philox state, a backend's); nullopt when there is none to copy (arguments on two devices, a
+// device torch has no generator for).
+std::optional<at::Generator> CopyDefaultGenerator(const c10::Stack& arguments);
 
 // Counts a call into the observer in flight, so that SetObserver(nullptr) + WaitForObserverCalls() can tell when the
 // old observer may be destroyed. Construct it before reading the observer (the count is sequentially consistent: a

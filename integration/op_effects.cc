@@ -8,10 +8,28 @@
 namespace remat::integration {
 namespace {
 
-constexpr std::array<std::string_view, 9> kGeneratorlessRandomOps = {
-    "aten::native_dropout",        "aten::dropout",          "aten::dropout_",
-    "aten::feature_dropout",       "aten::feature_dropout_", "aten::alpha_dropout",
-    "aten::alpha_dropout_",        "aten::feature_alpha_dropout", "aten::feature_alpha_dropout_",
+// The attention kernels with a dropout_p draw their dropout from the default generator of their device (CUDA's
+// Philox state; their backward takes the seed and offset they return, so it is not random).
+constexpr std::array<std::string_view, 19> kGeneratorlessRandomOps = {
+    "aten::native_dropout",
+    "aten::dropout",
+    "aten::dropout_",
+    "aten::feature_dropout",
+    "aten::feature_dropout_",
+    "aten::alpha_dropout",
+    "aten::alpha_dropout_",
+    "aten::feature_alpha_dropout",
+    "aten::feature_alpha_dropout_",
+    "aten::_scaled_dot_product_flash_attention",
+    "aten::_scaled_dot_product_flash_attention_for_cpu",
+    "aten::_scaled_dot_product_efficient_attention",
+    "aten::_scaled_dot_product_cudnn_attention",
+    "aten::_scaled_dot_product_fused_attention_overrideable",
+    "aten::_flash_attention_forward",
+    "aten::_efficient_attention_forward",
+    "aten::_cudnn_attention_forward",
+    "aten::_fill_mem_eff_dropout_mask_",
+    "aten::_triton_scaled_dot_attention",
 };
 
 constexpr std::array<std::string_view, 4> kSideEffectNamespaces = {"c10d::", "_c10d_functional::",

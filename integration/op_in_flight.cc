@@ -80,9 +80,35 @@ void OpInFlight::NoteWrites(const OpRecord& record) {
   }
 }
 
+namespace {
+
+// The first non-CPU device among the op's tensor inputs, else among its Device arguments (a factory op's
+// `device=`), else the CPU: the device whose default generator an op could draw from besides the CPU's.
+c10::Device WatchedDevice(const OpRecord& record) {
+  for (const auto& storage : record.input_storages) {
+    if (!storage->device().is_cpu()) return storage->device();
+  }
+  for (const c10::IValue& value : record.arguments) {
+    if (value.isDevice() && !value.toDevice().is_cpu()) return value.toDevice();
+  }
+  return c10::Device(c10::DeviceType::CPU);
+}
+
+}  // namespace
+
 void OpInFlight::WatchGenerator(const OpRecord& record) {
   check_rng = !record.traits->random && !record.rng.has_value() && record.replayable;
-  if (check_rng) rng_before = DefaultCpuRngFingerprint();
+  device_rng_before.reset();
+  if (!check_rng) return;
+  rng_before = DefaultCpuRngFingerprint();
+  rng_device = WatchedDevice(record);
+  if (!rng_device.is_cpu()) device_rng_before = DefaultGeneratorPosition(rng_device);
+}
+
+bool OpInFlight::GeneratorMoved() const {
+  if (!check_rng) return false;
+  if (rng_before != DefaultCpuRngFingerprint()) return true;
+  return device_rng_before.has_value() && DefaultGeneratorPosition(rng_device) != device_rng_before;
 }
 
 void OpInFlight::PlanOutputs(const OpRecord& record, const StorageEntries& entries) {

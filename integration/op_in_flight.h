@@ -17,6 +17,7 @@
 #include <utility>
 #include <vector>
 
+#include "integration/device_generator.h"
 #include "integration/dispatch_hook.h"
 #include "integration/storage_entries.h"
 #include "runtime/engine.h"
@@ -72,6 +73,10 @@ struct OpInFlight {
   // constants.
   bool check_rng = false;
   RngFingerprint rng_before{};
+  // The same for the default generator of the device an op on a non-CPU device runs on (CUDA's Philox offset):
+  // that device, and its generator's position before the op (nullopt: none to watch).
+  c10::Device rng_device = c10::Device(c10::DeviceType::CPU);
+  std::optional<GeneratorPosition> device_rng_before;
   OutputPlan plan;
 
   // What the op writes (op_effects.h): per input storage, written, written and returned, and whether the op
@@ -80,7 +85,7 @@ struct OpInFlight {
   // An op whose generator state was captured (random ops, opaque calls) replays with it; any other replayable op
   // is watched: if it moves the default generator it is not replayable.
   void WatchGenerator(const OpRecord& record);
-  bool GeneratorMoved() const { return check_rng && rng_before != DefaultCpuRngFingerprint(); }
+  bool GeneratorMoved() const;
   // Fills plan: the op's fresh output storages (not tracked in `entries` yet), the blank storages it overwrote
   // (fresh values in old StorageImpls) and its in-place writes of engine inputs, each with the StorageImpl that
   // holds it.

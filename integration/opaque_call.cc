@@ -1,7 +1,6 @@
 // Opaque calls: see opaque_call.h for the contract. Uses the hook's capture (op_capture.h) to build the op's record.
 #include "integration/opaque_call.h"
 
-#include <ATen/CPUGeneratorImpl.h>
 #include <ATen/core/List.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <c10/util/Exception.h>
@@ -100,13 +99,10 @@ void BeginOpaqueCall(const std::vector<at::Tensor>& written, const std::vector<a
   record.arguments.emplace_back(graph);
   record.arguments.push_back(AliasValue(c10::List<at::Tensor>(snapshot), &record.input_storages, &record.replayable));
   if (!written.empty()) record.unannotated_writes.push_back(0);  // written on the side: constants from now on
-  // A graph may draw from the default generator (inductor's dropout seeds): a replay draws from a copy of its state
-  // now. Only the CPU generator is captured: a graph on another device is not replayed.
-  if (record.replayable && OnCpuOnly(record.arguments)) {
-    record.rng = CopyGenerator(at::detail::getDefaultCPUGenerator());
-  } else {
-    record.replayable = false;
-  }
+  // A graph may draw from the default generator of its device (inductor's dropout seeds): a replay draws from a
+  // copy of its state now. A graph whose device has no generator to copy is not replayed.
+  if (record.replayable) record.rng = CopyDefaultGenerator(record.arguments);
+  if (!record.rng.has_value()) record.replayable = false;
   call->weak = !record.replayable;
   call->observer->BeforeOp(record);  // throws (out of memory bringing inputs back): nothing is open
   if (call->weak) {
