@@ -329,6 +329,8 @@ void Engine::DropPinnedBytes(StorageIndex s) {
   Impl& m = *impl_;
   Impl::Storage& st = m.storages[s];
   if (st.material) {
+    if (st.has_address) executor_->DropPinned(*this, s);  // arena mode: its block goes back
+    st.has_address = false;
     m.SetMaterial(s, false);
     stats_.used_bytes -= st.size;
     for (TensorId u : st.tensors) m.tensors[u].defined = false;

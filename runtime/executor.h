@@ -26,6 +26,9 @@
 //         be made; the host copy must then be kept.
 //       DropPaged(engine, s): the host copy of paged s is no longer needed (s was recomputed, or its last
 //         reference died); release it.
+//   - DropPinned(engine, s): pinned s died (Engine::FreeDead: no reference left and nothing can need it) and gives
+//     its memory back. The simulator frees its block; on the PyTorch path the bridge evicts the StorageImpl itself
+//     (EngineBridge::ReleaseIfDead), so the default does nothing.
 //       PageInAhead(engine, s): PageIn for a prefetch (Engine::Prefetch, PrefetchAhead): the copy may still be
 //         running when it returns, and nothing reads s until the engine calls WillRead(engine, s) (default: PageIn).
 //       WillRead(engine, s): an op (or replay) that reads resident s is about to run: order it after s's page-in
@@ -67,6 +70,7 @@ class Executor {
   virtual absl::Status PageOut(Engine& engine, std::uint32_t storage);
   virtual absl::Status PageIn(Engine& engine, std::uint32_t storage);
   virtual void DropPaged(Engine& engine, std::uint32_t storage);
+  virtual void DropPinned(Engine&, std::uint32_t) {}
   virtual absl::Status PageInAhead(Engine& engine, std::uint32_t storage) { return PageIn(engine, storage); }
   virtual void WillRead(Engine&, std::uint32_t) {}
   struct AddressRange {

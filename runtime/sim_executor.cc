@@ -54,6 +54,11 @@ void SimExecutor::Evict(Engine& engine, std::uint32_t storage) {
   Free(engine, storage);
 }
 
+void SimExecutor::DropPinned(Engine& engine, std::uint32_t storage) {
+  totals_.released_bytes += engine.StorageBytes(storage);
+  Free(engine, storage);
+}
+
 void SimExecutor::Free(Engine& engine, std::uint32_t storage) {
   if (arena_ == nullptr) return;
   (void)arena_->Free(engine.StorageAddress(storage));

@@ -1,7 +1,7 @@
 // SimExecutor: the executor used by trace replay. Running an op costs nothing here (the engine advances the logical
 // clock by the op's recorded cost); in arena mode it places each fresh output in the arena (owner id = storage
 // index + 1, costly ops' outputs at the low end and others at the high end when partitioning is on) and frees the
-// block on eviction. In counter mode it does nothing at all. Paging moves no bytes here (the engine keeps the link
+// block on eviction and when a pinned storage dies (DropPinned). In counter mode it does nothing at all. Paging moves no bytes here (the engine keeps the link
 // timeline and the accounting): a page-out frees the block like an eviction, a page-in places the storage again like
 // a fresh output of its producer.
 #pragma once
@@ -24,6 +24,7 @@ class SimExecutor final : public Executor {
   absl::Status PageOut(Engine& engine, std::uint32_t storage) override;
   absl::Status PageIn(Engine& engine, std::uint32_t storage) override;
   void DropPaged(Engine&, std::uint32_t) override {}
+  void DropPinned(Engine& engine, std::uint32_t storage) override;
   absl::StatusOr<bool> Relocate(Engine& engine, std::uint32_t storage, AddressRange avoid) override;
   absl::StatusOr<bool> Slide(Engine& engine, std::uint32_t storage, std::uintptr_t to) override;
 
