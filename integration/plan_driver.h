@@ -9,8 +9,8 @@
 //     view) may come and go between iterations without leaving the plan.
 //   - Planning: at the end of an iteration with no plan in force (not the first: it makes the optimizer's state and
 //     whatever else is built lazily, so the second is the one later iterations repeat), a planner thread parses that trace and runs
-//     runtime/plan_mode.h's PlanIteration at the bridge's budget, accounting (the arena's, 64-byte blocks) and
-//     paging: the cheapest followed schedule among the candidates. Training goes on with the online policy (dtr-eq)
+//     runtime/plan_mode.h's PlanIteration at the bridge's budget, accounting (placement in an arena of the
+//     bridge's kind, 64-byte blocks: contiguous, or stitching with its granule) and paging: the cheapest followed schedule among the candidates. Training goes on with the online policy (dtr-eq)
 //     meanwhile; nothing waits for the planner.
 //   - Following: at the first iteration end after the plan is ready, it is put in force (Engine::SetPlan through a
 //     PlanFollower, runtime/plan_guide.h) from the next iteration on; each op the engine runs advances the follower.
