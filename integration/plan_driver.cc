@@ -9,10 +9,8 @@
 
 namespace remat::integration {
 
-PlanDriver::PlanDriver(ReplayOptions base, std::optional<ReplayOptions> placement, bool estimated_costs,
-                       TraceRecorder::CountsAgainstBudget counts)
+PlanDriver::PlanDriver(ReplayOptions base, bool estimated_costs, TraceRecorder::CountsAgainstBudget counts)
     : base_(std::move(base)),
-      placement_(std::move(placement)),
       estimated_costs_(estimated_costs),
       counts_(std::move(counts)),
       recorder_(TraceRecorder::InMemory(estimated_costs, counts_)) {
@@ -120,7 +118,7 @@ void PlanDriver::StartPlanning(std::string trace_text) {
       if (!replayer.ok()) {
         error = std::string(replayer.status().message());
       } else {
-        absl::StatusOr<IterationPlan> made = PlanIteration(**replayer, base_, PlanCandidates(), placement_ ? &*placement_ : nullptr);
+        absl::StatusOr<IterationPlan> made = PlanIteration(**replayer, base_);
         if (made.ok()) {
           plan = std::make_shared<const IterationPlan>(*std::move(made));
         } else {

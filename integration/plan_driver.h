@@ -9,9 +9,8 @@
 //     view) may come and go between iterations without leaving the plan.
 //   - Planning: at the end of an iteration with no plan in force (not the first: it makes the optimizer's state and
 //     whatever else is built lazily, so the second is the one later iterations repeat), a planner thread parses that trace and runs
-//     runtime/plan_mode.h's PlanIteration at the bridge's budget, accounting (bytes counted, and each candidate's
-//     plan checked once more with placement in an arena of the bridge's kind, 64-byte blocks: contiguous, or
-//     stitching with its granule) and paging: the cheapest followed schedule among the candidates. Training goes on with the online policy (dtr-eq)
+//     runtime/plan_mode.h's PlanIteration at the bridge's budget, accounting (placement in an arena of the
+//     bridge's kind, 64-byte blocks: contiguous, or stitching with its granule) and paging: the cheapest followed schedule among the candidates. Training goes on with the online policy (dtr-eq)
 //     meanwhile; nothing waits for the planner.
 //   - Following: at the first iteration end after the plan is ready, it is put in force (Engine::SetPlan through a
 //     PlanFollower, runtime/plan_guide.h) from the next iteration on; each op the engine runs advances the follower.
@@ -60,9 +59,7 @@ class PlanDriver final : public PinListener {
   // `base`: the replay options the plan is made for (budget_bytes, mode, arena_alignment, paging); its policy is the
   // online fallback. `estimated_costs`: the trace's TIME is the engine's estimate (op_cost.h), as the bridge's costs.
   // `counts`: whether a storage's bytes count against the budget (TraceRecorder::InMemory).
-  // `placement`: the same with the arena's placement (PlanIteration's check), when the memory is an arena.
-  PlanDriver(ReplayOptions base, std::optional<ReplayOptions> placement, bool estimated_costs,
-             TraceRecorder::CountsAgainstBudget counts);
+  PlanDriver(ReplayOptions base, bool estimated_costs, TraceRecorder::CountsAgainstBudget counts);
   ~PlanDriver() override;  // waits for the planner thread
   PlanDriver(const PlanDriver&) = delete;
   PlanDriver& operator=(const PlanDriver&) = delete;
@@ -92,7 +89,6 @@ class PlanDriver final : public PinListener {
   void Depart(Engine& engine, std::string reason);
 
   const ReplayOptions base_;
-  const std::optional<ReplayOptions> placement_;
   const bool estimated_costs_;
   const TraceRecorder::CountsAgainstBudget counts_;
   std::unique_ptr<TraceRecorder> recorder_;

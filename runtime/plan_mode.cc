@@ -20,8 +20,7 @@ std::vector<PlanCandidate> PlanCandidates() {
 }
 
 absl::StatusOr<IterationPlan> PlanIteration(Replayer& replayer, const ReplayOptions& base,
-                                            const std::vector<PlanCandidate>& candidates,
-                                            const ReplayOptions* placement) {
+                                            const std::vector<PlanCandidate>& candidates) {
   std::optional<IterationPlan> best;
   std::int64_t best_fallbacks = 0;
   std::string failures;
@@ -50,18 +49,6 @@ absl::StatusOr<IterationPlan> PlanIteration(Replayer& replayer, const ReplayOpti
     if (followed.status != ReplayStatus::kPass) {
       if (failures.empty()) failures = absl::StrCat(candidate.Name(), " followed: ", followed.message);
       continue;
-    }
-    if (placement != nullptr) {
-      ReplayOptions placed = *placement;
-      placed.record_plan = nullptr;
-      placed.timeline = nullptr;
-      placed.schedule = nullptr;
-      placed.follow_plan = plan;
-      const ReplayResult checked = replayer.Run(placed);
-      if (checked.status != ReplayStatus::kPass) {
-        if (failures.empty()) failures = absl::StrCat(candidate.Name(), " followed in the arena: ", checked.message);
-        continue;
-      }
     }
     if (!best || followed.overhead < best->overhead ||
         (followed.overhead == best->overhead && followed.plan_fallbacks < best_fallbacks)) {

@@ -8,11 +8,6 @@
 //     PlanRecorder watches; each passing candidate's plan is then followed in a second replay with the fallback,
 //     and the plan whose followed run costs least (overhead, then fewer plan fallbacks) is the answer, with
 //     `overhead` that followed run's. Ties keep the earlier candidate: the choice is deterministic for a trace.
-//   - `placement` (optional): a candidate's plan must also be followed to the end under these options (the run's
-//     arena: counting bytes alone misses its holes or granules), else it is not chosen; the ranking stays `base`'s.
-//     A plan counted cheapest can be one the arena cannot follow (resnet50 at 0.5: msps's ran out 89 replays deep
-//     in its first followed iteration), while ranking by placement as well picks schedules that do not fragment
-//     over ones that run faster (the transformer at 0.28: 1.93x instead of 1.43x).
 //   - NotFound (naming the best failure) when no candidate passes: the caller stays with the online policy.
 //   - Pure function of its inputs; thread-safe for distinct Replayers (the PyTorch path runs it on a planner thread).
 //   - RunPlanMode is remat-sim's row for policy "plan": plan on the trace, then follow the plan on the same trace
@@ -38,8 +33,7 @@ struct PlanCandidate {
 std::vector<PlanCandidate> PlanCandidates();
 
 absl::StatusOr<IterationPlan> PlanIteration(Replayer& replayer, const ReplayOptions& base,
-                                            const std::vector<PlanCandidate>& candidates = PlanCandidates(),
-                                            const ReplayOptions* placement = nullptr);
+                                            const std::vector<PlanCandidate>& candidates = PlanCandidates());
 
 // Policy "plan" in a replay (see the contract). `options.policy` is "plan"; the fallback is dtr-eq.
 ReplayResult RunPlanMode(Replayer& replayer, const ReplayOptions& options);
