@@ -1,0 +1,209 @@
+// Engines on several devices in one process (issue 19, "Every device"; integration/device_router.h), on the CUDA
+// runtime's test double with real CPU kernels on its device memory (tests/cuda/fake_device.h: a tensor is on the device
+// whose arena its bytes come from, the double's current device when it was made). Each device has its own engine,
+// arena and budget; ops go to the engine of their tensors' device and run with that device current; a copy between
+// devices is read by the source's engine and kept (or paged) by the destination's. Results are compared byte for byte
+// with runs on plain host memory.
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/randn.h>
+#include <ATen/ops/sin.h>
+#include <c10/util/Exception.h>
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <cstddef>
+#include <vector>
+
+#include "integration/engine_session.h"
+#include "integration/same_bytes.h"
+#include "integration/session.h"
+#include "integration/storage_eviction.h"
+#include "tests/cuda/fake_device.h"
+#include "tests/integration/chain_workload.h"
+
+namespace remat::integration {
+namespace {
+
+constexpr std::size_t kKiB = 1024;
+
+at::Tensor Input(int seed) {
+  at::manual_seed(seed);
+  return at::randn({128, 128});  // 64 KiB
+}
+
+// Chain(x, n) with the random stream at `chain_seed`.
+std::vector<at::Tensor> ChainFrom(const at::Tensor& x, int chain_seed, int n) {
+  at::manual_seed(chain_seed);
+  return Chain(x, n);
+}
+
+bool Evicted(const at::Tensor& t) { return IsEvicted(*t.storage().unsafeGetStorageImpl()); }
+
+// Two devices, each with its own engine and budget (device 1's smaller), a chain on each under three times its budget.
+// The chain on device 1 runs while the thread's current device is 0: its ops go to device 1's engine because their
+// tensors are there, and their outputs land in device 1's arena because the router makes it current for them.
+TEST(CudaEngineDevices, ChainsOnTwoDevicesEachUnderItsOwnBudgetAreBitwiseIdentical) {
+  const std::vector<at::Tensor> reference0 = ChainFrom(Input(11), 7, 24);  // plain host memory
+  const std::vector<at::Tensor> reference1 = ChainFrom(Input(12), 8, 20);
+  FakeDevice device(704 * kKiB, /*devices=*/2);
+  ASSERT_TRUE(device.SetBudget(1, 576 * kKiB).ok());
+  device.Use(1);
+  const at::Tensor x1 = Input(12);
+  device.Use(0);
+  const at::Tensor x0 = Input(11);
+  ASSERT_EQ(device.Stats(1).allocated_bytes.current, 64 * static_cast<std::int64_t>(kKiB));
+  ASSERT_TRUE(device.Enable("dtr-eq", OffloadMode::kOff, 0).ok());
+  const absl::Status second = device.Enable("dtr-eq", OffloadMode::kOff, 1);
+  ASSERT_TRUE(second.ok()) << second;
+  EXPECT_EQ(RematEngineDevices(), (std::vector<int>{0, 1}));
+  EXPECT_EQ(device.Enable("lru", OffloadMode::kOff, 1).code(), absl::StatusCode::kAlreadyExists);
+  std::vector<at::Tensor> ys0 = ChainFrom(x0, 7, 24);
+  std::vector<at::Tensor> ys1 = ChainFrom(x1, 8, 20);  // current device 0 all along
+  EXPECT_EQ(*device.rt.GetDevice(), 0);                // given back after each op
+  // Each op went to one engine: the two counts add up to what the session saw, each at least its chain's 3 per step.
+  const std::int64_t ops0 = GetEngineStats(0)->ops;
+  const std::int64_t ops1 = GetEngineStats(1)->ops;
+  EXPECT_EQ(static_cast<std::uint64_t>(ops0 + ops1), GetRematStats().ops_recorded);
+  EXPECT_GE(ops0, 3 * 24);
+  EXPECT_GE(ops1, 3 * 20);
+  for (std::size_t i = 0; i < ys0.size(); ++i) EXPECT_TRUE(SameBytes(ys0[i], reference0[i])) << "device 0, " << i;
+  for (std::size_t i = 0; i < ys1.size(); ++i) EXPECT_TRUE(SameBytes(ys1[i], reference1[i])) << "device 1, " << i;
+  for (int d : {0, 1}) {
+    absl::StatusOr<BridgeStats> stats = GetEngineStats(d);
+    ASSERT_TRUE(stats.ok()) << stats.status();
+    EXPECT_GT(stats->engine.evictions, 0) << d;
+    EXPECT_GT(stats->engine.rematerializations, 0) << d;
+    const cuda::DeviceArenaStats arena = device.Stats(d);
+    EXPECT_LE(arena.allocated_bytes.peak, static_cast<std::int64_t>(device.budget(d))) << d;
+    EXPECT_GT(arena.pressure_allocations, 0) << d;
+  }
+  EXPECT_LT(device.budget(1), device.budget(0));
+  EXPECT_EQ(GetEngineStats().status().code(), absl::StatusCode::kFailedPrecondition);  // ask per device
+  // Disabling brings back what is still held on each device, under each budget.
+  const std::vector<at::Tensor> kept0 = {ys0[0], ys0[11], ys0[23]};
+  const std::vector<at::Tensor> kept1 = {ys1[1], ys1[19]};
+  ys0.clear();
+  ys1.clear();
+  const absl::Status disabled = DisableRematEngine();
+  ASSERT_TRUE(disabled.ok()) << disabled;
+  EXPECT_TRUE(RematEngineDevices().empty());
+  EXPECT_TRUE(SameBytes(kept0[0], reference0[0]) && SameBytes(kept0[1], reference0[11]) &&
+              SameBytes(kept0[2], reference0[23]));
+  EXPECT_TRUE(SameBytes(kept1[0], reference1[1]) && SameBytes(kept1[1], reference1[19]));
+  EXPECT_TRUE(GetEngineStats(1).ok());  // the last session's, per device
+}
+
+// Copies between devices under pressure on both: device 0's evicted values are brought back by its engine to be read
+// by the copy; the copies are kept by device 1's engine (a replay there could not bring device 0's inputs back) while
+// a chain from them evicts its own values; and a copy back to device 0 reads device 1's values the same way.
+TEST(CudaEngineDevices, CopiesBetweenDevicesUnderPressureStayIdentical) {
+  const std::vector<at::Tensor> reference0 = ChainFrom(Input(11), 7, 24);
+  const std::vector<int> copied = {3, 9, 15, 21};
+  const std::vector<at::Tensor> reference1 = ChainFrom(reference0[21], 9, 12);
+  FakeDevice device(704 * kKiB, /*devices=*/2);
+  ASSERT_TRUE(device.SetBudget(1, 640 * kKiB).ok());
+  const at::Tensor x0 = Input(11);
+  ASSERT_TRUE(device.Enable("dtr-eq", OffloadMode::kOff, 0).ok());
+  ASSERT_TRUE(device.Enable("dtr-eq", OffloadMode::kOff, 1).ok());
+  std::vector<at::Tensor> ys0 = ChainFrom(x0, 7, 24);
+  std::vector<at::Tensor> copies;
+  int evicted_sources = 0;
+  for (const int i : copied) {
+    device.Use(1);
+    at::Tensor copy = at::empty({128, 128});  // on device 1
+    device.Use(0);
+    evicted_sources += Evicted(ys0[static_cast<std::size_t>(i)]);
+    copy.copy_(ys0[static_cast<std::size_t>(i)]);
+    copies.push_back(copy);
+  }
+  EXPECT_GT(evicted_sources, 0);  // some copies read values device 0's engine had to bring back
+  for (std::size_t j = 0; j < copies.size(); ++j) {
+    EXPECT_TRUE(SameBytes(copies[j], reference0[static_cast<std::size_t>(copied[j])])) << j;
+  }
+  std::vector<at::Tensor> ys1 = ChainFrom(copies.back(), 9, 12);  // on device 1, under its budget
+  for (std::size_t i = 0; i < ys1.size(); ++i) EXPECT_TRUE(SameBytes(ys1[i], reference1[i])) << i;
+  absl::StatusOr<BridgeStats> stats1 = GetEngineStats(1);
+  ASSERT_TRUE(stats1.ok());
+  EXPECT_GT(stats1->engine.evictions, 0);
+  for (const at::Tensor& copy : copies) EXPECT_FALSE(Evicted(copy));  // kept: never dropped
+  // And back: device 0's engine records the copy into its storage, device 1's brings its value back to be read.
+  int evicted_back = 0;
+  std::vector<at::Tensor> backs;
+  for (const std::size_t i : {std::size_t{1}, std::size_t{4}, std::size_t{7}}) {
+    at::Tensor back = at::empty({128, 128});  // current device 0
+    evicted_back += Evicted(ys1[i]);
+    back.copy_(ys1[i]);
+    backs.push_back(back);
+    EXPECT_TRUE(SameBytes(back, reference1[i])) << i;
+  }
+  EXPECT_GT(evicted_back, 0);
+  EXPECT_TRUE(SameBytes(at::sin(backs[0]), at::sin(reference1[1])));  // usable on device 0 as any value
+  for (int d : {0, 1}) {
+    EXPECT_LE(device.Stats(d).allocated_bytes.peak, static_cast<std::int64_t>(device.budget(d))) << d;
+  }
+  for (std::size_t i = 0; i < ys0.size(); ++i) EXPECT_TRUE(SameBytes(ys0[i], reference0[i])) << i;
+  ys0.resize(2);
+  ys1.resize(2);
+  const absl::Status disabled = DisableRematEngine();
+  ASSERT_TRUE(disabled.ok()) << disabled;
+}
+
+// The destination keeps what it cannot recompute: copies beyond device 1's budget are paged to the host (offload on
+// device 1), never dropped, and come back identical.
+TEST(CudaEngineDevices, CopiesBeyondTheDestinationsBudgetArePagedNotDropped) {
+  const std::vector<at::Tensor> reference0 = ChainFrom(Input(11), 7, 12);
+  FakeDevice device(1024 * kKiB, /*devices=*/2);
+  ASSERT_TRUE(device.SetBudget(1, 448 * kKiB).ok());
+  const at::Tensor x0 = Input(11);
+  ASSERT_TRUE(device.Enable("dtr-eq", OffloadMode::kOff, 0).ok());
+  ASSERT_TRUE(device.Enable("dtr-eq", OffloadMode::kAlways, 1).ok());
+  const std::vector<at::Tensor> ys0 = ChainFrom(x0, 7, 12);
+  std::vector<at::Tensor> copies;
+  for (const at::Tensor& y : ys0) {  // 12 x 64 KiB into 448 KiB
+    device.Use(1);
+    at::Tensor copy = at::empty({128, 128});
+    device.Use(0);
+    copy.copy_(y);
+    copies.push_back(copy);
+  }
+  absl::StatusOr<BridgeStats> stats1 = GetEngineStats(1);
+  ASSERT_TRUE(stats1.ok());
+  EXPECT_GT(stats1->engine.page_outs, 0);
+  EXPECT_EQ(stats1->engine.evictions, 0);  // nothing on device 1 could be recomputed
+  for (std::size_t i = 0; i < copies.size(); ++i) {
+    EXPECT_TRUE(SameBytes(at::sin(copies[i]), at::sin(reference0[i]))) << i;  // paged back in to be read
+  }
+  EXPECT_GT(GetEngineStats(1)->engine.page_ins, 0);
+  EXPECT_LE(device.Stats(1).allocated_bytes.peak, static_cast<std::int64_t>(device.budget(1)));
+  copies.resize(3);
+  const absl::Status disabled = DisableRematEngine();
+  ASSERT_TRUE(disabled.ok()) << disabled;
+  for (std::size_t i = 0; i < copies.size(); ++i) EXPECT_TRUE(SameBytes(copies[i], reference0[i])) << i;
+}
+
+// DDP: each process uses cuda:rank. The engine on device 1 alone tracks the ops on device 1 (current there, as after
+// torch.cuda.set_device(rank)); device 0's arena is never touched.
+TEST(CudaEngineDevices, TheEngineOnDeviceOneAloneIsBitwiseIdentical) {
+  const std::vector<at::Tensor> reference = ChainFrom(Input(11), 7, 24);
+  FakeDevice device(704 * kKiB, /*devices=*/2);
+  device.Use(1);
+  const at::Tensor x = Input(11);
+  ASSERT_TRUE(device.Enable("dtr-eq", OffloadMode::kOff, 1).ok());
+  EXPECT_EQ(RematEngineDevices(), std::vector<int>{1});
+  std::vector<at::Tensor> ys = ChainFrom(x, 7, 24);
+  for (std::size_t i = 0; i < ys.size(); ++i) EXPECT_TRUE(SameBytes(ys[i], reference[i])) << i;
+  absl::StatusOr<BridgeStats> stats = GetEngineStats(1);
+  ASSERT_TRUE(stats.ok());
+  EXPECT_GT(stats->engine.evictions, 0);
+  EXPECT_GT(stats->engine.rematerializations, 0);
+  EXPECT_EQ(GetEngineStats(0).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_LE(device.Stats(1).allocated_bytes.peak, static_cast<std::int64_t>(device.budget(1)));
+  EXPECT_EQ(device.Stats(0).allocated_bytes.peak, 0);
+  ys.resize(3);
+  const absl::Status disabled = DisableRematEngine();
+  ASSERT_TRUE(disabled.ok()) << disabled;
+}
+
+}  // namespace
+}  // namespace remat::integration
