@@ -69,6 +69,12 @@ int64_t PinState(const std::vector<at::Tensor>& tensors) {
 
 bool EngineEnabled() { return RematEngineEnabled(); }
 
+std::vector<int64_t> EngineDevices() {
+  std::vector<int64_t> out;
+  for (const int device : RematEngineDevices()) out.push_back(device);
+  return out;
+}
+
 void MakeResidentOp(const at::Tensor& tensor, bool writable) {
   const absl::Status status = MakeResident(tensor, writable);
   if (absl::IsResourceExhausted(status)) TORCH_CHECK_WITH(OutOfMemoryError, false, std::string(status.message()));
@@ -222,6 +228,7 @@ TORCH_LIBRARY_FRAGMENT(remat, m) {
   m.def("disable_engine() -> ()", &DisableEngine);
   m.def("pin_state(Tensor[] tensors) -> int", &PinState);
   m.def("engine_enabled() -> bool", &EngineEnabled);
+  m.def("engine_devices() -> int[]", &EngineDevices);
   m.def("make_resident(Tensor tensor, bool writable) -> ()", &MakeResidentOp);
   m.def("storage_will_change(Storage storage) -> ()", &StorageWillChangeOp);
   m.def("policies() -> str[]", &Policies);

@@ -5,6 +5,7 @@
 // devices is read by the source's engine and kept (or paged) by the destination's. Results are compared byte for byte
 // with runs on plain host memory.
 #include <ATen/core/Tensor.h>
+#include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/randn.h>
 #include <ATen/ops/sin.h>
@@ -15,6 +16,7 @@
 #include <cstddef>
 #include <vector>
 
+#include "integration/device_router.h"
 #include "integration/engine_session.h"
 #include "integration/same_bytes.h"
 #include "integration/session.h"
@@ -203,6 +205,91 @@ TEST(CudaEngineDevices, TheEngineOnDeviceOneAloneIsBitwiseIdentical) {
   ys.resize(3);
   const absl::Status disabled = DisableRematEngine();
   ASSERT_TRUE(disabled.ok()) << disabled;
+}
+
+// The routing decision on CUDA tensors, as on a GPU (whose kernels cannot run here): storages of remat's CUDA
+// allocator on devices 0 and 1 that name their CUDA device, under tensors with the CUDA key, in records of the ops a
+// GPU program runs. Only the decision is checked (DeviceRouter::Decide); the chains above run it end to end.
+class CudaEngineDevicesRouting : public ::testing::Test {
+ protected:
+  CudaEngineDevicesRouting() : device_(512 * kKiB, /*devices=*/2) {
+    for (int d : {0, 1}) {
+      absl::StatusOr<std::unique_ptr<CudaDeviceMemory>> memory = CudaDeviceMemory::Create(
+          device_.cuda.get(), static_cast<c10::DeviceIndex>(d), device_.cuda.get(), c10::DeviceType::CUDA);
+      TORCH_CHECK(memory.ok(), memory.status().message());
+      memories_.push_back(*std::move(memory));
+    }
+    // No bridges: a CUDA storage names its device, evicted or not, so the router never asks an engine.
+    router_ = std::make_unique<DeviceRouter>(
+        std::vector<DeviceEngine>{{0, nullptr, memories_[0].get()}, {1, nullptr, memories_[1].get()}}, nullptr);
+  }
+
+  at::Tensor OnDevice(int d) {
+    c10::intrusive_ptr<c10::StorageImpl> storage = memories_[static_cast<std::size_t>(d)]->NewStorage(4096);
+    at::Tensor t = at::detail::make_tensor<c10::TensorImpl>(c10::Storage(std::move(storage)),
+                                                            c10::DispatchKeySet(c10::DispatchKey::CUDA),
+                                                            caffe2::TypeMeta::Make<float>());
+    t.unsafeGetTensorImpl()->set_sizes_contiguous({1024});
+    return t;
+  }
+  // A record of `name` with `arguments`, as the hook captures it (input storages in argument order).
+  static OpRecord Record(const char* name, const char* overload, std::vector<c10::IValue> arguments) {
+    const c10::OperatorHandle op = c10::Dispatcher::singleton().findSchemaOrThrow(name, overload);
+    OpRecord record(op, TraitsOf(op));
+    for (c10::IValue& value : arguments) {
+      if (value.isTensor() && value.toTensor().has_storage()) {
+        record.input_storages.push_back(
+            c10::intrusive_ptr<c10::StorageImpl>::reclaim_copy(value.toTensor().storage().unsafeGetStorageImpl()));
+      }
+      record.arguments.push_back(std::move(value));
+    }
+    return record;
+  }
+  static std::vector<std::pair<int, std::vector<int>>> Sources(std::initializer_list<std::pair<int, std::vector<int>>> s) {
+    return s;
+  }
+
+  FakeDevice device_;
+  std::vector<std::unique_ptr<CudaDeviceMemory>> memories_;
+  std::unique_ptr<DeviceRouter> router_;
+};
+
+TEST_F(CudaEngineDevicesRouting, OpsGoToTheirTensorsDeviceAndCopiesToTheirDestination) {
+  const at::Tensor a0 = OnDevice(0);
+  const at::Tensor a1 = OnDevice(1);
+  const at::Tensor b1 = OnDevice(1);
+  const c10::IValue none;
+  // An op on device 1's tensors, whatever the current device.
+  DeviceRoute route = router_->Decide(Record("aten::add", "Tensor", {a1, b1, 1}));
+  EXPECT_EQ(route.destination, 1);
+  EXPECT_FALSE(route.cross_device());
+  // x.to("cuda:1"): aten::_to_copy's Device argument is the destination; device 0 reads its input.
+  route = router_->Decide(Record("aten::_to_copy", "", {a0, none, none, c10::Device(c10::DeviceType::CUDA, 1), none, false, none}));
+  EXPECT_EQ(route.destination, 1);
+  EXPECT_EQ(route.sources, Sources({{0, {0}}}));
+  // x.cpu(): a device with no engine; the input's engine records it.
+  route = router_->Decide(Record("aten::_to_copy", "", {a1, none, none, c10::Device(c10::DeviceType::CPU), none, false, none}));
+  EXPECT_EQ(route.destination, 1);
+  EXPECT_FALSE(route.cross_device());
+  // dst.copy_(src): the written storage's device records it, whichever comes first in the device order.
+  route = router_->Decide(Record("aten::copy_", "", {a0, b1, false}));
+  EXPECT_EQ(route.destination, 0);
+  EXPECT_EQ(route.sources, Sources({{1, {1}}}));
+  // A factory: its Device argument, or the current device when it has no index.
+  route = router_->Decide(Record("aten::empty", "memory_format",
+                                 {c10::List<int64_t>({16}), none, none, c10::Device(c10::DeviceType::CUDA, 1), none, none}));
+  EXPECT_EQ(route.destination, 1);
+  ASSERT_TRUE(device_.rt.SetDevice(1).ok());
+  route = router_->Decide(Record("aten::empty", "memory_format",
+                                 {c10::List<int64_t>({16}), none, none, c10::Device(c10::DeviceType::CUDA), none, none}));
+  EXPECT_EQ(route.destination, 1);
+  ASSERT_TRUE(device_.rt.SetDevice(0).ok());
+  // An evicted storage still names its device.
+  const at::Tensor evicted = OnDevice(1);
+  ASSERT_TRUE(EvictStorage(*evicted.storage().unsafeGetStorageImpl()).ok());
+  route = router_->Decide(Record("aten::sin", "", {evicted}));
+  EXPECT_EQ(route.destination, 1);
+  EXPECT_EQ(router_->EngineOf(*evicted.storage().unsafeGetStorageImpl()), 1);
 }
 
 }  // namespace
