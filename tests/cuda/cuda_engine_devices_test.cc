@@ -13,10 +13,17 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
 #include <cstddef>
+#include <functional>
+#include <thread>
 #include <vector>
 
 #include "integration/device_router.h"
+#include "integration/dispatch_hook.h"
 #include "integration/engine_session.h"
 #include "integration/same_bytes.h"
 #include "integration/session.h"
@@ -205,6 +212,99 @@ TEST(CudaEngineDevices, TheEngineOnDeviceOneAloneIsBitwiseIdentical) {
   ys.resize(3);
   const absl::Status disabled = DisableRematEngine();
   ASSERT_TRUE(disabled.ok()) << disabled;
+}
+
+// y[i] = tanh(sin(y[i-1]) * 1.5), the chain without its dropout: no random stream shared between threads.
+std::vector<at::Tensor> Steps(const at::Tensor& x, int n) {
+  std::vector<at::Tensor> ys;
+  at::Tensor y = x;
+  for (int i = 0; i < n; ++i) {
+    at::Tensor s = at::sin(y);
+    s.mul_(1.5);
+    y = at::tanh(s);
+    ys.push_back(y);
+  }
+  return ys;
+}
+
+// Two threads, each on its own device, under pressure at the same time, each copying every fourth value to the other's
+// device: the engines run in parallel, each op routed per thread, and copies in opposite directions take the two
+// engines' locks in the same order (no deadlock).
+TEST(CudaEngineDevices, TwoThreadsOnTwoDevicesCopyingToEachOtherStayIdentical) {
+  constexpr int kSteps = 16;
+  const std::vector<at::Tensor> reference[2] = {Steps(Input(11), kSteps), Steps(Input(12), kSteps)};
+  FakeDevice device(704 * kKiB, /*devices=*/2);
+  device.Use(1);
+  const at::Tensor x1 = Input(12);
+  device.Use(0);
+  const at::Tensor x0 = Input(11);
+  ASSERT_TRUE(device.Enable("dtr-eq", OffloadMode::kOff, 0).ok());
+  ASSERT_TRUE(device.Enable("dtr-eq", OffloadMode::kOff, 1).ok());
+  constexpr int kCopies = 48;  // then both threads copy at once, over and over, into one tensor on the other device
+  std::vector<at::Tensor> ys[2];
+  std::vector<at::Tensor> copies[2];  // copies[d]: device d's values, copied to the other device
+  at::Tensor last[2];
+  std::atomic<int> ready{0};
+  auto run = [&](int d, const at::Tensor& x) {
+    const ScopedHook hook;  // this thread's ops are seen, as the enabling thread's are
+    device.Use(d);
+    ys[d] = Steps(x, kSteps);  // the copies below read values its engine may have evicted since
+    for (int i = 3; i < kSteps; i += 4) {
+      device.Use(1 - d);
+      at::Tensor copy = at::empty({128, 128});
+      device.Use(d);
+      copy.copy_(ys[d][static_cast<std::size_t>(i)]);
+      copies[d].push_back(copy);
+    }
+    device.Use(1 - d);
+    last[d] = at::empty({128, 128});
+    device.Use(d);
+    ready.fetch_add(1);
+    while (ready.load() < 2) std::this_thread::yield();
+    for (int i = 0; i < kCopies; ++i) last[d].copy_(ys[d][static_cast<std::size_t>(i % kSteps)]);
+  };
+  std::thread first(run, 0, std::cref(x0));
+  std::thread second(run, 1, std::cref(x1));
+  first.join();
+  second.join();
+  for (int d : {0, 1}) {
+    ASSERT_EQ(ys[d].size(), static_cast<std::size_t>(kSteps)) << d;
+    for (std::size_t i = 0; i < ys[d].size(); ++i) EXPECT_TRUE(SameBytes(ys[d][i], reference[d][i])) << d << ", " << i;
+    for (std::size_t j = 0; j < copies[d].size(); ++j) {
+      EXPECT_TRUE(SameBytes(copies[d][j], reference[d][4 * j + 3])) << d << ", copy " << j;
+    }
+    EXPECT_TRUE(SameBytes(last[d], reference[d][(kCopies - 1) % kSteps])) << d;
+    EXPECT_GT(GetEngineStats(d)->engine.evictions, 0) << d;
+    EXPECT_LE(device.Stats(d).allocated_bytes.peak, static_cast<std::int64_t>(device.budget(d))) << d;
+  }
+  for (int d : {0, 1}) ys[d].resize(2);
+  const absl::Status disabled = DisableRematEngine();
+  ASSERT_TRUE(disabled.ok()) << disabled;
+}
+
+// fork() with engines on two devices: the fork handlers take and give back both engines' locks, the child starts with
+// neither held (it can ask for the engines' state), and the parent goes on.
+TEST(CudaEngineDevices, ForkWithEnginesOnTwoDevicesLeavesNoLockHeld) {
+  FakeDevice device(704 * kKiB, /*devices=*/2);
+  const at::Tensor x0 = Input(11);
+  ASSERT_TRUE(device.Enable("dtr-eq", OffloadMode::kOff, 0).ok());
+  ASSERT_TRUE(device.Enable("dtr-eq", OffloadMode::kOff, 1).ok());
+  std::vector<at::Tensor> ys = Steps(x0, 8);
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    // Both bridges' locks must be free here: Stats takes each.
+    const std::vector<DeviceEngineStats> all = GetAllEngineStats();
+    ::_exit(all.size() == 2 && all[0].stats.ops > 0 ? 0 : 1);
+  }
+  int status = 0;
+  ASSERT_EQ(::waitpid(child, &status, 0), child);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
+  std::vector<at::Tensor> more = Steps(ys.back(), 8);  // the parent's engines still work
+  EXPECT_GT(GetEngineStats(0)->engine.evictions, 0);
+  more.clear();
+  ys.clear();
+  ASSERT_TRUE(DisableRematEngine().ok());
 }
 
 // The routing decision on CUDA tensors, as on a GPU (whose kernels cannot run here): storages of remat's CUDA
