@@ -214,18 +214,8 @@ TEST(CudaEngineDevices, TheEngineOnDeviceOneAloneIsBitwiseIdentical) {
   ASSERT_TRUE(disabled.ok()) << disabled;
 }
 
-// y[i] = tanh(sin(y[i-1]) * 1.5), the chain without its dropout: no random stream shared between threads.
-std::vector<at::Tensor> Steps(const at::Tensor& x, int n) {
-  std::vector<at::Tensor> ys;
-  at::Tensor y = x;
-  for (int i = 0; i < n; ++i) {
-    at::Tensor s = at::sin(y);
-    s.mul_(1.5);
-    y = at::tanh(s);
-    ys.push_back(y);
-  }
-  return ys;
-}
+// The chain without its dropout: no random stream shared between threads.
+std::vector<at::Tensor> Steps(const at::Tensor& x, int n) { return Chain(x, n, /*dropout=*/false); }
 
 // Two threads, each on its own device, under pressure at the same time, each copying every fourth value to the other's
 // device: the engines run in parallel, each op routed per thread, and copies in opposite directions take the two
