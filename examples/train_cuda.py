@@ -12,8 +12,9 @@ What it does: `remat.install_cuda_allocator(budget=...)` before anything initial
 steps of resnet50 on random images, printing per step the time, the loss and torch.cuda.memory_allocated /
 max_memory_allocated / memory_reserved, which remat's allocator answers. The budget is a hard limit: memory_reserved
 equals it, and an allocation that does not fit raises torch.OutOfMemoryError naming the request, the budget and
-the largest free block once the engine cannot make room. The engine evicts and rematerializes on device 0 (it is
-switched on for this thread by install_cuda_allocator; random ops' outputs are kept on CUDA so far, and victims are
+the largest free block once the engine cannot make room. The engine evicts and rematerializes on the device the
+script trains on (--device, default 0, as a DDP process trains on cuda:rank: install_cuda_allocator(devices=...)
+switches it on for this thread there; random ops' outputs are kept on CUDA so far, and victims are
 paged to pinned host memory only with --offload), so a budget below the model's peak trains by recomputing; the script prints the engine's evictions and
 rematerializations per step. A budget below what even that allows fails with that error; the script reports it and
 exits with status 3.
@@ -21,7 +22,7 @@ exits with status 3.
 Options: --budget (bytes with a unit, e.g. 6GiB, or a fraction of device memory, e.g. 0.5; default REMAT_BUDGET,
 else 0.9), --host-budget (pinned host memory for paging; default REMAT_HOST_BUDGET), --policy (the engine's
 eviction policy; default REMAT_POLICY, else dtr-eq), --offload (off, auto, always: page victims to pinned host
-memory), --arena (contiguous, stitch, stitch:SIZE), --deterministic (deterministic kernels, to compare losses bit for bit
+memory), --arena (contiguous, stitch, stitch:SIZE), --device (the CUDA device index to train on), --deterministic (deterministic kernels, to compare losses bit for bit
 with --no-remat), --batch-size, --image-size, --steps, --no-remat (torch's own allocator, for
 comparison). libremat_cuda.so is found as remat.cuda's docstring says (REMAT_CUDA_LIBRARY, or the build
 directory). REMAT_BUDGET and REMAT_DEVICE are consumed here and removed from the environment before `import
@@ -66,6 +67,7 @@ def main() -> None:
     parser.add_argument("--offload", default=None, help="off, auto or always (default REMAT_OFFLOAD, else off)")
     parser.add_argument("--arena", default=None,
                         help="contiguous, stitch or stitch:SIZE (default REMAT_ARENA, else contiguous)")
+    parser.add_argument("--device", type=int, default=0, help="the CUDA device to train on (the engine runs there)")
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--image-size", type=int, default=224)
     parser.add_argument("--steps", type=int, default=20)
@@ -99,18 +101,19 @@ def main() -> None:
             # saying so on a machine without a GPU), then installs remat as torch's CUDA allocator.
             installed = remat.install_cuda_allocator(budget=args.budget, policy=args.policy,
                                                      host_budget=args.host_budget, offload=args.offload,
-                                                     arena=args.arena)
+                                                     arena=args.arena, devices=args.device)
         except (ValueError, RuntimeError) as error:
             fail(f"cannot install remat's CUDA allocator: {error}")
         print(f"remat: CUDA allocator installed from {installed.library} with budget {installed.budget}, arena "
-              f"{installed.arena}")
+              f"{installed.arena}, engine on device(s) {list(installed.devices)}")
 
     import torchvision  # noqa: E402
 
     if args.deterministic:
         torch.use_deterministic_algorithms(True)
     torch.manual_seed(0)  # the same model and data in every run
-    device = torch.device("cuda")
+    device = torch.device("cuda", args.device)
+    torch.cuda.set_device(device)  # as a DDP process does with its rank's device
     name = torch.cuda.get_device_name(device)
     print(f"device: {name}; allocator: {torch.cuda.get_allocator_backend()}; "
           f"batch {args.batch_size} x 3 x {args.image_size} x {args.image_size}")

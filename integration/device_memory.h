@@ -93,8 +93,20 @@ class DeviceMemory {
   // Asynchronous paging of its own (above), or nullptr: the executor copies to its host tier instead.
   virtual DevicePager* pager() { return nullptr; }
   // Whose memory the history (memory_events.h) files this memory's events under: kHistoryCpu (-1) for the CPU
-  // arena, the device index for a CUDA device's arena.
+  // arena, the device index for a CUDA device's arena. The engine session keys its engines by it (one per device).
   virtual std::int16_t history_device() const = 0;
+
+  // Routing ops among the engines of several devices (device_router.h); the CPU has one engine and is never routed.
+  // Whether `storage` is on this memory's device. CUDA: the storage's device (an evicted storage keeps it). CPU
+  // tensors over a device's memory (the CUDA runtime's test double) carry no device index: there, whether its bytes
+  // are in this memory's arena, which an evicted storage's are not (the router then asks the engines).
+  virtual bool OnThisDevice(c10::StorageImpl& storage) const { return Owns(storage._mutable_data_ptr_no_checks()); }
+  // The calling thread's current device (CUDA: cudaGetDevice), -1 where there is none (the CPU).
+  virtual int CurrentDevice() const { return -1; }
+  // Makes `device` the calling thread's current device (CUDA: cudaSetDevice). The router runs each engine's work and
+  // each op's kernel with the engine's device current, as a CUDA kernel's device guard does; on the test double,
+  // whose kernels are the CPU's, that is what puts their allocations on the op's device. Nothing to do on the CPU.
+  virtual absl::Status SetCurrentDevice(int device) { return absl::OkStatus(); }
 };
 
 // A new storage holding a copy of `source`'s bytes: in `memory` when `source` is on its device type (a copy within

@@ -214,6 +214,16 @@ class EngineBridge final : public OpObserver, public PressureHandler, public Hel
   // the change; the storage itself is fixed (never evicted or moved: its size and address are about to change under
   // the engine). Storages remat does not know need nothing.
   absl::Status StorageWillChange(c10::StorageImpl* impl);
+  // Cross-device ops (device_router.h): `record` is recorded by another device's bridge and reads `reads` (indices
+  // into record.input_storages), storages of this bridge's device. BeginRead brings them back (replays or pages them
+  // in: Engine::BeginOp) and keeps them locked and in place while the kernel runs, the lock lent as for an op of its
+  // own; EndRead unlocks them (an op with no outputs here: their access, its cost on this engine's clock; `failed`:
+  // Engine::AbortOp). The op's outputs are the other engine's. No observer (`next`) is told: the recording bridge is.
+  void BeginRead(const OpRecord& record, std::span<const int> reads);
+  void EndRead(const OpRecord& record, bool failed) noexcept;
+  // `storage` has no memory because this engine evicted or paged it (the router's test for an evicted storage whose
+  // device nothing else tells: CPU tensors over a device's memory, on the CUDA runtime's test double).
+  bool HoldsOutOfMemory(const c10::StorageImpl* storage);
   // Waits for the op running now, MaterializeLive, then stops: later ops pass through unrecorded and MakeRoom makes
   // no room. The session calls it before it detaches and destroys the bridge (engine_session.h).
   absl::Status Retire();

@@ -1,6 +1,6 @@
 // EngineBridge's internals shared by its implementation files (engine_bridge.cc: the ops; engine_bridge_storages.cc:
-// the storage entries and their lifecycle; op_in_flight.cc: the op between BeforeOp and AfterOp). Nothing else
-// includes it.
+// the storage entries and their lifecycle; op_in_flight.cc: the op between BeforeOp and AfterOp) and by the router
+// that drives several bridges (device_router.cc). Nothing else includes it.
 #pragma once
 
 #include <ATen/core/List.h>

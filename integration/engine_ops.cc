@@ -69,6 +69,12 @@ int64_t PinState(const std::vector<at::Tensor>& tensors) {
 
 bool EngineEnabled() { return RematEngineEnabled(); }
 
+std::vector<int64_t> EngineDevices() {
+  std::vector<int64_t> out;
+  for (const int device : RematEngineDevices()) out.push_back(device);
+  return out;
+}
+
 void MakeResidentOp(const at::Tensor& tensor, bool writable) {
   const absl::Status status = MakeResident(tensor, writable);
   if (absl::IsResourceExhausted(status)) TORCH_CHECK_WITH(OutOfMemoryError, false, std::string(status.message()));
@@ -87,11 +93,9 @@ c10::List<std::string> Policies() {
   return out;
 }
 
-c10::Dict<std::string, double> EngineStatsDict() {
-  c10::Dict<std::string, double> out;
-  absl::StatusOr<BridgeStats> s = GetEngineStats();
-  if (!s.ok()) return out;
-  auto put = [&](const char* name, auto value) { out.insert(name, static_cast<double>(value)); };
+// Calls put(name, value) for each statistic of one engine.
+template <typename Put>
+void PutEngineStats(const BridgeStats* s, Put&& put) {
   put("evictions", s->engine.evictions);
   put("release_evictions", s->engine.release_evictions);
   put("rematerializations", s->engine.rematerializations);
@@ -157,6 +161,41 @@ c10::Dict<std::string, double> EngineStatsDict() {
   put("plan_planned_overhead", s->plan.planned_overhead);
   put("plan_victims", s->engine.plan_victims);
   put("plan_fallbacks", s->engine.plan_fallbacks);
+}
+
+// With engines on several devices (engine_session.h), each statistic is their sum (peaks too: the most the devices held
+// at their own peaks), fragmentation their mean weighted by pressure samples, and "devices" their number; the main
+// counts of each also appear as "device<d>_<name>".
+c10::Dict<std::string, double> EngineStatsDict() {
+  c10::Dict<std::string, double> out;
+  const std::vector<DeviceEngineStats> all = GetAllEngineStats();
+  if (all.size() == 1) {
+    PutEngineStats(&all.front().stats, [&](const char* name, auto value) { out.insert(name, static_cast<double>(value)); });
+    return out;
+  }
+  std::vector<std::pair<std::string, double>> sums;  // in PutEngineStats' order
+  double fragmentation_weighted = 0;
+  for (const DeviceEngineStats& device : all) {
+    std::size_t i = 0;
+    PutEngineStats(&device.stats, [&](const char* name, auto value) {
+      if (i == sums.size()) sums.emplace_back(name, 0.0);
+      sums[i++].second += static_cast<double>(value);
+    });
+    const EngineStats& e = device.stats.engine;
+    fragmentation_weighted += e.fragmentation_sum;
+    const std::string prefix = "device" + std::to_string(device.device) + "_";
+    out.insert(prefix + "evictions", static_cast<double>(e.evictions));
+    out.insert(prefix + "rematerializations", static_cast<double>(e.rematerializations));
+    out.insert(prefix + "page_outs", static_cast<double>(e.page_outs));
+    out.insert(prefix + "engine_peak_bytes", static_cast<double>(e.peak_bytes));
+    out.insert(prefix + "tracked_ops", static_cast<double>(device.stats.ops));
+  }
+  for (auto& [name, value] : sums) out.insert(name, value);
+  const double samples = out.contains("pressure_samples") ? out.at("pressure_samples") : 0.0;
+  if (!all.empty()) {
+    out.insert_or_assign("fragmentation", samples > 0 ? fragmentation_weighted / samples : 0.0);
+    out.insert("devices", static_cast<double>(all.size()));
+  }
   return out;
 }
 
@@ -165,8 +204,9 @@ std::string PlannedTrace() { return RematPlannedTrace(); }
 
 // Plan mode in words: the state, the schedule in force, why the last plan left force or planning failed.
 std::string PlanStatus() {
-  absl::StatusOr<BridgeStats> s = GetEngineStats();
-  if (!s.ok()) return "remat is not enabled";
+  const std::vector<DeviceEngineStats> all = GetAllEngineStats();  // several devices: the lowest one's
+  if (all.empty()) return "remat is not enabled";
+  const BridgeStats* s = &all.front().stats;
   const PlanDriverStats& p = s->plan;
   if (p.iterations == 0 && !p.following) return "no iteration ended yet (remat.mark_step(), or an optimizer step)";
   std::string out = p.following ? "following the plan of " + p.source : (p.planning ? "planning" : "online");
@@ -188,6 +228,7 @@ TORCH_LIBRARY_FRAGMENT(remat, m) {
   m.def("disable_engine() -> ()", &DisableEngine);
   m.def("pin_state(Tensor[] tensors) -> int", &PinState);
   m.def("engine_enabled() -> bool", &EngineEnabled);
+  m.def("engine_devices() -> int[]", &EngineDevices);
   m.def("make_resident(Tensor tensor, bool writable) -> ()", &MakeResidentOp);
   m.def("storage_will_change(Storage storage) -> ()", &StorageWillChangeOp);
   m.def("policies() -> str[]", &Policies);

@@ -5,6 +5,7 @@
 
 #include <pthread.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <memory>
 #include <mutex>
@@ -13,6 +14,7 @@
 
 #include "integration/cpu_allocator.h"
 #include "integration/cpu_device_memory.h"
+#include "integration/device_router.h"
 #include "integration/dispatch_hook.h"
 #include "absl/strings/str_cat.h"
 #include "integration/session.h"
@@ -25,12 +27,16 @@ namespace {
 // briefly, so that MakeResident, PinRematState and GetEngineStats on other threads never wait for a disable.
 std::mutex g_lifecycle_mutex;
 std::mutex g_mutex;
-// A raw pointer on purpose: the bridge is deleted by DisableRematEngine, never by static destruction at exit (ops
-// and frees may still reach it while the process tears down with remat enabled).
-EngineBridge* g_bridge = nullptr;         // guarded by g_mutex
-DeviceMemory* g_memory = nullptr;         // the bridge's memory, owned likewise; guarded by g_mutex
-bool g_on_cpu = true;                     // g_memory is the CPU arena's; guarded by g_mutex
-std::optional<BridgeStats> g_last_stats;  // guarded by g_mutex
+// The engines, one per device in ascending device order (the CPU session: one, over the CPU arena). Raw pointers on
+// purpose: bridges, routers and memories are deleted by DisableRematEngine, never by static destruction at exit (ops
+// and frees may still reach them while the process tears down with remat enabled). All guarded by g_mutex.
+std::vector<DeviceEngine> g_engines;
+// Every router made since the first enable (the observer with more than one engine; device_router.h): an op that
+// loaded an older one may still be inside it, so they all live until disable.
+std::vector<DeviceRouter*> g_routers;
+OpObserver* g_tracker = nullptr;  // the session's tracker, every bridge's `next`
+bool g_on_cpu = true;             // g_engines is the CPU arena's one
+std::vector<DeviceEngineStats> g_last_stats;
 
 absl::StatusOr<BridgeOptions> ToBridgeOptions(const EngineSessionOptions& options) {
   BridgeOptions bridge_options;
@@ -55,42 +61,82 @@ absl::StatusOr<BridgeOptions> ToBridgeOptions(const EngineSessionOptions& option
   return bridge_options;
 }
 
-// Enables the hook (EnableRemat, with the CPU arena or without), then the bridge over `memory`. Holds g_mutex.
+// The observer and held-reference counter for the engines now: the bridge itself when there is one, else a new
+// router over them all. Holds g_mutex.
+void InstallObserverLocked() {
+  if (g_engines.size() == 1) {
+    SetObserver(g_engines.front().bridge);
+    SetHeldReferences(g_engines.front().bridge);
+    return;
+  }
+  auto* router = new DeviceRouter(g_engines, g_tracker);
+  g_routers.push_back(router);
+  SetObserver(router);
+  SetHeldReferences(router);
+}
+
+// The bridge that tracks `storage`: the one engine's, else the engine of its device (nullptr: none). Holds g_mutex.
+EngineBridge* BridgeOfLocked(c10::StorageImpl& storage) {
+  if (g_engines.empty()) return nullptr;
+  if (g_engines.size() == 1) return g_engines.front().bridge;
+  const int e = g_routers.back()->EngineOf(storage);
+  return e < 0 ? nullptr : g_engines[static_cast<std::size_t>(e)].bridge;
+}
+
+// The first engine enables the hook (EnableRemat, with the CPU arena or without); later ones (other devices) add a
+// bridge over their memory and switch the hook on for the calling thread. Holds g_mutex.
 absl::Status EnableLocked(const EngineSessionOptions& options, std::unique_ptr<DeviceMemory> memory) {
-  if (g_bridge != nullptr) return absl::AlreadyExistsError("remat: already enabled; disable it first");
+  const bool on_cpu = memory == nullptr;
+  const int device = on_cpu ? -1 : memory->history_device();
+  if (!g_engines.empty()) {
+    if (on_cpu || g_on_cpu) return absl::AlreadyExistsError("remat: already enabled; disable it first");
+    for (const DeviceEngine& engine : g_engines) {
+      if (engine.device == device) {
+        return absl::AlreadyExistsError(
+            absl::StrCat("remat: the engine already runs on device ", device, "; disable it first"));
+      }
+    }
+  }
   absl::StatusOr<BridgeOptions> bridge_options = ToBridgeOptions(options);
   if (!bridge_options.ok()) return bridge_options.status();
-  const bool on_cpu = memory == nullptr;
-  if (absl::Status status = EnableRemat(RematOptions{options.budget, /*install_cpu_arena=*/on_cpu, options.stitch_granule}); !status.ok()) {
+  const bool first = g_engines.empty();
+  if (first) {
+    if (absl::Status status = EnableRemat(RematOptions{options.budget, /*install_cpu_arena=*/on_cpu, options.stitch_granule}); !status.ok()) {
+      return status;
+    }
+    g_tracker = GetObserver();
+  } else if (absl::Status status = SetHookEnabledOnThisThread(true); !status.ok()) {
     return status;
   }
   if (on_cpu) memory = std::make_unique<CpuDeviceMemory>(InstalledCpuArena());
   bridge_options->memory = memory.get();
   // Prefetch only where page copies overlap compute (a memory that pages itself on a copy stream: CUDA).
   bridge_options->paging.prefetch = memory->pager() != nullptr;
-  bridge_options->next = GetObserver();  // the session's tracker
+  bridge_options->next = g_tracker;
   absl::StatusOr<std::unique_ptr<EngineBridge>> bridge = EngineBridge::Create(*bridge_options);
   if (!bridge.ok()) {
-    (void)DisableRemat();
+    if (first) (void)DisableRemat();
     return bridge.status();
   }
-  g_memory = memory.release();
+  const DeviceEngine engine{device, bridge->release(), memory.release()};
+  engine.memory->SetPressureHandler(engine.bridge);
+  g_engines.insert(std::upper_bound(g_engines.begin(), g_engines.end(), engine,
+                                    [](const DeviceEngine& a, const DeviceEngine& b) { return a.device < b.device; }),
+                   engine);
   g_on_cpu = on_cpu;
-  g_bridge = bridge->release();
-  g_memory->SetPressureHandler(g_bridge);
-  SetObserver(g_bridge);
-  SetHeldReferences(g_bridge);
-  g_last_stats.reset();
+  InstallObserverLocked();
+  if (first) g_last_stats.clear();
   return absl::OkStatus();
 }
 
-// fork(): every lock remat's state depends on is taken before (in an order no thread takes them in reverse) and
-// released after, so a child never starts with one held by a thread it does not have. The child keeps the engine
-// with no budget: torch's own allocator serves it, and storages evicted at the fork are rematerialized when read.
+// fork(): every lock remat's state depends on is taken before (in an order no thread takes them in reverse: the
+// engines' in ascending device order, as the router does) and released after, so a child never starts with one held
+// by a thread it does not have. The child keeps the engines with no budget: torch's own allocator serves it (on the
+// CPU), and storages evicted at the fork are rematerialized when read.
 void PrepareFork() {
   g_lifecycle_mutex.lock();
   g_mutex.lock();
-  if (g_bridge != nullptr) g_bridge->LockForFork();  // waits for the op running now
+  for (const DeviceEngine& engine : g_engines) engine.bridge->LockForFork();  // each waits for its op running now
   SessionPrepareFork();
   HookPrepareFork();
   CpuArenaPrepareFork();
@@ -100,7 +146,7 @@ void ParentAfterFork() {
   CpuArenaParentAfterFork();
   HookParentAfterFork();
   SessionParentAfterFork();
-  if (g_bridge != nullptr) g_bridge->UnlockAfterFork();
+  for (auto it = g_engines.rbegin(); it != g_engines.rend(); ++it) it->bridge->UnlockAfterFork();
   g_mutex.unlock();
   g_lifecycle_mutex.unlock();
 }
@@ -109,8 +155,8 @@ void ChildAfterFork() {
   CpuArenaChildAfterFork();
   HookChildAfterFork();
   SessionChildAfterFork();
-  if (g_bridge != nullptr) g_bridge->AfterForkInChild();
-  if (g_bridge != nullptr) g_bridge->UnlockAfterFork();
+  for (const DeviceEngine& engine : g_engines) engine.bridge->AfterForkInChild();
+  for (auto it = g_engines.rbegin(); it != g_engines.rend(); ++it) it->bridge->UnlockAfterFork();
   g_mutex.unlock();
   g_lifecycle_mutex.unlock();
 }
@@ -137,19 +183,17 @@ absl::Status EnableRematEngineOn(const EngineSessionOptions& options, std::uniqu
   return EnableLocked(options, std::move(memory));
 }
 
-// From any thread, while other threads may be inside ops, allocating, or calling the API: the bridge stops
-// recording only once every storage a user holds is resident (Retire), and is destroyed only once no thread can
-// be inside it (no observer call, pressure-handler call or API call in flight).
+// From any thread, while other threads may be inside ops, allocating, or calling the API: each bridge stops
+// recording only once every storage a user holds on its device is resident (Retire), and they are destroyed only once
+// no thread can be inside them (no observer call, pressure-handler call or API call in flight).
 absl::Status DisableRematEngine() {
   std::lock_guard<std::mutex> lifecycle(g_lifecycle_mutex);
-  EngineBridge* bridge = nullptr;
-  DeviceMemory* memory = nullptr;
+  std::vector<DeviceEngine> engines;
   bool on_cpu = true;
   {
     std::lock_guard<std::mutex> lock(g_mutex);
-    if (g_bridge == nullptr) return absl::FailedPreconditionError("remat: not enabled");
-    bridge = g_bridge;
-    memory = g_memory;
+    if (g_engines.empty()) return absl::FailedPreconditionError("remat: not enabled");
+    engines = g_engines;
     on_cpu = g_on_cpu;
   }
   absl::Status status = absl::OkStatus();
@@ -158,6 +202,7 @@ absl::Status DisableRematEngine() {
   };
   c10::DataPtr keep_alive;
   if (on_cpu) {
+    EngineBridge* bridge = engines.front().bridge;
     // Storages a user still holds get their bytes back once torch's own allocator serves again: together they may
     // exceed the budget. One block of ours keeps the retired arena (which the engine reads for its statistics)
     // alive meanwhile. If even that block does not fit, bring them back under the budget first.
@@ -170,32 +215,43 @@ absl::Status DisableRematEngine() {
     keep(ReleaseCpuArena());
     if (keep_alive) keep(bridge->Retire());
   } else {
-    // The device's memory is all there is: everything comes back under its budget while the bridge can still
-    // make room.
-    keep(bridge->Retire());
+    // Each device's memory is all there is: everything comes back under its budget while its bridge can still make
+    // room, its replays run with its device current (as the router runs them).
+    for (const DeviceEngine& engine : engines) {
+      const int previous = engine.memory->CurrentDevice();
+      if (previous != engine.device) keep(engine.memory->SetCurrentDevice(engine.device));
+      keep(engine.bridge->Retire());
+      if (previous >= 0 && previous != engine.device) keep(engine.memory->SetCurrentDevice(previous));
+    }
   }
   keep(DisableRemat());  // no observer: ops on every thread pass through from here
   SetHeldReferences(nullptr);
-  WaitForObserverCalls();                 // ops that loaded the bridge before have returned
-  memory->SetPressureHandler(nullptr);    // and no allocation is inside its MakeRoom
+  WaitForObserverCalls();  // ops that loaded a bridge or router before have returned
+  for (const DeviceEngine& engine : engines) engine.memory->SetPressureHandler(nullptr);  // none inside MakeRoom
+  std::vector<DeviceRouter*> routers;
   {
-    std::lock_guard<std::mutex> lock(g_mutex);  // nor any API call (they hold g_mutex while they use it)
-    g_last_stats = bridge->Stats();
-    g_bridge = nullptr;
-    g_memory = nullptr;
+    std::lock_guard<std::mutex> lock(g_mutex);  // nor any API call (they hold g_mutex while they use them)
+    g_last_stats.clear();
+    for (const DeviceEngine& engine : engines) g_last_stats.push_back({engine.device, engine.bridge->Stats()});
+    g_engines.clear();
+    routers.swap(g_routers);
+    g_tracker = nullptr;
   }
-  delete bridge;
+  for (DeviceRouter* router : routers) delete router;
+  for (const DeviceEngine& engine : engines) delete engine.bridge;
   keep_alive.clear();
-  delete memory;
+  for (const DeviceEngine& engine : engines) delete engine.memory;
   return status;
 }
 
 absl::StatusOr<int> PinRematState(const std::vector<at::Tensor>& tensors) {
   std::lock_guard<std::mutex> lock(g_mutex);
-  if (g_bridge == nullptr) return absl::FailedPreconditionError("remat: not enabled");
+  if (g_engines.empty()) return absl::FailedPreconditionError("remat: not enabled");
   int pinned = 0;
   for (const at::Tensor& t : tensors) {
-    if (t.defined() && t.has_storage()) pinned += g_bridge->PinState(t.storage().unsafeGetStorageImpl());
+    if (!t.defined() || !t.has_storage()) continue;
+    c10::StorageImpl* impl = t.storage().unsafeGetStorageImpl();
+    if (EngineBridge* bridge = BridgeOfLocked(*impl)) pinned += bridge->PinState(impl);
   }
   return pinned;
 }
@@ -203,15 +259,18 @@ absl::StatusOr<int> PinRematState(const std::vector<at::Tensor>& tensors) {
 absl::Status MakeResident(const at::Tensor& tensor, bool writable) {
   if (!tensor.defined() || !tensor.has_storage()) return absl::OkStatus();
   std::lock_guard<std::mutex> lock(g_mutex);
-  if (g_bridge == nullptr) return absl::OkStatus();
-  return g_bridge->MakeResident(tensor.storage().unsafeGetStorageImpl(), writable);
+  c10::StorageImpl* impl = tensor.storage().unsafeGetStorageImpl();
+  EngineBridge* bridge = BridgeOfLocked(*impl);
+  if (bridge == nullptr) return absl::OkStatus();
+  return bridge->MakeResident(impl, writable);
 }
 
 absl::Status StorageWillChange(const c10::Storage& storage) {
   if (!storage) return absl::OkStatus();
   std::lock_guard<std::mutex> lock(g_mutex);
-  if (g_bridge == nullptr) return absl::OkStatus();
-  return g_bridge->StorageWillChange(storage.unsafeGetStorageImpl());
+  EngineBridge* bridge = BridgeOfLocked(*storage.unsafeGetStorageImpl());
+  if (bridge == nullptr) return absl::OkStatus();
+  return bridge->StorageWillChange(storage.unsafeGetStorageImpl());
 }
 
 absl::StatusOr<PagingSetting> ResolvePaging(const std::optional<std::string>& offload,
@@ -251,24 +310,49 @@ absl::StatusOr<PagingSetting> ResolvePaging(const std::optional<std::string>& of
 
 bool RematEngineEnabled() {
   std::lock_guard<std::mutex> lock(g_mutex);
-  return g_bridge != nullptr;
+  return !g_engines.empty();
+}
+
+std::vector<int> RematEngineDevices() {
+  std::lock_guard<std::mutex> lock(g_mutex);
+  std::vector<int> devices;
+  for (const DeviceEngine& engine : g_engines) devices.push_back(engine.device);
+  return devices;
 }
 
 void MarkRematStep() {
   std::lock_guard<std::mutex> lock(g_mutex);
-  if (g_bridge != nullptr) g_bridge->MarkStep();
+  for (const DeviceEngine& engine : g_engines) engine.bridge->MarkStep();
 }
 
 std::string RematPlannedTrace() {
   std::lock_guard<std::mutex> lock(g_mutex);
-  return g_bridge != nullptr ? g_bridge->PlannedTrace() : std::string();
+  return g_engines.empty() ? std::string() : g_engines.front().bridge->PlannedTrace();
+}
+
+std::vector<DeviceEngineStats> GetAllEngineStats() {
+  std::lock_guard<std::mutex> lock(g_mutex);
+  if (g_engines.empty()) return g_last_stats;
+  std::vector<DeviceEngineStats> out;
+  for (const DeviceEngine& engine : g_engines) out.push_back({engine.device, engine.bridge->Stats()});
+  return out;
 }
 
 absl::StatusOr<BridgeStats> GetEngineStats() {
-  std::lock_guard<std::mutex> lock(g_mutex);
-  if (g_bridge != nullptr) return g_bridge->Stats();
-  if (g_last_stats.has_value()) return *g_last_stats;
-  return absl::NotFoundError("remat: the engine has not been enabled");
+  std::vector<DeviceEngineStats> all = GetAllEngineStats();
+  if (all.empty()) return absl::NotFoundError("remat: the engine has not been enabled");
+  if (all.size() > 1) {
+    return absl::FailedPreconditionError(absl::StrCat("remat: engines run on ", all.size(),
+                                                      " devices: ask for one device's statistics"));
+  }
+  return std::move(all.front().stats);
+}
+
+absl::StatusOr<BridgeStats> GetEngineStats(int device) {
+  for (DeviceEngineStats& stats : GetAllEngineStats()) {
+    if (stats.device == device) return std::move(stats.stats);
+  }
+  return absl::NotFoundError(absl::StrCat("remat: no engine has run on device ", device));
 }
 
 EngineGuard::EngineGuard(const EngineSessionOptions& options) {

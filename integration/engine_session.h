@@ -16,7 +16,15 @@
 // still holds resident again in that memory, under its budget (there is no other allocator to spill to: a storage
 // that does not fit is an error), before it detaches the bridge.
 //
-// Enable/Disable are serialized by a mutex; enabling twice is AlreadyExists.
+// One engine per device (issue 19, "Every device"): EnableRematEngineOn again with another device's memory adds an
+// engine for that device (its own bridge, budget and arena; the hook is switched on for the calling thread too), and
+// from the second one on the hook's observer is a DeviceRouter (device_router.h) that gives each op to the engine of
+// the device its tensors live on; cross-device copies are described there. With one engine the bridge is the observer,
+// as on the CPU. DisableRematEngine switches them all off (each device's storages brought back under its budget). A
+// device is identified by DeviceMemory::history_device().
+//
+// Enable/Disable are serialized by a mutex. AlreadyExists: enabling while a CPU session runs, a CPU session while any
+// runs, or a second engine on the same device.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -70,6 +78,9 @@ absl::Status EnableRematEngine(const EngineSessionOptions& options);
 absl::Status EnableRematEngineOn(const EngineSessionOptions& options, std::unique_ptr<DeviceMemory> memory);
 absl::Status DisableRematEngine();
 bool RematEngineEnabled();
+// The devices with an engine now, ascending (-1: the CPU session).
+std::vector<int> RematEngineDevices();
+// The calls below go to the engine of the storage's device (with one engine: that engine).
 // Pins the storages of `tensors` for good (EngineBridge::PinState): state kept across steps, such as an optimizer's.
 // Returns how many were pinned; FailedPrecondition when remat is not enabled.
 absl::StatusOr<int> PinRematState(const std::vector<at::Tensor>& tensors);
@@ -83,10 +94,20 @@ absl::Status StorageWillChange(const c10::Storage& storage);
 // The end of a training iteration (EngineBridge::MarkStep: plan mode's recording, planning and following). Nothing
 // to do when remat is off or the policy is not "plan".
 void MarkRematStep();
-// Plan mode: the recorded iteration the last plan was made from, as a trace (empty when none).
+// Plan mode: the recorded iteration the last plan was made from, as a trace (empty when none); with engines on several
+// devices, the lowest device's. MarkRematStep ends the iteration on every engine.
 std::string RematPlannedTrace();
-// Of the current engine, else of the last one; NotFound before the first EnableRematEngine.
+// Of the current engine, else of the last one; NotFound before the first EnableRematEngine; FailedPrecondition when
+// engines run (or ran last) on several devices: ask per device.
 absl::StatusOr<BridgeStats> GetEngineStats();
+// Of the engine on `device` (-1: the CPU), now or in the last session; NotFound when it had none.
+absl::StatusOr<BridgeStats> GetEngineStats(int device);
+struct DeviceEngineStats {
+  int device = -1;
+  BridgeStats stats;
+};
+// Of every engine now, else of the last session's, in ascending device order; empty before the first enable.
+std::vector<DeviceEngineStats> GetAllEngineStats();
 
 // Enables remat with the engine for its lifetime (LibTorch programs); throws c10::Error when that fails.
 class EngineGuard {

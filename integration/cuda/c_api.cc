@@ -5,6 +5,7 @@
 #include <c10/util/Exception.h>
 #include <torch/headeronly/version.h>
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdlib>
 #include <cstring>
@@ -12,6 +13,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "allocator/arena.h"
@@ -184,11 +186,30 @@ int remat_cuda_enable_engine(int device, const char* policy, const char* costs, 
       options.policy = from_environment;  // checked by the engine like any name
     }
     if (costs != nullptr && costs[0] != '\0') options.costs = costs;
+    RematCudaAllocator* allocator = InstalledCudaAllocator();
+    if (allocator == nullptr) {  // ForInstalledAllocator says so
+      return Report(CudaDeviceMemory::ForInstalledAllocator(0).status(), error, error_size);
+    }
+    if (device == -1) {  // the calling thread's current device
+      absl::StatusOr<int> current = allocator->runtime()->GetDevice();
+      if (!current.ok()) return Report(current.status(), error, error_size);
+      device = *current;
+    }
+    if (device < 0 || device >= RematCudaAllocator::kMaxDevices) {
+      return Report(absl::InvalidArgumentError(absl::StrCat("remat: CUDA device ", device,
+                                                            " is not valid: a device index is >= 0 (-1: the current "
+                                                            "device)")),
+                    error, error_size);
+    }
+    const std::vector<int> engines = RematEngineDevices();
+    if (std::find(engines.begin(), engines.end(), device) != engines.end()) {
+      return Report(absl::AlreadyExistsError(absl::StrCat("remat: the engine already runs on CUDA device ", device)),
+                    error, error_size);
+    }
     absl::StatusOr<std::unique_ptr<CudaDeviceMemory>> memory =
         CudaDeviceMemory::ForInstalledAllocator(static_cast<c10::DeviceIndex>(device));
     if (!memory.ok()) return Report(memory.status(), error, error_size);
-    if (InstalledCudaAllocator()->Device(static_cast<c10::DeviceIndex>(device)).HasPressureHandler() &&
-        !RematEngineEnabled()) {
+    if (allocator->Device(static_cast<c10::DeviceIndex>(device)).HasPressureHandler()) {
       return Report(absl::FailedPreconditionError(absl::StrCat(
                         "remat: CUDA device ", device, " has a pressure handler set through "
                         "remat_cuda_set_pressure_handler; remove it (nullptr) before switching the engine on")),

@@ -33,8 +33,13 @@
 //    "always"; NULL or "" reads REMAT_OFFLOAD, else off) and `host_budget` (bytes with a unit; NULL or "" reads
 //    REMAT_HOST_BUDGET, else unlimited) page victims to host memory instead of dropping them, through a pinned
 //    staging block, with the link model at 12 GB/s and 10 us per copy. Reserves the device's budget now. Returns 0, or the absl::StatusCode number with the message in `error`: 3 for an
-//    unknown policy or costs, 6 when remat is already enabled, 9 when no allocator is installed. remat.disable()
-//    (or remat_cuda_disable_engine) switches it off.
+//    unknown policy or costs or a device that is not valid (negative, or not below the device count: the message
+//    names it), 6 when remat is already enabled on the CPU or the engine already runs on that device, 9 when no
+//    allocator is installed. `device` -1 is the calling thread's current device (cudaGetDevice: with torchrun and
+//    DDP, the rank's device once the process has selected it). Called again with another device, it adds an engine
+//    for that device (one per device, each over its own arena and budget; ops go to the engine of the device their
+//    tensors are on: integration/device_router.h). remat.disable() (or remat_cuda_disable_engine) switches them all
+//    off.
 //    remat_cuda_disable_engine(error, error_size): DisableRematEngine; 0 or the status code (9: not enabled; 8:
 //    the tensors still held do not fit the budget once they are all brought back).
 //

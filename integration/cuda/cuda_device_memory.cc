@@ -65,6 +65,19 @@ bool CudaDeviceMemory::Owns(const c10::DataPtr& data) const {
          allocator_->Device(device_).Owns(reinterpret_cast<std::uintptr_t>(data.get()));
 }
 
+bool CudaDeviceMemory::OnThisDevice(c10::StorageImpl& storage) const {
+  // A CUDA storage names its device, evicted or not; CPU tensors over the double's memory only by their bytes.
+  if (tensor_device_ == c10::DeviceType::CUDA) return storage.device() == c10::Device(c10::DeviceType::CUDA, device_);
+  return Owns(storage._mutable_data_ptr_no_checks());
+}
+
+int CudaDeviceMemory::CurrentDevice() const {
+  const absl::StatusOr<int> current = allocator_->runtime()->GetDevice();
+  return current.ok() ? *current : -1;
+}
+
+absl::Status CudaDeviceMemory::SetCurrentDevice(int device) { return allocator_->runtime()->SetDevice(device); }
+
 c10::intrusive_ptr<c10::StorageImpl> CudaDeviceMemory::NewStorage(std::size_t nbytes) {
   // The allocator serves the current device: make it ours for this allocation.
   const cuda::ScopedDevice scoped(allocator_->runtime(), device_);

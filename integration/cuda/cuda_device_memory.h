@@ -71,6 +71,9 @@ class CudaDeviceMemory final : public DeviceMemory, private DevicePager {
   bool host_accessible() const override { return false; }
   DevicePager* pager() override { return this; }
   std::int16_t history_device() const override { return device_; }
+  bool OnThisDevice(c10::StorageImpl& storage) const override;
+  int CurrentDevice() const override;
+  absl::Status SetCurrentDevice(int device) override;
 
  private:
   CudaDeviceMemory(RematCudaAllocator* allocator, c10::DeviceIndex device, Arena* arena,

@@ -24,6 +24,7 @@ namespace cca = c10::cuda::CUDACachingAllocator;
 
 class CudaCApi : public ::testing::Test {
  protected:
+  explicit CudaCApi(int devices = 1) : rt_(cuda::FakeCudaOptions{devices}) {}
   void SetUp() override {
     native_ = cca::allocator.load();
     CudaAllocatorOptions options;
@@ -182,6 +183,45 @@ TEST_F(CudaCApi, EnableEngineRunsTheEngineSessionOnTheInstalledAllocatorsDevice)
   EXPECT_THAT(error, HasSubstr("remove it (nullptr) before switching the engine on"));
   EXPECT_FALSE(RematEngineEnabled());
   ASSERT_EQ(remat_cuda_set_pressure_handler(0, nullptr, error, sizeof(error)), 0) << error;
+}
+
+class CudaCApiTwoDevices : public CudaCApi {
+ protected:
+  CudaCApiTwoDevices() : CudaCApi(2) {}
+};
+
+// Issue 19, "Every device": one engine per device, each over its device's arena and budget. -1 is the calling
+// thread's current device (DDP: the rank's, once the process selected it); a device enabled twice, or one that is
+// not valid, is an error naming it; disabling switches every device's engine off.
+TEST_F(CudaCApiTwoDevices, EnableEngineAddsAnEnginePerDeviceAndMinusOneIsTheCurrentDevice) {
+  char error[512] = {};
+  ASSERT_TRUE(rt_.SetDevice(1).ok());
+  ASSERT_EQ(remat_cuda_enable_engine(-1, "lru", nullptr, nullptr, nullptr, error, sizeof(error)), 0) << error;
+  EXPECT_EQ(RematEngineDevices(), std::vector<int>{1});
+  EXPECT_EQ(*rt_.GetDevice(), 1);
+  EXPECT_EQ(remat_cuda_enable_engine(1, "lru", nullptr, nullptr, nullptr, error, sizeof(error)), 6);  // AlreadyExists
+  EXPECT_THAT(error, HasSubstr("already runs on CUDA device 1"));
+  EXPECT_EQ(remat_cuda_enable_engine(2, "lru", nullptr, nullptr, nullptr, error, sizeof(error)), 3);  // InvalidArgument
+  EXPECT_THAT(error, HasSubstr("invalid CUDA device 2 (2 device(s))"));
+  EXPECT_EQ(remat_cuda_enable_engine(-2, "lru", nullptr, nullptr, nullptr, error, sizeof(error)), 3);
+  EXPECT_THAT(error, HasSubstr("CUDA device -2 is not valid"));
+  EXPECT_EQ(remat_cuda_enable_engine(0, "belady", nullptr, nullptr, nullptr, error, sizeof(error)), 3);
+  EXPECT_EQ(RematEngineDevices(), std::vector<int>{1});  // a failed enable adds nothing
+  ASSERT_EQ(remat_cuda_enable_engine(0, "dtr-eq", nullptr, nullptr, nullptr, error, sizeof(error)), 0) << error;
+  EXPECT_EQ(RematEngineDevices(), (std::vector<int>{0, 1}));
+  EXPECT_NE(allocator_->Device(0).arena(), nullptr);  // each budget reserved from the start
+  EXPECT_NE(allocator_->Device(1).arena(), nullptr);
+  FreeLast handler;
+  EXPECT_EQ(remat_cuda_set_pressure_handler(0, &handler, error, sizeof(error)), 9);
+  ASSERT_TRUE(GetEngineStats(0).ok());
+  ASSERT_TRUE(GetEngineStats(1).ok());
+  ASSERT_EQ(remat_cuda_disable_engine(error, sizeof(error)), 0) << error;
+  EXPECT_FALSE(RematEngineEnabled());
+  EXPECT_EQ(remat_cuda_disable_engine(error, sizeof(error)), 9);
+  // Both pressure handlers were detached.
+  EXPECT_THROW(remat_malloc(8192, 0, nullptr), c10::OutOfMemoryError);
+  EXPECT_THROW(remat_malloc(8192, 1, nullptr), c10::OutOfMemoryError);
+  ASSERT_TRUE(rt_.SetDevice(0).ok());
 }
 
 TEST(CudaCApiWithoutAllocator, EnableEngineNeedsAnInstalledAllocator) {

@@ -1,6 +1,6 @@
 // The engine on a CUDA device's arena (CudaDeviceMemory over RematCudaAllocator, EnableRematEngineOn), run against
 // the CUDA-runtime test double. The double's "device memory" is host memory, so the test makes CPU tensors over it:
-// a c10 CPU allocator that allocates from the CUDA allocator (FakeDeviceAllocator) is installed for the test, and
+// a c10 CPU allocator that allocates from the CUDA allocator (FakeDevice, tests/cuda/fake_device.h) is installed, and
 // real CPU kernels run on the device arena's blocks. What runs is the CUDA path's own code: the device arena
 // (budget, streams, pending stream-ordered frees), its pressure handler calling the engine, CudaDeviceMemory's
 // allocations, slides and copies through the CudaRuntime seam, and the engine session without a CPU arena.
@@ -32,6 +32,7 @@
 #include <vector>
 
 #include "tests/cuda/fake_cuda_runtime.h"
+#include "tests/cuda/fake_device.h"
 #include "integration/engine_session.h"
 #include "tests/integration/arena_layout_workload.h"
 #include "tests/integration/chain_workload.h"
@@ -42,74 +43,6 @@ namespace {
 using ::testing::HasSubstr;
 
 constexpr std::size_t kKiB = 1024;
-
-// c10's CPU allocator for the test: every CPU tensor's memory is a block of the CUDA allocator's device 0 arena,
-// allocated on the stream the test calls current.
-class FakeDeviceAllocator final : public c10::Allocator {
- public:
-  FakeDeviceAllocator(RematCudaAllocator* cuda, const cudaStream_t* current) : cuda_(cuda), current_(current) {}
-  c10::DataPtr allocate(std::size_t bytes) override {
-    const c10::Device cpu(c10::DeviceType::CPU);
-    if (bytes == 0) return c10::DataPtr(nullptr, nullptr, cuda_->raw_deleter(), cpu);
-    void* pointer = cuda_->Malloc(bytes, 0, *current_);
-    return c10::DataPtr(pointer, pointer, cuda_->raw_deleter(), cpu);
-  }
-  c10::DeleterFnPtr raw_deleter() const override { return cuda_->raw_deleter(); }
-  void copy_data(void* dest, const void* src, std::size_t count) const override { std::memcpy(dest, src, count); }
-
- private:
-  RematCudaAllocator* cuda_;
-  const cudaStream_t* current_;
-};
-
-// A CUDA allocator over the double with a budget, installed (for CPU tensors) as c10's CPU allocator while it lives.
-struct FakeDevice {
-  // `stitch_granule` > 0: the device supports virtual memory at that granularity and the arena stitches (issue 18).
-  explicit FakeDevice(std::size_t budget, int devices = 1, std::size_t stitch_granule = 0)
-      : rt(cuda::FakeCudaOptions{devices, std::size_t{64} << 20, true,
-                                 stitch_granule > 0 ? stitch_granule : std::size_t{2} << 20}) {
-    CudaAllocatorOptions options;
-    options.budget = budget;
-    if (stitch_granule > 0) {
-      options.arena = cuda::DeviceArenaKind::kStitch;
-      options.stitch_granule = stitch_granule;
-    }
-    CudaStreams streams;
-    streams.current = [this](c10::DeviceIndex) { return current; };
-    streams.handle = [](const c10::cuda::CUDAStream&) -> cudaStream_t { return nullptr; };
-    cuda = std::make_unique<RematCudaAllocator>(&rt, options, std::move(streams));
-    host = std::make_unique<FakeDeviceAllocator>(cuda.get(), &current);
-    previous = c10::GetCPUAllocator();
-    c10::SetCPUAllocator(host.get(), kPriority);
-  }
-  ~FakeDevice() {
-    if (RematEngineEnabled()) (void)DisableRematEngine();  // a failed assertion left it on
-    c10::SetCPUAllocator(previous, kPriority);
-  }
-
-  absl::Status Enable(const std::string& policy, OffloadMode offload = OffloadMode::kOff) {
-    absl::StatusOr<std::unique_ptr<CudaDeviceMemory>> memory =
-        CudaDeviceMemory::Create(cuda.get(), 0, host.get(), c10::DeviceType::CPU);
-    if (!memory.ok()) return memory.status();
-    EngineSessionOptions options;
-    options.budget = budget();
-    options.policy = policy;
-    options.costs = "estimated";
-    options.offload = offload;
-    options.bandwidth_bytes_per_s = kCudaLinkBandwidthBytesPerS;
-    options.latency_ns = kCudaLinkLatencyNs;
-    return EnableRematEngineOn(options, *std::move(memory));
-  }
-  std::size_t budget() { return *cuda->Device(0).Budget(); }
-  cuda::DeviceArenaStats Stats() { return cuda->Device(0).Stats(); }
-
-  static constexpr std::uint8_t kPriority = 200;  // above whatever the process installed
-  cuda::FakeCudaRuntime rt;
-  cudaStream_t current = nullptr;
-  std::unique_ptr<RematCudaAllocator> cuda;
-  std::unique_ptr<FakeDeviceAllocator> host;
-  c10::Allocator* previous = nullptr;
-};
 
 std::vector<at::Tensor> Reference(int seed, int n) {
   const at::Tensor x = at::randn({128, 128});  // 64 KiB

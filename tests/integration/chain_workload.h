@@ -11,14 +11,15 @@
 
 namespace remat::integration {
 
-inline std::vector<at::Tensor> Chain(const at::Tensor& x, int n) {
+// `dropout` false: no random op (no generator shared between threads running chains at once).
+inline std::vector<at::Tensor> Chain(const at::Tensor& x, int n, bool dropout = true) {
   std::vector<at::Tensor> ys;
   at::Tensor y = x;
   for (int i = 0; i < n; ++i) {
     at::Tensor s = at::sin(y);
     s.mul_(1.5);
     y = at::tanh(s);
-    if (i % 3 == 2) y = at::dropout(y, 0.25, /*train=*/true);
+    if (dropout && i % 3 == 2) y = at::dropout(y, 0.25, /*train=*/true);
     ys.push_back(y);
   }
   return ys;

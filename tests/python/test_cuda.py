@@ -138,6 +138,57 @@ def test_engine_arguments_are_checked_before_anything_is_installed(monkeypatch):
     assert torch.cuda.get_allocator_backend() == "native"
 
 
+@pytest.mark.parametrize("devices, message", [
+    ("some", r"devices must be None \(the current device\), a device index, a list of them or 'all', got 'some'"),
+    ([], r"a non-empty list of them or 'all', got \[\]"),
+    (1.5, r"a non-empty list of them or 'all', got 1.5"),
+    (True, r"got True"),
+    ([0, "1"], r"a device is an index \(int\), got '1' in devices=\[0, '1'\]"),
+    (-1, r"device -1 is not valid: a device index is >= 0"),
+    ([1, 0, 1], r"devices lists a device twice: \[1, 0, 1\]"),
+])
+def test_devices_are_checked_before_anything_is_installed(devices, message):
+    with pytest.raises(ValueError, match=message):
+        remat.install_cuda_allocator(budget="1GiB", devices=devices)
+    assert remat.cuda.installed_cuda_allocator() is None
+    assert torch.cuda.get_allocator_backend() == "native"
+    assert not torch.cuda.is_initialized()
+
+
+def test_devices_out_of_range_or_without_the_engine_are_errors(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)  # what a two-GPU machine's driver reports
+    with pytest.raises(ValueError, match=r"device 2 is out of range: this machine has 2 CUDA device\(s\)"):
+        remat.install_cuda_allocator(budget="1GiB", devices=[0, 2])
+    with pytest.raises(ValueError, match="devices chooses where the engine runs; with engine=False it runs nowhere"):
+        remat.install_cuda_allocator(budget="1GiB", devices=1, engine=False)
+    with pytest.raises(ValueError, match=r"budget must be bytes \(int\), a fraction"):  # one budget, for each device
+        remat.install_cuda_allocator(budget={0: "1GiB", 1: "2GiB"}, devices="all")
+    assert remat.cuda.installed_cuda_allocator() is None
+    assert torch.cuda.get_allocator_backend() == "native"
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs (never run by us)")
+def test_the_engine_on_every_device_with_a_copy_between_them():
+    code = (
+        "import torch, remat\n"
+        "info = remat.install_cuda_allocator(budget='256MiB', devices='all')\n"
+        "print('DEVICES', info.devices)\n"
+        "x = [torch.randn(1024, 1024, device=f'cuda:{d}') for d in info.devices]\n"
+        "y = [torch.tanh(torch.sin(t) * 1.5) for t in x]\n"
+        "moved = y[0].to('cuda:1')\n"
+        "print('COPY', torch.equal(moved.cpu(), y[0].cpu()))\n"
+        "s = remat.stats()\n"
+        "print('STATS', int(s['devices']), all(f'device{d}_tracked_ops' in s for d in info.devices))\n"
+        "remat.disable()\n"
+    )
+    result = run_python(code)
+    assert result.returncode == 0, result.stderr
+    count = torch.cuda.device_count()
+    assert f"DEVICES {tuple(range(count))}" in result.stdout
+    assert "COPY True" in result.stdout
+    assert f"STATS {count} True" in result.stdout
+
+
 @pytest.mark.parametrize("value, expected", [("", "cpu"), ("cpu", "cpu"), (" CUDA ", "cuda")])
 def test_remat_device_values(monkeypatch, value, expected):
     monkeypatch.setenv("REMAT_DEVICE", value)

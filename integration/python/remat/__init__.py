@@ -217,6 +217,9 @@ def stats() -> Dict[str, Union[int, float]]:
     resident memory so far, getrusage: on a CPU the arena and a memory host tier are both in it, so it shows what
     paging did not save); engine_op_slots, engine_tensor_slots, engine_storage_slots, engine_union_find_nodes,
     engine_op_io_entries (the engine's table sizes, slots live or free for reuse: bounded over a long run).
+    With the engine on several CUDA devices (install_cuda_allocator(devices=...)) the engine's numbers are their sums
+    (fragmentation their mean weighted by pressure_samples), with devices (how many) and device<d>_evictions,
+    device<d>_rematerializations, device<d>_page_outs, device<d>_engine_peak_bytes, device<d>_tracked_ops per device.
     The arena's and engine's keys are absent before the first enable()."""
     out: Dict[str, Union[int, float]] = dict(torch.ops.remat.stats())
     out["process_peak_rss_bytes"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux

@@ -18,10 +18,12 @@ tracked, and an allocation that does not fit evicts storages the engine can reco
 bitwise when read, exactly as on the CPU; ``remat.stats()`` reports its evictions and ``remat.disable()`` switches
 it off (every tensor still held is brought back, under the budget). ``offload`` ("auto", "always") pages victims to
 host memory (``host_budget``) instead of dropping them: pinned host pages copied on a copy stream, ordered by
-events (the consuming kernel's stream waits for its page, not the host), with prefetch ahead of use. On CUDA the
-engine runs on device 0 and keeps the outputs of random ops (dropout) instead of evicting them: only the CPU
+events (the consuming kernel's stream waits for its page, not the host), with prefetch ahead of use. The engine
+runs on the current device, or on the ``devices`` given (one engine per device, each under its own budget; ops go
+to the engine of their tensors' device). On CUDA it keeps the outputs of random ops (dropout) instead of evicting
+them: only the CPU
 generator's state is captured so far. Its logic runs in CI on the CUDA runtime's test double
-(tests/cuda/cuda_engine_test.cc), never yet on a GPU.
+(tests/cuda/cuda_engine_test.cc, cuda_engine_devices_test.cc), never yet on a GPU.
 
 The library, ``libremat_cuda.so``, is built when nvcc is found (``make build``). Finding it, in order: the
 ``REMAT_CUDA_LIBRARY`` environment variable (a path to the .so); ``libremat_cuda.so`` next to this file;
@@ -44,7 +46,7 @@ import sys
 import threading
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Optional, Union
+from typing import Optional, Sequence, Tuple, Union
 
 import torch
 
@@ -67,9 +69,10 @@ class CudaAllocator:
     budget: str                  # as given ("6GiB", "0.5", bytes), or as read from REMAT_BUDGET
     host_budget: Optional[str]   # pinned host memory for paging, or None
     policy: str                  # the engine's eviction policy
-    engine: bool                 # the engine evicts on device 0 (install_cuda_allocator(engine=True))
+    engine: bool                 # the engine evicts (install_cuda_allocator(engine=True)), on `devices`
     library: Path
     arena: str = "contiguous"    # as asked ("contiguous", "stitch", "stitch:SIZE"), or as read from REMAT_ARENA
+    devices: Tuple[int, ...] = ()  # the devices with an engine, ascending (empty without the engine)
 
 
 _lock = threading.Lock()
@@ -128,6 +131,8 @@ def _load_library() -> ctypes.CDLL:
     lib.remat_cuda_enable_engine.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p,
                                              ctypes.c_char_p, ctypes.c_char_p, ctypes.c_size_t]
     lib.remat_cuda_enable_engine.restype = ctypes.c_int
+    lib.remat_cuda_disable_engine.argtypes = [ctypes.c_char_p, ctypes.c_size_t]
+    lib.remat_cuda_disable_engine.restype = ctypes.c_int
     _library, _library_file = lib, path
     return lib
 
@@ -152,10 +157,38 @@ def _size_text(value: Union[int, float, str, None], name: str, fraction_ok: bool
     raise ValueError(f"remat: {name} must be {kinds} a string such as '6GiB', got {value!r}")
 
 
+def _device_list(devices: Union[int, str, Sequence[int], None]) -> Optional[list]:
+    """The engine's devices as asked: None for the current device, else a sorted list of distinct indices (range
+    checked against the devices the driver reports, when it reports any). ValueError naming the problem."""
+    if devices is None:
+        return None
+    count = torch.cuda.device_count()  # asks the driver; does not initialize torch's CUDA state
+    if isinstance(devices, str):
+        if devices != "all":
+            raise ValueError(f"remat: devices must be None (the current device), a device index, a list of them or "
+                             f"'all', got {devices!r}")
+        return list(range(count))
+    listed = [devices] if isinstance(devices, int) and not isinstance(devices, bool) else devices
+    if not isinstance(listed, (list, tuple)) or not listed:
+        raise ValueError(f"remat: devices must be None (the current device), a device index, a non-empty list of "
+                         f"them or 'all', got {devices!r}")
+    for device in listed:
+        if isinstance(device, bool) or not isinstance(device, int):
+            raise ValueError(f"remat: a device is an index (int), got {device!r} in devices={devices!r}")
+        if device < 0:
+            raise ValueError(f"remat: device {device} is not valid: a device index is >= 0")
+        if count > 0 and device >= count:
+            raise ValueError(f"remat: device {device} is out of range: this machine has {count} CUDA device(s)")
+    if len(set(listed)) != len(listed):
+        raise ValueError(f"remat: devices lists a device twice: {devices!r}")
+    return sorted(listed)
+
+
 def install_cuda_allocator(budget: Union[int, float, str, None] = None, policy: Optional[str] = None,
                            host_budget: Union[int, str, None] = None, costs: str = "measured",
                            offload: Optional[str] = None, engine: bool = True,
-                           arena: Optional[str] = None) -> CudaAllocator:
+                           arena: Optional[str] = None,
+                           devices: Union[int, str, Sequence[int], None] = None) -> CudaAllocator:
     """Makes remat PyTorch's CUDA allocator: one arena of `budget` per device, a hard limit (see the module's
     docstring). Call it after `import torch` and before anything initializes CUDA (the first CUDA tensor,
     stream or torch.cuda call that initializes CUDA).
@@ -165,14 +198,22 @@ def install_cuda_allocator(budget: Union[int, float, str, None] = None, policy: 
         REMAT_HOST_BUDGET; unset: no paging). policy: an eviction policy name (remat.policies(); None reads
         REMAT_POLICY). costs: "measured" or "estimated", as for remat.enable(). offload: "off", "auto" or "always"
         (None reads REMAT_OFFLOAD, else off): page the engine's victims to host memory, up to host_budget. engine: also switch the engine on
-        for this thread on device 0 (evict and rematerialize when the budget is full); False installs the allocator
-        alone (a budget below the peak then raises torch.OutOfMemoryError). arena: "contiguous" (one segment of
+        for this thread on `devices` (evict and rematerialize when the budget is full); False installs the allocator
+        alone (a budget below the peak then raises torch.OutOfMemoryError). devices: where the engine runs, one
+        engine per device, each with its own arena of `budget` (the budget applies to each device): None (the
+        default) is the current device, as for torch.cuda's memory functions (device 0 unless the process selected
+        another before CUDA started; with DDP, where each process uses cuda:rank, pass that rank's device, e.g.
+        devices=int(os.environ["LOCAL_RANK"]) under torchrun); an index; a list of them; or "all" (every visible
+        device). Ops go to the engine of the device their tensors live on; a copy between two devices is read by the
+        source's engine and kept (or paged, never dropped) by the destination's. arena: "contiguous" (one segment of
         the budget per device), "stitch" or "stitch:SIZE" (physical granules, 2 MiB by default, mapped into
         contiguous address ranges, so that a request needs free granules rather than a hole; used where the device
         supports virtual memory management, else contiguous); None reads REMAT_ARENA, else contiguous. Never run
         on a GPU so far: tested on a test double of the CUDA runtime.
 
-    Raises ValueError for a malformed budget, unknown policy or costs, and RuntimeError, with nothing installed, if
+    Raises ValueError for a malformed budget (one budget, applied to each device), unknown policy or costs, devices
+    that are not valid (not an index, negative, listed twice, out of range, or given with engine=False), and
+    RuntimeError, with nothing installed, if
     CUDA was already initialized, if remat's CUDA allocator is already installed, if remat is already enabled (on
     the CPU), if libremat_cuda.so was not built or does not load, or if there is no CUDA device. If the allocator
     was installed but the engine then fails to start, RuntimeError says so: the allocator stays installed (an
@@ -193,6 +234,10 @@ def install_cuda_allocator(budget: Union[int, float, str, None] = None, policy: 
         if costs not in _engine.COSTS:
             raise ValueError(f"remat: unknown costs {costs!r}; expected one of {', '.join(_engine.COSTS)}")
         offload_mode, _ = _engine.resolve_paging(offload, host_text)
+        if devices is not None and not engine:
+            raise ValueError("remat: devices chooses where the engine runs; with engine=False it runs nowhere "
+                             "(the allocator serves every device anyway)")
+        engine_devices = _device_list(devices)
         if engine and torch.ops.remat.is_enabled():
             raise RuntimeError("remat: remat is already enabled (on the CPU); call remat.disable() before installing "
                                "the CUDA allocator with its engine")
@@ -215,13 +260,20 @@ def install_cuda_allocator(budget: Union[int, float, str, None] = None, policy: 
             policy=policy_name, engine=engine, library=_library_file,
             arena=arena or os.environ.get("REMAT_ARENA") or "contiguous")
         if engine:
-            status = lib.remat_cuda_enable_engine(0, policy_name.encode(), costs.encode(), offload_mode.encode(),
-                                                  host_text.encode() if host_text is not None else None, error,
-                                                  len(error))
-            if status != 0:
-                _installed = replace(_installed, engine=False)
-                raise RuntimeError(f"remat: the CUDA allocator is installed (and stays, without eviction), but its "
-                                   f"engine could not start: {error.value.decode(errors='replace')}")
+            for device in engine_devices if engine_devices is not None else [-1]:  # -1: the current device
+                status = lib.remat_cuda_enable_engine(device, policy_name.encode(), costs.encode(),
+                                                      offload_mode.encode(),
+                                                      host_text.encode() if host_text is not None else None, error,
+                                                      len(error))
+                if status != 0:
+                    message = error.value.decode(errors="replace")
+                    if torch.ops.remat.engine_enabled():  # the devices started before this one stop too
+                        lib.remat_cuda_disable_engine(error, len(error))
+                    _installed = replace(_installed, engine=False)
+                    raise RuntimeError(f"remat: the CUDA allocator is installed (and stays, without eviction), but "
+                                       f"its engine could not start on "
+                                       f"{'the current device' if device < 0 else f'device {device}'}: {message}")
+            _installed = replace(_installed, devices=tuple(torch.ops.remat.engine_devices()))
         return _installed
 
 
