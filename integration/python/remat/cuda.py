@@ -20,9 +20,8 @@ it off (every tensor still held is brought back, under the budget). ``offload`` 
 host memory (``host_budget``) instead of dropping them: pinned host pages copied on a copy stream, ordered by
 events (the consuming kernel's stream waits for its page, not the host), with prefetch ahead of use. The engine
 runs on the current device, or on the ``devices`` given (one engine per device, each under its own budget; ops go
-to the engine of their tensors' device). On CUDA it keeps the outputs of random ops (dropout) instead of evicting
-them: only the CPU
-generator's state is captured so far. Its logic runs in CI on the CUDA runtime's test double
+to the engine of their tensors' device). Random ops (dropout, attention dropout) are replayed with the CUDA
+generator's Philox seed and offset they first drew, so their outputs are evicted like any others. Its logic runs in CI on the CUDA runtime's test double
 (tests/cuda/cuda_engine_test.cc, cuda_engine_devices_test.cc), never yet on a GPU.
 
 The library, ``libremat_cuda.so``, is built when nvcc is found (``make build``). Finding it, in order: the
