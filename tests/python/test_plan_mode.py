@@ -191,3 +191,45 @@ def test_a_forked_child_trains_online_and_the_parent_keeps_its_plan(peak):
         assert remat.stats()["plan_followed_iterations"] >= followed + 1, remat.plan_status()
     finally:
         remat.disable()
+
+
+def test_a_followed_plan_never_runs_out_where_the_online_policy_trains():
+    """resnet50 at half its peak (stitched arena): the plan chosen by counting bytes alone (msps's) ran out of memory
+    89 replays deep in its first followed iteration, where dtr-eq online trains; plans are now made with the arena's
+    placement. Five steps: online, recorded and planned, then followed."""
+    import torchvision
+
+    def run(budget, steps=4):
+        torch.manual_seed(0)
+        model = torchvision.models.resnet50(num_classes=10)
+        opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+        torch.manual_seed(1)
+        x, y = torch.randn(16, 3, 128, 128), torch.randint(0, 10, (16,))
+        losses, stats, status = [], None, None
+        if budget is not None:
+            remat.enable(budget, policy="plan" if budget < (64 << 30) else None, costs="estimated", arena="stitch")
+        try:
+            for _ in range(steps):
+                opt.zero_grad()
+                loss = torch.nn.functional.cross_entropy(model(x), y)
+                loss.backward()
+                opt.step()
+                losses.append(loss.detach().clone())
+            status = remat.plan_status() if budget is not None else None
+        finally:
+            if budget is not None:
+                remat.disable()
+                stats = remat.stats()
+        return losses, stats, status
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        reference, _, _ = run(None, steps=5)
+        _, unconstrained, _ = run(64 << 30, steps=2)
+        losses, stats, status = run(int(unconstrained["peak_allocated_bytes"] * 0.5), steps=5)
+    finally:
+        torch.set_num_threads(threads)
+    assert all(torch.equal(a, b) for a, b in zip(losses, reference))
+    assert status.startswith("following the plan of"), status
+    assert stats["plan_followed_iterations"] >= 1 and stats["plan_victims"] > 0, stats
