@@ -200,6 +200,10 @@ class EngineBridge final : public OpObserver, public PressureHandler, public Hel
   // The end of a training iteration (remat.mark_step(), after each optimizer step): with policy "plan", the plan
   // driver records, plans or follows from the next iteration on (plan_driver.h). Nothing to do otherwise.
   void MarkStep();
+  // The storages that hold budgeted memory now (tracked, resident, in the memory the budget counts), held: what a
+  // recording that starts now must declare (TraceRecorder::Declare), or its replay misses memory the program keeps
+  // without touching (last step's gradients before zero_grad).
+  std::vector<c10::intrusive_ptr<c10::StorageImpl>> HeldStorages();
   // Plan mode: the recorded iteration the last plan was made from (PlanDriver::PlannedTrace); empty otherwise.
   std::string PlannedTrace();
   // An export: code outside the dispatcher is about to hold `impl`'s bytes or address (numpy(), DLPack, data_ptr(),
@@ -251,6 +255,8 @@ class EngineBridge final : public OpObserver, public PressureHandler, public Hel
   // would raise the peak (a rotating partial sweep was tried: the unconstrained peak of examples/cpp/train_mlp rose
   // from 9.4 to 15.0 MB).
   void Sweep();
+  // HeldStorages with the bridge's lock held.
+  std::vector<c10::intrusive_ptr<c10::StorageImpl>> HeldStoragesLocked();
   void ReleaseIfDead(Entry& entry);
   void PinDependents(StorageIndex start);
   void PinEntry(Entry& entry);

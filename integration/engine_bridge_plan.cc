@@ -46,18 +46,29 @@ void EngineBridge::NotePlannedOp(std::string_view name, std::span<const OutputSp
   plan_->AfterEngineOp(*engine_, name, plan_made_, bytes);
 }
 
-void EngineBridge::MarkStep() {
-  std::lock_guard<EngineLock> lock(lock_);
-  if (plan_ == nullptr || retired_.load(std::memory_order_acquire)) return;
-  // What holds budgeted memory now (resident, in the memory the budget counts), kept alive while it is declared.
+std::vector<c10::intrusive_ptr<c10::StorageImpl>> EngineBridge::HeldStoragesLocked() {
   std::vector<c10::intrusive_ptr<c10::StorageImpl>> held;
-  std::vector<c10::StorageImpl*> live;
   for (const StorageEntries::Entry* entry : entries_.Live()) {
     c10::intrusive_ptr<c10::StorageImpl> impl = entry->weak.lock();
     if (!impl || !engine_->Resident(engine_->StorageOf(entry->root)) || !EvictableMemory(*memory_, *impl)) continue;
-    live.push_back(impl.get());
     held.push_back(std::move(impl));
   }
+  return held;
+}
+
+std::vector<c10::intrusive_ptr<c10::StorageImpl>> EngineBridge::HeldStorages() {
+  std::lock_guard<EngineLock> lock(lock_);
+  return HeldStoragesLocked();
+}
+
+void EngineBridge::MarkStep() {
+  std::lock_guard<EngineLock> lock(lock_);
+  if (plan_ == nullptr || retired_.load(std::memory_order_acquire)) return;
+  // Kept alive while they are declared.
+  const std::vector<c10::intrusive_ptr<c10::StorageImpl>> held = HeldStoragesLocked();
+  std::vector<c10::StorageImpl*> live;
+  live.reserve(held.size());
+  for (const auto& impl : held) live.push_back(impl.get());
   plan_->EndIteration(*engine_, live);
 }
 

@@ -325,6 +325,15 @@ void MarkRematStep() {
   for (const DeviceEngine& engine : g_engines) engine.bridge->MarkStep();
 }
 
+std::vector<c10::intrusive_ptr<c10::StorageImpl>> RematHeldStorages() {
+  std::lock_guard<std::mutex> lock(g_mutex);
+  std::vector<c10::intrusive_ptr<c10::StorageImpl>> held;
+  for (const DeviceEngine& engine : g_engines) {
+    for (auto& storage : engine.bridge->HeldStorages()) held.push_back(std::move(storage));
+  }
+  return held;
+}
+
 std::string RematPlannedTrace() {
   std::lock_guard<std::mutex> lock(g_mutex);
   return g_engines.empty() ? std::string() : g_engines.front().bridge->PlannedTrace();

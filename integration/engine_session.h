@@ -94,6 +94,9 @@ absl::Status StorageWillChange(const c10::Storage& storage);
 // The end of a training iteration (EngineBridge::MarkStep: plan mode's recording, planning and following). Nothing
 // to do when remat is off or the policy is not "plan".
 void MarkRematStep();
+// What every engine's memory holds now (EngineBridge::HeldStorages), for a recording that starts now; empty when
+// remat runs without the engine.
+std::vector<c10::intrusive_ptr<c10::StorageImpl>> RematHeldStorages();
 // Plan mode: the recorded iteration the last plan was made from, as a trace (empty when none); with engines on several
 // devices, the lowest device's. MarkRematStep ends the iteration on every engine.
 std::string RematPlannedTrace();

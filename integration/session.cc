@@ -170,12 +170,14 @@ RematStats GetRematStats() {
   return stats;
 }
 
-absl::Status StartTrace(const std::string& path, bool estimated_costs) {
+absl::Status StartTrace(const std::string& path, bool estimated_costs,
+                        const std::vector<c10::intrusive_ptr<c10::StorageImpl>>& declared) {
   std::lock_guard<std::mutex> lock(g_mutex);
   if (!g_enabled) return absl::FailedPreconditionError("remat: enable remat before recording a trace");
   if (Tracker().Recording()) return absl::FailedPreconditionError("remat: a trace is already being recorded");
   absl::StatusOr<std::unique_ptr<TraceRecorder>> recorder = TraceRecorder::Open(path, estimated_costs);
   if (!recorder.ok()) return recorder.status();
+  for (const auto& storage : declared) (*recorder)->Declare(*storage);
   Tracker().SetRecorder(std::move(*recorder));
   return absl::OkStatus();
 }

@@ -61,7 +61,10 @@ RematStats GetRematStats();
 // Writes the ops the hook records from now on as a trace (trace_recorder.h) to `path`. FailedPrecondition when
 // remat is not enabled or a trace is already being written. DisableRemat stops it too. `estimated_costs`: TIME is
 // the engine's estimate (op_cost.h) instead of the measured time.
-absl::Status StartTrace(const std::string& path, bool estimated_costs = false);
+// `declared`: storages that exist now and hold budgeted memory (EngineBridge::HeldStorages): CONSTANTs at the
+// trace's start, released when they die, so that a replay counts what the program keeps without touching.
+absl::Status StartTrace(const std::string& path, bool estimated_costs = false,
+                        const std::vector<c10::intrusive_ptr<c10::StorageImpl>>& declared = {});
 // Closes the trace; returns the number of ops written. FailedPrecondition when no trace is being written.
 absl::StatusOr<std::uint64_t> StopTrace();
 

@@ -16,6 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "integration/cpu_allocator.h"
 #include "integration/dispatch_hook.h"
+#include "integration/engine_session.h"
 #include "integration/opaque_call.h"
 #include "integration/session.h"
 #include "runtime/config.h"
@@ -81,7 +82,11 @@ int64_t ParseBudgetBytes(const std::string& text) {
   return static_cast<int64_t>(bytes);
 }
 
-void RecordStart(const std::string& path, bool estimated_costs) { ThrowIfError(StartTrace(path, estimated_costs)); }
+// What the engine holds when the recording starts is declared in it (last step's gradients, optimizer state): a
+// recording started mid-run replays with the memory the program keeps.
+void RecordStart(const std::string& path, bool estimated_costs) {
+  ThrowIfError(StartTrace(path, estimated_costs, RematHeldStorages()));
+}
 
 int64_t RecordStop() {
   absl::StatusOr<std::uint64_t> ops = StopTrace();

@@ -475,6 +475,37 @@ def test_a_trace_recorded_under_the_engine_replays_at_the_measured_peak(tmp_path
     assert simulated <= 1.25 * (measured + params), (simulated, measured, params)
 
 
+def test_a_trace_started_mid_run_declares_what_the_engine_holds(tmp_path):
+    """remat.record started between steps: last step's gradients and the optimizer's state are in the arena though
+    no op touches them before zero_grad (called here after the forward pass, as many loops do). The trace declares
+    them at its start, so remat-sim's unconstrained peak counts them as the arena did; before, they were missing
+    until the optimizer read them, and the replay's peak came out below what the arena measured."""
+    model, inputs, targets, loss_fn = build("gpt")
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    params = sum(p.numel() * p.element_size() for p in model.parameters())
+    trace = tmp_path / "mid.jsonl"
+
+    def step():
+        loss = loss_fn(model(inputs), targets)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+
+    torch.manual_seed(1)
+    with remat.enable(HUGE, costs="estimated"):
+        step()  # gradients and momentum now live in the arena
+        with remat.record(trace):
+            step()
+        measured = remat.stats()["peak_allocated_bytes"]
+    remat_sim = Path(remat.library_path()).resolve().parents[1] / "tools" / "remat-sim"
+    out = tmp_path / "rows.json"
+    result = subprocess.run([str(remat_sim), str(trace), "--ratios", "1.0", "--policies", "dtr-eq", "--mode", "arena",
+                             "--out", str(out)], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    simulated = json.loads(out.read_text())[0]["peak_bytes"]
+    assert measured <= simulated <= 1.25 * (measured + params), (simulated, measured, params)
+
+
 def test_records_nothing_can_need_are_pruned_and_results_stay_identical():
     """Every 1024 ops the bridge drops records whose outputs the engine reports dead and forgets storages
     nothing references; training goes on bitwise identical."""
