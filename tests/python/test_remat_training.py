@@ -448,6 +448,16 @@ def test_unknown_costs_is_a_clear_error():
     assert not remat.is_enabled()
 
 
+def simulated_peak(trace, tmp_path):
+    """remat-sim's unconstrained peak of a recorded trace (arena mode, dtr-eq), from the build remat loaded."""
+    remat_sim = Path(remat.library_path()).resolve().parents[1] / "tools" / "remat-sim"
+    out = tmp_path / "rows.json"
+    result = subprocess.run([str(remat_sim), str(trace), "--ratios", "1.0", "--policies", "dtr-eq", "--mode", "arena",
+                             "--out", str(out)], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    return json.loads(out.read_text())[0]["peak_bytes"]
+
+
 def test_a_trace_recorded_under_the_engine_replays_at_the_measured_peak(tmp_path):
     """remat.record under the engine: storages whose only references are the engine's records are released in the
     trace, so remat-sim's unconstrained peak matches what the arena measured (plus the parameters, which the
@@ -466,12 +476,7 @@ def test_a_trace_recorded_under_the_engine_replays_at_the_measured_peak(tmp_path
                 opt.step()
                 del loss
         measured = remat.stats()["peak_allocated_bytes"]
-    remat_sim = Path(remat.library_path()).resolve().parents[1] / "tools" / "remat-sim"
-    out = tmp_path / "rows.json"
-    result = subprocess.run([str(remat_sim), str(trace), "--ratios", "1.0", "--policies", "dtr-eq", "--mode", "arena",
-                             "--out", str(out)], capture_output=True, text=True, timeout=120)
-    assert result.returncode == 0, result.stderr
-    simulated = json.loads(out.read_text())[0]["peak_bytes"]
+    simulated = simulated_peak(trace, tmp_path)
     assert simulated <= 1.25 * (measured + params), (simulated, measured, params)
 
 
@@ -497,12 +502,7 @@ def test_a_trace_started_mid_run_declares_what_the_engine_holds(tmp_path):
         with remat.record(trace):
             step()
         measured = remat.stats()["peak_allocated_bytes"]
-    remat_sim = Path(remat.library_path()).resolve().parents[1] / "tools" / "remat-sim"
-    out = tmp_path / "rows.json"
-    result = subprocess.run([str(remat_sim), str(trace), "--ratios", "1.0", "--policies", "dtr-eq", "--mode", "arena",
-                             "--out", str(out)], capture_output=True, text=True, timeout=120)
-    assert result.returncode == 0, result.stderr
-    simulated = json.loads(out.read_text())[0]["peak_bytes"]
+    simulated = simulated_peak(trace, tmp_path)
     assert measured <= simulated <= 1.25 * (measured + params), (simulated, measured, params)
 
 
