@@ -7,7 +7,6 @@
 // runs with the key excluded: its nested calls never reach the fallback.
 #include "integration/dispatch_hook.h"
 
-#include <ATen/CPUGeneratorImpl.h>
 #include <ATen/core/LegacyTypeDispatch.h>
 #include <ATen/core/List.h>
 #include <c10/core/InferenceMode.h>
@@ -157,7 +156,6 @@ at::Generator CopyGenerator(const at::Generator& generator) {
 std::optional<at::Generator> CopyDefaultGenerator(const c10::Stack& arguments) {
   const absl::StatusOr<c10::Device> device = OpDevice(arguments);
   if (!device.ok()) return std::nullopt;
-  if (device->is_cpu()) return CopyGenerator(at::detail::getDefaultCPUGenerator());
   const absl::StatusOr<at::Generator> generator = DefaultGeneratorOf(*device);
   if (!generator.ok()) return std::nullopt;
   return CopyGenerator(*generator);
@@ -607,6 +605,37 @@ c10::Stack ReplayArguments(const OpRecord& record) {
 
 absl::StatusOr<c10::Stack> Replay(const OpRecord& record) { return ReplayWith(record, ReplayArguments(record)); }
 
+namespace {
+
+// Lends `generator` (a device's default generator) the state of `captured` for its lifetime, then gives it its own
+// state back, under the generator's lock each time.
+class LentGeneratorState {
+ public:
+  LentGeneratorState(at::Generator generator, const at::Generator& captured) : generator_(std::move(generator)) {
+    const at::Tensor state = captured.get_state();  // our private copy: no lock needed
+    own_ = CopyGenerator(generator_).get_state();
+    std::lock_guard<std::mutex> lock(generator_.mutex());
+    generator_.set_state(state);
+  }
+  ~LentGeneratorState() {
+    try {
+      std::lock_guard<std::mutex> lock(generator_.mutex());
+      generator_.set_state(own_);
+    } catch (const c10::Error& e) {  // not seen: the state was this generator's own a moment ago
+      TORCH_WARN("remat: could not give ", generator_.device(), "'s default generator its state back after a replay: ",
+                 e.what_without_backtrace());
+    }
+  }
+  LentGeneratorState(const LentGeneratorState&) = delete;
+  LentGeneratorState& operator=(const LentGeneratorState&) = delete;
+
+ private:
+  at::Generator generator_;
+  at::Tensor own_;
+};
+
+}  // namespace
+
 absl::StatusOr<c10::Stack> ReplayWith(const OpRecord& record, c10::Stack arguments) {
   if (!record.replayable) {
     return absl::FailedPreconditionError(
@@ -619,16 +648,14 @@ absl::StatusOr<c10::Stack> ReplayWith(const OpRecord& record, c10::Stack argumen
                                                    arguments.size(), " arguments, its schema has ",
                                                    record.op.schema().arguments().size()));
   }
-  // Random ops without a Generator argument, and opaque calls, draw from the default generator: lend it the
-  // captured state for the replay, then give it back its own, so the user's random stream does not move.
-  // The generator is the default one of the device the op drew from (the CPU's, or CUDA's Philox state).
-  const bool swap_default_generator = record.traits->generator_argument < 0 && record.rng.has_value();
-  std::optional<at::Tensor> saved_state;
-  at::Generator default_generator = at::detail::getDefaultCPUGenerator();
-  if (swap_default_generator && !record.rng->device().is_cpu()) {
-    absl::StatusOr<at::Generator> device_generator = DefaultGeneratorOf(record.rng->device());
-    if (!device_generator.ok()) return device_generator.status();
-    default_generator = *std::move(device_generator);
+  // Random ops without a Generator argument, and opaque calls, draw from the default generator of the device they
+  // drew from (the CPU's, CUDA's Philox state): lend it the captured state for the replay, then give it back its
+  // own, so the user's random stream does not move.
+  std::optional<at::Generator> default_generator;
+  if (record.traits->generator_argument < 0 && record.rng.has_value()) {
+    absl::StatusOr<at::Generator> generator = DefaultGeneratorOf(record.rng->device());
+    if (!generator.ok()) return generator.status();
+    default_generator = *std::move(generator);
   }
   try {
     c10::impl::ForceDispatchKeyGuard capture_state(record.tls_keys);
@@ -637,24 +664,14 @@ absl::StatusOr<c10::Stack> ReplayWith(const OpRecord& record, c10::Stack argumen
     SuspendHook suspend;
     c10::AutoGradMode grad_mode(record.grad_enabled);
     at::AutoDispatchBelowADInplaceOrView below_autograd;
-    if (swap_default_generator) {
-      const at::Tensor captured = record.rng->get_state();  // our private copy: no lock needed
-      saved_state = CopyGenerator(default_generator).get_state();
-      std::lock_guard<std::mutex> lock(default_generator.mutex());
-      default_generator.set_state(captured);
-    }
+    std::optional<LentGeneratorState> lent;
+    if (default_generator.has_value()) lent.emplace(*default_generator, *record.rng);
     record.op.callBoxed(arguments);
   } catch (const c10::OutOfMemoryError& e) {
-    if (saved_state) default_generator.set_state(*saved_state);
     return absl::ResourceExhaustedError(e.what_without_backtrace());
   } catch (const c10::Error& e) {
-    if (saved_state) default_generator.set_state(*saved_state);
     return absl::InternalError(absl::StrCat("remat: replay of ", record.traits->name, " failed: ",
                                             e.what_without_backtrace()));
-  }
-  if (saved_state) {
-    std::lock_guard<std::mutex> lock(default_generator.mutex());
-    default_generator.set_state(*saved_state);
   }
   return arguments;  // callBoxed replaced the arguments with the returns
 }

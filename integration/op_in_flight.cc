@@ -83,7 +83,8 @@ void OpInFlight::NoteWrites(const OpRecord& record) {
 namespace {
 
 // The first non-CPU device among the op's tensor inputs, else among its Device arguments (a factory op's
-// `device=`), else the CPU: the device whose default generator an op could draw from besides the CPU's.
+// `device=`), else the CPU: the device whose default generator an op could draw from besides the CPU's. The cheap
+// form of device_generator.h's OpDevice for every op: the input storages are at hand, and two devices need no error.
 c10::Device WatchedDevice(const OpRecord& record) {
   for (const auto& storage : record.input_storages) {
     if (!storage->device().is_cpu()) return storage->device();

@@ -230,6 +230,6 @@ def test_a_followed_plan_never_runs_out_where_the_online_policy_trains():
         losses, stats, status = run(int(unconstrained["peak_allocated_bytes"] * 0.5), steps=5)
     finally:
         torch.set_num_threads(threads)
-    assert all(torch.equal(a, b) for a, b in zip(losses, reference))
+    assert len(losses) == len(reference) and all(oracle.same_bytes(a, b) for a, b in zip(losses, reference))
     assert status.startswith("following the plan of"), status
     assert stats["plan_followed_iterations"] >= 1 and stats["plan_victims"] > 0, stats
