@@ -334,6 +334,21 @@ std::vector<c10::intrusive_ptr<c10::StorageImpl>> RematHeldStorages() {
   return held;
 }
 
+TraceRecorder::CountsAgainstBudget RematBudgetedMemory() {
+  std::vector<const DeviceMemory*> memories;
+  {
+    std::lock_guard<std::mutex> lock(g_mutex);
+    for (const DeviceEngine& engine : g_engines) memories.push_back(engine.memory);
+  }
+  if (memories.empty()) return nullptr;
+  return [memories = std::move(memories)](c10::StorageImpl& storage) {
+    for (const DeviceMemory* memory : memories) {
+      if (EvictableMemory(*memory, storage)) return true;
+    }
+    return false;
+  };
+}
+
 std::string RematPlannedTrace() {
   std::lock_guard<std::mutex> lock(g_mutex);
   return g_engines.empty() ? std::string() : g_engines.front().bridge->PlannedTrace();

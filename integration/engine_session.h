@@ -42,6 +42,7 @@
 #include "integration/device_memory.h"
 #include "integration/engine_bridge.h"
 #include "integration/host_tier.h"
+#include "integration/trace_recorder.h"
 #include "runtime/config.h"
 
 namespace remat::integration {
@@ -97,6 +98,10 @@ void MarkRematStep();
 // What every engine's memory holds now (EngineBridge::HeldStorages), for a recording that starts now; empty when
 // remat runs without the engine.
 std::vector<c10::intrusive_ptr<c10::StorageImpl>> RematHeldStorages();
+// For a recording that starts now: whether a storage's bytes count against a budget (EvictableMemory in the memory of
+// an engine that exists now, as plan mode's recording counts them); null when remat runs without the engine. Valid
+// until DisableRematEngine, which stops the recording before it deletes the memories.
+TraceRecorder::CountsAgainstBudget RematBudgetedMemory();
 // Plan mode: the recorded iteration the last plan was made from, as a trace (empty when none); with engines on several
 // devices, the lowest device's. MarkRematStep ends the iteration on every engine.
 std::string RematPlannedTrace();

@@ -171,11 +171,12 @@ RematStats GetRematStats() {
 }
 
 absl::Status StartTrace(const std::string& path, bool estimated_costs,
-                        const std::vector<c10::intrusive_ptr<c10::StorageImpl>>& declared) {
+                        const std::vector<c10::intrusive_ptr<c10::StorageImpl>>& declared,
+                        TraceRecorder::CountsAgainstBudget counts) {
   std::lock_guard<std::mutex> lock(g_mutex);
   if (!g_enabled) return absl::FailedPreconditionError("remat: enable remat before recording a trace");
   if (Tracker().Recording()) return absl::FailedPreconditionError("remat: a trace is already being recorded");
-  absl::StatusOr<std::unique_ptr<TraceRecorder>> recorder = TraceRecorder::Open(path, estimated_costs);
+  absl::StatusOr<std::unique_ptr<TraceRecorder>> recorder = TraceRecorder::Open(path, estimated_costs, std::move(counts));
   if (!recorder.ok()) return recorder.status();
   for (const auto& storage : declared) (*recorder)->Declare(*storage);
   Tracker().SetRecorder(std::move(*recorder));

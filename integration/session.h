@@ -20,6 +20,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "integration/cpu_allocator.h"
+#include "integration/trace_recorder.h"
 
 namespace remat::integration {
 
@@ -63,8 +64,10 @@ RematStats GetRematStats();
 // the engine's estimate (op_cost.h) instead of the measured time.
 // `declared`: storages that exist now and hold budgeted memory (EngineBridge::HeldStorages): CONSTANTs at the
 // trace's start, released when they die, so that a replay counts what the program keeps without touching.
+// `counts`: whether a storage's bytes count against the budget (TraceRecorder::CountsAgainstBudget; null: all do).
 absl::Status StartTrace(const std::string& path, bool estimated_costs = false,
-                        const std::vector<c10::intrusive_ptr<c10::StorageImpl>>& declared = {});
+                        const std::vector<c10::intrusive_ptr<c10::StorageImpl>>& declared = {},
+                        TraceRecorder::CountsAgainstBudget counts = nullptr);
 // Closes the trace; returns the number of ops written. FailedPrecondition when no trace is being written.
 absl::StatusOr<std::uint64_t> StopTrace();
 

@@ -83,9 +83,10 @@ int64_t ParseBudgetBytes(const std::string& text) {
 }
 
 // What the engine holds when the recording starts is declared in it (last step's gradients, optimizer state): a
-// recording started mid-run replays with the memory the program keeps.
+// recording started mid-run replays with the memory the program keeps. Memory outside the engines' budgets (a model
+// built before enable) is 0 bytes in it: a replay at the run's budget charges what the run charged.
 void RecordStart(const std::string& path, bool estimated_costs) {
-  ThrowIfError(StartTrace(path, estimated_costs, RematHeldStorages()));
+  ThrowIfError(StartTrace(path, estimated_costs, RematHeldStorages(), RematBudgetedMemory()));
 }
 
 int64_t RecordStop() {

@@ -51,11 +51,14 @@ void ForEachArgumentTensor(const c10::Stack& arguments, Visit visit) {
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<TraceRecorder>> TraceRecorder::Open(const std::string& path, bool estimated_costs) {
+absl::StatusOr<std::unique_ptr<TraceRecorder>> TraceRecorder::Open(const std::string& path, bool estimated_costs,
+                                                                   CountsAgainstBudget counts) {
   std::ofstream out(path, std::ios::out | std::ios::trunc);
   if (!out) return absl::NotFoundError(absl::StrCat("remat: cannot create the trace file ", path));
   out << "{\"INSTRUCTION\":\"ANNOTATE\",\"ANNOTATION\":\"START\"}\n";
-  return std::unique_ptr<TraceRecorder>(new TraceRecorder(path, std::move(out), estimated_costs));
+  auto recorder = std::unique_ptr<TraceRecorder>(new TraceRecorder(path, std::move(out), estimated_costs));
+  recorder->counts_ = std::move(counts);
+  return recorder;
 }
 
 std::unique_ptr<TraceRecorder> TraceRecorder::InMemory(bool estimated_costs, CountsAgainstBudget counts) {
@@ -207,7 +210,7 @@ void TraceRecorder::OnOp(const OpRecord& record) {
         std::find(blanks.begin(), blanks.end(), record.input_storages[output.input_storage].get()) != blanks.end()) {
       continue;  // the overwritten blank itself: a fresh result below
     }
-    // Memory the budget does not count (InMemory's `counts`) is 0 bytes, as for constants.
+    // Memory the budget does not count (`counts`) is 0 bytes, as for constants.
     Result result{NewName(), BudgetedBytes(*storage, output.storage_nbytes), -1};
     if (output.input_storage >= 0) {
       const c10::StorageImpl* shared = record.input_storages[output.input_storage].get();

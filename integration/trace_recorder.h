@@ -3,7 +3,7 @@
 //
 // Mapping from torch to the trace (names are "t<N>", never reused):
 //   - a storage first seen as an argument (parameter, input, anything made before recording or outside the
-//     hook) becomes a CONSTANT with MEMORY = its bytes;
+//     hook) becomes a CONSTANT with MEMORY = its bytes (0 when the budget does not count it: `counts` below);
 //   - an op that writes an argument (in-place, out=) is a MUTATE whose MUTATE indices point at the written
 //     tensors in ARGS;
 //   - any other op is a CALL; each result gets MEMORY and ALIAS: -1 and its storage's bytes for a fresh storage,
@@ -45,13 +45,16 @@ namespace remat::integration {
 
 class TraceRecorder {
  public:
-  // Creates (truncates) the file and writes the START annotation.
-  static absl::StatusOr<std::unique_ptr<TraceRecorder>> Open(const std::string& path, bool estimated_costs = false);
-  // Writes into memory instead (plan mode's recording of an iteration, integration/plan_driver.h); TakeText closes it
-  // and returns the trace. `counts`, when set, says whether a storage's bytes count against the budget: a constant
-  // for which it answers false (a parameter made before enable, outside the arena) gets MEMORY 0, so that a replay
-  // charges the budget what the engine charges it.
+  // `counts`, when set, says whether a storage's bytes count against the budget: a storage for which it answers
+  // false (a parameter made before enable, outside the arena) gets MEMORY 0, so that a replay at the run's budget
+  // charges it what the engine charged (without it, resnet50's parameters made remat-sim run out at a budget the
+  // run trained at). Unset: every storage counts its bytes. Called under the recorder's lock, from any thread.
   using CountsAgainstBudget = std::function<bool(c10::StorageImpl&)>;
+  // Creates (truncates) the file and writes the START annotation.
+  static absl::StatusOr<std::unique_ptr<TraceRecorder>> Open(const std::string& path, bool estimated_costs = false,
+                                                             CountsAgainstBudget counts = nullptr);
+  // Writes into memory instead (plan mode's recording of an iteration, integration/plan_driver.h); TakeText closes it
+  // and returns the trace.
   static std::unique_ptr<TraceRecorder> InMemory(bool estimated_costs, CountsAgainstBudget counts = nullptr);
   std::string TakeText();
   ~TraceRecorder();
@@ -83,7 +86,7 @@ class TraceRecorder {
   void ReleaseDead();
   const std::string& NameOf(const at::Tensor& tensor);
   const std::string& NameOfStorage(c10::StorageImpl& storage);
-  // `bytes` when the budget counts `storage` (InMemory's `counts`; always without it), else 0.
+  // `bytes` when the budget counts `storage` (`counts`; always without it), else 0.
   std::size_t BudgetedBytes(c10::StorageImpl& storage, std::size_t bytes) const;
   std::string NewName();
 
@@ -93,7 +96,7 @@ class TraceRecorder {
   std::ostringstream memory_;  // InMemory
   bool in_memory_ = false;
   std::ostream* stream_;       // out_ or memory_
-  CountsAgainstBudget counts_;  // InMemory
+  CountsAgainstBudget counts_;
   bool closed_ = false;
   const bool estimated_costs_;
   bool in_backward_ = false;  // the last op written ran in a backward pass

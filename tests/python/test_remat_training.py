@@ -460,11 +460,10 @@ def simulated_peak(trace, tmp_path):
 
 def test_a_trace_recorded_under_the_engine_replays_at_the_measured_peak(tmp_path):
     """remat.record under the engine: storages whose only references are the engine's records are released in the
-    trace, so remat-sim's unconstrained peak matches what the arena measured (plus the parameters, which the
-    trace counts as constants and the arena does not hold)."""
+    trace, so remat-sim's unconstrained peak matches what the arena measured. The parameters, made before enable
+    outside the arena, are constants of 0 bytes in the trace, as the budget counts them."""
     model, inputs, targets, loss_fn = build("gpt")
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
-    params = sum(p.numel() * p.element_size() for p in model.parameters())
     trace = tmp_path / "gpt.jsonl"
     torch.manual_seed(1)
     with remat.enable(HUGE, costs="estimated"):
@@ -477,7 +476,7 @@ def test_a_trace_recorded_under_the_engine_replays_at_the_measured_peak(tmp_path
                 del loss
         measured = remat.stats()["peak_allocated_bytes"]
     simulated = simulated_peak(trace, tmp_path)
-    assert simulated <= 1.25 * (measured + params), (simulated, measured, params)
+    assert simulated <= 1.25 * measured, (simulated, measured)
 
 
 def test_a_trace_started_mid_run_declares_what_the_engine_holds(tmp_path):
@@ -487,7 +486,6 @@ def test_a_trace_started_mid_run_declares_what_the_engine_holds(tmp_path):
     until the optimizer read them, and the replay's peak came out below what the arena measured."""
     model, inputs, targets, loss_fn = build("gpt")
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
-    params = sum(p.numel() * p.element_size() for p in model.parameters())
     trace = tmp_path / "mid.jsonl"
 
     def step():
@@ -503,7 +501,9 @@ def test_a_trace_started_mid_run_declares_what_the_engine_holds(tmp_path):
             step()
         measured = remat.stats()["peak_allocated_bytes"]
     simulated = simulated_peak(trace, tmp_path)
-    assert measured <= simulated <= 1.25 * (measured + params), (simulated, measured, params)
+    # 1% below: kernels' own temporaries (made and freed inside one op) are in the arena, not in the trace (0.8%
+    # here); without the declaration the replay came out 2.7% below.
+    assert 0.99 * measured <= simulated <= 1.25 * measured, (simulated, measured)
 
 
 def test_records_nothing_can_need_are_pruned_and_results_stay_identical():
