@@ -285,8 +285,8 @@ def record(path: Union[str, os.PathLike], costs: Optional[str] = None) -> _Recor
     the DTR prototype's format, which `remat-sim` replays, with what the engine pinned and where backward passes
     begin and end (remat's extensions of the format), so that remat-sim makes the choices the engine made; memory
     the budget does not count (a model built before enable(), outside the arena) is 0 bytes in it, so remat-sim
-    replays it at the run's budget. Remat
-    must be enabled; disable() also closes the trace. Usable as a context manager. `costs`: each op's TIME,
+    replays it at the run's budget. Remat must be enabled; disable() also closes the trace. Usable as a context
+    manager. `costs`: each op's TIME,
     "measured" (its wall time) or "estimated" (the engine's estimate from its shapes); default: what enable() was
     given."""
     if costs is None:
