@@ -83,10 +83,14 @@ def image_case(batch=8, side=64):
 
 @pytest.mark.parametrize("fraction,offload", [(0.8, "auto"), (0.6, "auto"), (0.4, "auto"), (1.0, "off")])
 def test_resnet18_batch_norm_buffers_and_eval_outputs_are_identical(fraction, offload):
-    inputs, loss_fn = image_case()
-    reference, _ = run(resnet18, inputs, loss_fn)
-    budget = int(fraction * peak_of(resnet18, inputs, loss_fn))
-    got, stats = run(resnet18, inputs, loss_fn, budget=budget, offload=offload)
+    # oneDNN off: on a CPU without AVX-512 (AMD EPYC, AVX2) its convolution_backward takes a 75 MB workspace from the
+    # arena in one request, more than 0.4 of this model's peak and more than the largest hole at 1.0 (reported as a
+    # gap in the README); this test is about batch norm's buffers, the same with either convolution kernel.
+    with torch.backends.mkldnn.flags(enabled=False):
+        inputs, loss_fn = image_case()
+        reference, _ = run(resnet18, inputs, loss_fn)
+        budget = int(fraction * peak_of(resnet18, inputs, loss_fn))
+        got, stats = run(resnet18, inputs, loss_fn, budget=budget, offload=offload)
     oracle.assert_identical(reference, got, f"resnet18 at {fraction}, offload {offload}")
     assert stats["evictions"] + stats["page_outs"] > 0, stats
     assert len(got.buffers) == 60 and got.eval_outputs

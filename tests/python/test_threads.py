@@ -148,11 +148,14 @@ def test_disable_then_enable_between_steps_trains_like_the_uninterrupted_run():
                 remat.disable()
         return oracle.capture(model, opt, losses, eval_inputs=x)
 
-    reference = resnet_run()
-    budget = int(0.4 * _resnet_peak())
-    uninterrupted = resnet_run(budget)
+    # oneDNN off: on a CPU without AVX-512 its convolution_backward takes a 75 MB workspace in one request, more than
+    # 0.4 of this model's peak (a gap reported in the README); disabling between steps is the same with either kernel.
+    with torch.backends.mkldnn.flags(enabled=False):
+        reference = resnet_run()
+        budget = int(0.4 * _resnet_peak())
+        uninterrupted = resnet_run(budget)
+        cycled = resnet_run(budget, cycle=True)
     oracle.assert_identical(reference, uninterrupted, "resnet18 at 0.4 offload auto")
-    cycled = resnet_run(budget, cycle=True)
     oracle.assert_identical(reference, cycled, "resnet18 at 0.4 offload auto, disabled and enabled between steps")
 
 
