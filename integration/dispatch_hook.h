@@ -204,6 +204,18 @@ struct OpRecord {
   // Run by autograd's engine as part of a backward pass (torch::autograd::get_current_graph_task_id): its outputs
   // are gradients, or values computed to produce them.
   bool in_backward = false;
+  // Copies of a written input's value before the op that outlive the op without being its outputs: autograd's
+  // saved original of an in-place op whose backward reads it (`original_self = self.clone()` in the autograd
+  // kernel of silu_, hardtanh_, mul_, ...). Made inside the op, so the hook would not see them otherwise; the
+  // observer takes them over (AfterOp) so that they are evictable, or at least known, instead of hidden memory.
+  struct HiddenCopy {
+    int input_storage = -1;  // the written input it copies (index into input_storages)
+    c10::intrusive_ptr<c10::StorageImpl> copy;
+    // The copy's storage holds the input storage's bytes as they were (same size, strides and offset 0 on both
+    // sides, the input covering its whole storage): it can stand for that storage's old version.
+    bool whole_storage = false;
+  };
+  std::vector<HiddenCopy> hidden_copies;
 };
 
 // Implemented by the runtime. Called for every recorded (outermost) op on the thread that runs it.

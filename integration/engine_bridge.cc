@@ -268,7 +268,7 @@ void EngineBridge::AfterOp(OpRecord&& record) {
     // blank storage overwritten entirely left the engine in BeforeOp: t is simply a fresh value in it.)
     const int k = -1 - spec_output[j];
     Entry& entry = entries_.At(impl.get());
-    if (!current_.overwrite[k]) {
+    if (!current_.overwrite[k] && !AdoptHiddenCopy(record, k, entry.root)) {
       const TensorId old = entry.root;
       executor_.ClearHome(engine_->StorageOf(old));
       links_.ClearOwner(engine_->StorageOf(old));
@@ -290,6 +290,7 @@ void EngineBridge::AfterOp(OpRecord&& record) {
       executor_.SetOwner(AddressOf(*impl), s, /*evictable=*/false);
     }
   }
+  if (!record.hidden_copies.empty()) AdoptRemainingCopies(record);
   if (!keep) return;
   std::unique_ptr<ReplayOp> replay = records_.Make(std::move(record));
   HoldRecordRefs(*replay, current_.input_entries);

@@ -170,6 +170,10 @@ struct BridgeStats {
   std::int64_t borrowed_room = 0;        // MakeRoom calls of other threads while an op's kernel ran (intra-op workers, other threads)
   std::int64_t deferred_outputs = 0;     // outputs of backward-pass ops, deferred (Engine::Defer)
   std::int64_t pinned_state = 0;         // storages pinned by PinState (optimizer state)
+  // Copies autograd saved of values in-place ops overwrote (OpRecord::hidden_copies): adopted as the old value
+  // (evictable, recomputable), or as constants when they cannot stand for it.
+  std::int64_t adopted_copies = 0;
+  std::int64_t constant_copies = 0;
   HostTierStats host_tier;               // zeros without paging
   PlanDriverStats plan;                  // policy "plan" (plan_driver.h); zeros otherwise
 };
@@ -258,6 +262,12 @@ class EngineBridge final : public OpObserver, public PressureHandler, public Hel
   // HeldStorages with the bridge's lock held.
   std::vector<c10::intrusive_ptr<c10::StorageImpl>> HeldStoragesLocked();
   void ReleaseIfDead(Entry& entry);
+  // AfterOp, an in-place write of input storage k whose old value is engine tensor `old`: when autograd saved a copy
+  // of it (OpRecord::hidden_copies) that holds the whole storage, the copy becomes that old value's home, resident
+  // and evictable, and its entry takes over old's reference; false otherwise (the caller releases old).
+  bool AdoptHiddenCopy(OpRecord& record, int k, TensorId old);
+  // AfterOp: the hidden copies AdoptHiddenCopy did not take become constants (known, so movable and pageable).
+  void AdoptRemainingCopies(OpRecord& record);
   void PinDependents(StorageIndex start);
   void PinEntry(Entry& entry);
   // Brings entry's storage back if evicted or paged, pins it and fixes it in place (Engine::Fix): for storages whose

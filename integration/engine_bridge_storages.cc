@@ -83,6 +83,39 @@ void EngineBridge::PinDependents(StorageIndex start) {
   }
 }
 
+bool EngineBridge::AdoptHiddenCopy(OpRecord& record, int k, TensorId old) {
+  for (OpRecord::HiddenCopy& hidden : record.hidden_copies) {
+    if (hidden.input_storage != k || hidden.copy == nullptr) continue;
+    c10::StorageImpl& copy = *hidden.copy;
+    const StorageIndex s = engine_->StorageOf(old);
+    if (!hidden.whole_storage || entries_.Contains(&copy) || !EvictableMemory(*memory_, copy) ||
+        static_cast<std::int64_t>(copy.nbytes()) != engine_->StorageBytes(s) ||
+        !engine_->AdoptCopy(old, AddressOf(copy)).ok()) {
+      return false;
+    }
+    Entry& entry = entries_.Add(hidden.copy);
+    entry.root = old;  // the reference the in-place write's entry held
+    links_.SetOwner(s, &copy);
+    executor_.SetHome(s, hidden.copy);
+    executor_.SetOwner(AddressOf(copy), s, /*evictable=*/true);
+    hidden.copy.reset();
+    ++stats_.adopted_copies;
+    return true;
+  }
+  return false;
+}
+
+void EngineBridge::AdoptRemainingCopies(OpRecord& record) {
+  for (OpRecord::HiddenCopy& hidden : record.hidden_copies) {
+    if (hidden.copy == nullptr) continue;
+    if (!entries_.Contains(hidden.copy.get())) {
+      EntryFor(hidden.copy.get());
+      ++stats_.constant_copies;
+    }
+  }
+  record.hidden_copies.clear();
+}
+
 void EngineBridge::Sweep() {
   entries_.Sweep([&](Entry& entry) { ReleaseIfDead(entry); });
 }

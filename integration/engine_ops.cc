@@ -126,6 +126,8 @@ void PutEngineStats(const BridgeStats* s, Put&& put) {
   put("borrowed_room", s->borrowed_room);
   put("retried_replays", s->executor.retried_replays);
   put("deferred_outputs", s->deferred_outputs);
+  put("adopted_copies", s->adopted_copies);
+  put("constant_copies", s->constant_copies);
   put("pinned_state", s->pinned_state);
   put("deferred_releases", s->engine.deferred_releases);
   // Paging (zeros with offload off). paged_* and page_* are the engine's counts; stall_ns is its link model's

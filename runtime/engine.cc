@@ -132,6 +132,25 @@ TensorId Engine::AdoptConstant(std::int64_t bytes, std::uintptr_t address, std::
   return t;
 }
 
+absl::Status Engine::AdoptCopy(TensorId t, std::uintptr_t address) {
+  Impl& m = *impl_;
+  const StorageIndex s = m.tensors[t].storage;
+  Impl::Storage& st = m.storages[s];
+  if (st.material || st.paged || st.pinned || st.dead || !st.computed || st.locks != 0) {
+    return absl::FailedPreconditionError(absl::StrCat("storage ", s, " is not an evicted value a copy can restore"));
+  }
+  m.SetMaterial(s, true);
+  for (TensorId u : st.tensors) m.tensors[u].defined = true;  // the whole storage's bytes are back
+  if (address != 0) SetAddress(s, address);
+  stats_.used_bytes += st.size;
+  m.SetLastAccess(s, stats_.clock);
+  NotePeak();
+  m.remat_storages.assign(1, s);
+  AfterCompute();  // into the pool (its locks are 0: the op that wrote it in place has ended); neighbourhoods
+  m.remat_storages.clear();
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::span<const TensorId>> Engine::Call(std::span<const TensorId> inputs,
                                                        std::span<const OutputSpec> outputs, std::int64_t cost,
                                                        std::string_view name) {

@@ -241,6 +241,10 @@ class Engine final : public PressureHandler, private StorageView {
   // A constant that already exists in memory (a parameter, an input the caller allocated): registered resident and
   // pinned without running anything.
   TensorId AdoptConstant(std::int64_t bytes, std::uintptr_t address, std::string_view name = "constant");
+  // t's storage, evicted (an in-place write's old value, say), has its bytes again at `address` (0: unknown), copied
+  // outside the engine (autograd's saved original of that in-place write): resident and evictable from here on,
+  // recomputable as before. FailedPrecondition unless it is evicted, computed, unlocked, not paged, not pinned and not dead.
+  absl::Status AdoptCopy(TensorId t, std::uintptr_t address);
   // Runs an op on `inputs`; returns its output tensors (valid until the next call). Each output starts with one
   // external reference.
   absl::StatusOr<std::span<const TensorId>> Call(std::span<const TensorId> inputs,

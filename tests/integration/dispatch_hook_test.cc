@@ -20,6 +20,7 @@
 #include <ATen/ops/native_batch_norm.h>
 #include <ATen/ops/native_channel_shuffle.h>
 #include <ATen/ops/mish_backward.h>
+#include <ATen/ops/silu.h>
 #include <ATen/ops/silu_backward.h>
 #include <ATen/ops/sin.h>
 #include <ATen/ops/ones.h>
@@ -84,6 +85,14 @@ class KeepingObserver : public OpObserver {
       found = r;
     }
     EXPECT_NE(found, nullptr) << name << " not recorded";
+    return found;
+  }
+  std::vector<std::shared_ptr<OpRecord>> All(const std::string& name) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    std::vector<std::shared_ptr<OpRecord>> found;
+    for (const auto& r : records_) {
+      if (r->traits->name == name) found.push_back(r);
+    }
     return found;
   }
   int before() {
@@ -208,6 +217,40 @@ TEST_F(DispatchHookTest, InPlaceOpNamesTheMutatedArgumentAndAliasesIt) {
   ASSERT_EQ(add_->outputs.size(), 1u);
   EXPECT_EQ(add_->outputs[0].input_storage, 0) << "the result is x's storage";
   EXPECT_FLOAT_EQ(x.const_data_ptr<float>()[0], 2.0f);
+}
+
+TEST_F(DispatchHookTest, TheCopyAutogradSavesOfAnInPlaceOpsInputReachesTheObserver) {
+  const at::Tensor w = at::randn({4, 8}).set_requires_grad(true);
+  const at::Tensor before = at::mul(w.detach(), 2.0);
+  at::Tensor y;
+  {
+    ScopedHook hook;
+    at::Tensor x = at::mul(w, 2.0);  // an intermediate: autograd's silu_ must save its value before the write
+    y = at::silu_(x);
+  }
+  ASSERT_EQ(observer_.All("aten::silu_").size(), 1u);
+  std::shared_ptr<OpRecord> silu_ = observer_.All("aten::silu_")[0];
+  ASSERT_EQ(silu_->hidden_copies.size(), 1u);
+  const OpRecord::HiddenCopy& hidden = silu_->hidden_copies[0];
+  EXPECT_EQ(hidden.input_storage, 0);
+  EXPECT_TRUE(hidden.whole_storage);
+  const at::Tensor copy = at::empty({0}).set_(c10::Storage(hidden.copy), 0, {4, 8}, {8, 1});
+  EXPECT_TRUE(SameBytes(copy, before)) << "the copy holds the value before the write";
+  EXPECT_GT(hidden.copy.use_count(), 1u) << "autograd holds it";
+  // The copy's clone was a call inside the op: not a record of its own.
+  EXPECT_THAT(observer_.Names(), ElementsAre("aten::mul.Scalar", "aten::silu_"));
+  // Without autograd recording the op, nothing is copied and nothing is watched.
+  {
+    at::NoGradGuard no_grad;
+    ScopedHook hook;
+    at::Tensor z = at::mul(w, 2.0);
+    at::silu_(z);
+  }
+  EXPECT_THAT(observer_.Names(), ElementsAre("aten::mul.Scalar", "aten::silu_", "aten::mul.Scalar", "aten::silu_"));
+  ASSERT_EQ(observer_.All("aten::silu_").size(), 2u);
+  EXPECT_TRUE(observer_.All("aten::silu_")[1]->hidden_copies.empty());
+  y.sum().backward();
+  EXPECT_TRUE(w.grad().defined());
 }
 
 TEST_F(DispatchHookTest, OutVariantNamesTheOutArgument) {

@@ -590,3 +590,41 @@ TEST(EngineInPlaceTest, WritingAConstantInPlaceKeepsAConstant) {
 
 }  // namespace
 }  // namespace remat
+
+namespace remat {
+namespace {
+
+TEST(EngineInPlaceTest, ACopyOfTheOldValueMakesItResidentEvictableAndRecomputableAgain) {
+  Fixture f("dtr-eq", 1000);
+  TensorId a = f.Const("a", 10);
+  TensorId b = f.Op("b", {a}, 100, 4);
+  absl::StatusOr<OpId> op = f.engine->BeginOp(std::vector<TensorId>{b, a}, "silu_");
+  ASSERT_TRUE(op.ok());
+  OutputSpec out;
+  out.in_place_of = 0;
+  ASSERT_TRUE(f.engine->EndOp(*op, {&out, 1}, 3).ok());
+  const StorageIndex old = f.engine->StorageOf(b);
+  const std::int64_t used = f.engine->stats().used_bytes;
+  // Autograd's saved original of the in-place write: the old value's bytes, copied outside the engine.
+  ASSERT_TRUE(f.engine->AdoptCopy(b, 0).ok());
+  EXPECT_TRUE(f.engine->Resident(old));
+  EXPECT_TRUE(f.engine->Defined(b));
+  EXPECT_EQ(f.engine->stats().used_bytes, used + 100);
+  std::vector<StorageIndex> pool = f.engine->PoolOrder();
+  EXPECT_NE(std::find(pool.begin(), pool.end(), old), pool.end());  // evictable
+  EXPECT_TRUE(absl::IsFailedPrecondition(f.engine->AdoptCopy(b, 0)));  // resident already
+  // Evicted, it comes back from its producer as before.
+  ASSERT_TRUE(f.engine->Evict(old).ok());
+  f.executor.events.clear();
+  ASSERT_TRUE(f.engine->Rematerialize(b).ok());
+  EXPECT_THAT(f.executor.events, ElementsAre("replay b"));
+  // A constant's old value is gone for good: no copy brings it back.
+  TensorId w = f.Const("w", 10);
+  absl::StatusOr<OpId> write = f.engine->BeginOp(std::vector<TensorId>{w}, "mul_");
+  ASSERT_TRUE(write.ok());
+  ASSERT_TRUE(f.engine->EndOp(*write, {&out, 1}, 3).ok());
+  EXPECT_TRUE(absl::IsFailedPrecondition(f.engine->AdoptCopy(w, 0)));
+}
+
+}  // namespace
+}  // namespace remat
