@@ -25,6 +25,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "allocator/memory_provider.h"
+#include "allocator/request_above_budget.h"
 #include "integration/memory_events.h"
 
 namespace remat::integration {
@@ -127,7 +128,8 @@ std::string OutOfMemoryMessage(LiveArena& live, std::size_t bytes, const absl::S
                                                         s.largest_free_block);
   return absl::StrCat("remat: CPU memory budget exhausted: tried to allocate ", bytes, " bytes (",
                       AlignedSize(bytes), " aligned); budget ", live.budget, " bytes, allocated ", s.allocated_bytes,
-                      free, ". Raise the budget given to remat.enable(). (arena: ", status.message(), ")");
+                      free, ". Raise the budget given to remat.enable().",
+                      RequestAboveBudgetNote(AlignedSize(bytes), live.budget), " (arena: ", status.message(), ")");
 }
 
 class ArenaCpuAllocator final : public c10::Allocator {

@@ -16,7 +16,10 @@
 //   - no observer installed, or an op nested inside another seen op, or one of our own remat:: ops: redispatch
 //     below the key at once (the pass-through path: one TLS read, one atomic load). A recorded op's kernel runs
 //     with the key excluded, so its own at:: calls do not even reach the fallback; threads that copy the kernel's
-//     dispatch key state (at::launch, a backward pass the kernel runs) do the same: their ops are part of the op;
+//     dispatch key state (at::launch, a backward pass the kernel runs) do the same: their ops are part of the op.
+//     Except for an op that writes an argument while autograd records it: its nested calls come through the
+//     fallback and pass on, and a clone of an argument it writes that outlives the op without being returned
+//     (autograd's saved original) is kept in OpRecord::hidden_copies;
 //   - an op traced or transformed rather than run on real memory (a Python dispatch mode such as FakeTensor, a
 //     tensor subclass, functionalization, functorch, meta tensors: their keys below the hook): it passes through,
 //     so torch.compile's tracing is untouched, and the ops it then runs on real tensors are recorded;

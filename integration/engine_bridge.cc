@@ -372,6 +372,7 @@ BridgeStats EngineBridge::Stats() {
   BridgeStats stats = stats_;
   stats.engine = engine_->stats();
   stats.engine_tables = engine_->tables();
+  stats.unknown_arena_bytes = engine_->UnknownArenaBytes();
   stats.executor = executor_.stats();
   if (tier_ != nullptr) stats.host_tier = tier_->stats();
   stats.kept_records = static_cast<std::int64_t>(records_.kept());

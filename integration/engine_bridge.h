@@ -174,6 +174,8 @@ struct BridgeStats {
   // (evictable, recomputable), or as constants when they cannot stand for it.
   std::int64_t adopted_copies = 0;
   std::int64_t constant_copies = 0;
+  // Arena blocks no engine storage holds, at the time of Stats() (Engine::UnknownArenaBytes).
+  std::int64_t unknown_arena_bytes = 0;
   HostTierStats host_tier;               // zeros without paging
   PlanDriverStats plan;                  // policy "plan" (plan_driver.h); zeros otherwise
 };

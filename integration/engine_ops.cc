@@ -128,6 +128,7 @@ void PutEngineStats(const BridgeStats* s, Put&& put) {
   put("deferred_outputs", s->deferred_outputs);
   put("adopted_copies", s->adopted_copies);
   put("constant_copies", s->constant_copies);
+  put("unknown_arena_bytes", s->unknown_arena_bytes);
   put("pinned_state", s->pinned_state);
   put("deferred_releases", s->engine.deferred_releases);
   // Paging (zeros with offload off). paged_* and page_* are the engine's counts; stall_ns is its link model's

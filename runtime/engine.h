@@ -296,6 +296,10 @@ class Engine final : public PressureHandler, private StorageView {
   absl::StatusOr<bool> MakeHoleForRetry();
 
   // Introspection (tests, executors, integration).
+  // Arena mode: the bytes of allocated arena blocks that hold no storage the engine knows (0 without an arena).
+  // Inside an op, the kernel's own buffers; between ops, memory made where the engine's caller could not see it
+  // (memory of a thread remat does not record, or a tensor an op made without returning it). Walks every block.
+  std::int64_t UnknownArenaBytes() const;
   const EngineStats& stats() const { return stats_; }
   std::int64_t clock() const { return stats_.clock; }
   bool Defined(TensorId t) const;

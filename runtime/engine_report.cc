@@ -3,6 +3,7 @@
 // of free or evictable blocks.
 #include <algorithm>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -37,7 +38,10 @@ std::string Engine::MemoryReport() const {
   // Arena mode: constants made outside the arena (parameters made before remat) count in use but take no block;
   // results pinned for good (gradients and optimizer state once written) take blocks remat cannot evict.
   if (options_.arena != nullptr) absl::StrAppend(&report, " of which ", constant_in_arena, " in the arena");
-  absl::StrAppend(&report, ", pinned results ", pinned, ")");
+  absl::StrAppend(&report, ", pinned results ", pinned);
+  // Blocks of no storage the engine knows: the running kernels' own buffers, or memory made where remat cannot see.
+  if (options_.arena != nullptr) absl::StrAppend(&report, ", in blocks remat does not know ", UnknownArenaBytes());
+  absl::StrAppend(&report, ")");
   // Where it happened: the op the caller runs and, when it ran out while replaying, the innermost replay; or the
   // kernel running between BeginOp and EndOp.
   if (m.stack.empty() && running_kernel_ != kNoKernel && running_kernel_ < m.ops.size()) {
@@ -68,6 +72,20 @@ std::string Engine::MemoryReport() const {
     absl::StrAppend(&report, ", largest window of free or evictable blocks ", largest, " bytes");
   }
   return report;
+}
+
+std::int64_t Engine::UnknownArenaBytes() const {
+  const Impl& m = *impl_;
+  if (options_.arena == nullptr) return 0;
+  absl::flat_hash_set<std::uintptr_t> known;
+  for (const Impl::Storage& st : m.storages) {
+    if (st.material && st.has_address) known.insert(st.address);
+  }
+  std::int64_t unknown = 0;
+  options_.arena->ForEachBlock([&](const BlockInfo& b) {
+    if (!b.free && !known.contains(b.address)) unknown += static_cast<std::int64_t>(b.size);
+  });
+  return unknown;
 }
 
 }  // namespace remat

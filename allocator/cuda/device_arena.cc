@@ -22,6 +22,7 @@
 #include "absl/strings/str_cat.h"
 #include "allocator/cuda/cuda_provider.h"
 #include "allocator/cuda/cuda_stitch_provider.h"
+#include "allocator/request_above_budget.h"
 
 namespace remat::cuda {
 
@@ -540,7 +541,8 @@ struct DeviceArena::State {
     return absl::StrCat("remat: CUDA memory budget exhausted on device ", options.device, ": tried to allocate ",
                         bytes, " bytes (", aligned, " aligned) on stream ",
                         absl::Hex(reinterpret_cast<std::uintptr_t>(stream)), where,
-                        ". Raise the budget (REMAT_BUDGET) or let remat evict. (", status.message(), ")");
+                        ". Raise the budget (REMAT_BUDGET) or let remat evict.",
+                        RequestAboveBudgetNote(aligned, resolved_budget), " (", status.message(), ")");
   }
 };
 

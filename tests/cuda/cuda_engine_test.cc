@@ -365,7 +365,11 @@ TEST(CudaEngineErrors, TooSmallABudgetRaisesOutOfMemoryErrorSayingWhatHoldsTheMe
     EXPECT_THAT(message, HasSubstr("CUDA memory budget exhausted on device 0: tried to allocate 196608 bytes"));
     EXPECT_THAT(message, HasSubstr("locked by the running ops 0, constant 16384 of which 16384 in the arena"));
     EXPECT_THAT(message, HasSubstr("running 'aten::empty.memory_format'"));
+    EXPECT_THAT(message, testing::Not(HasSubstr("larger than the whole budget")));
   }
+  EXPECT_THAT([] { (void)at::empty({1 << 16}); },  // 256 KiB
+              testing::ThrowsMessage<c10::OutOfMemoryError>(
+                  HasSubstr("This one request is larger than the whole budget (by 65536 bytes)")));
   // Still usable.
   EXPECT_TRUE(SameBytes(at::div(doubled, 2), x));
   const absl::Status disabled = DisableRematEngine();

@@ -117,8 +117,13 @@ TEST_F(CpuAllocatorTest, ExceedingTheBudgetRaisesOutOfMemoryNamingTheRequest) {
   EXPECT_THAT([] { (void)at::empty({600 * 1024}, at::kByte); },
               testing::ThrowsMessage<c10::OutOfMemoryError>(
                   testing::AllOf(HasSubstr("tried to allocate 614400 bytes"), HasSubstr("budget 1048576"),
-                                 HasSubstr("largest free block"))));
+                                 HasSubstr("largest free block"),
+                                 testing::Not(HasSubstr("larger than the whole budget")))));
   EXPECT_EQ(GetCpuArenaStats()->failed_allocations, 1u);
+  // A request above the whole budget says so: no eviction could make room for it.
+  EXPECT_THAT([] { (void)at::empty({static_cast<std::int64_t>(kMiB) + 4096}, at::kByte); },
+              testing::ThrowsMessage<c10::OutOfMemoryError>(
+                  HasSubstr("This one request is larger than the whole budget (by 4096 bytes)")));
   EXPECT_LE(GetCpuArenaStats()->peak_allocated_bytes, kMiB);
   held.reset();
   EXPECT_NO_THROW((void)at::empty({600 * 1024}, at::kByte)) << "the memory came back";

@@ -6,6 +6,8 @@
 - disable() then enable() between steps trains wherever the uninterrupted run does.
 - torch.set_num_threads(2) under pressure: intra-op workers that allocate get eviction too.
 - A DataLoader with two fork workers under REMAT_BUDGET: workers start with no lock held and train identically.
+- Memory a thread remat does not record holds in the arena is counted as unknown (remat.stats()), until a recorded
+  op reads it.
 
 Each runs ROUNDS rounds; results are compared as bytes (tests/python/oracle.py).
 """
@@ -235,3 +237,23 @@ def test_a_dataloader_with_fork_workers_under_REMAT_BUDGET(tmp_path):
         got = run(tmp_path / f"remat{round_}.pt", True)
         for r, g in zip(reference, got):
             assert oracle.same_bytes(r, g), f"round {round_}"
+
+
+def test_memory_an_untracked_thread_holds_is_unknown_to_remat_until_an_op_reads_it():
+    with remat.enable(64 << 20, costs="estimated"):
+        a = torch.randn(256, 256)
+        b = a * 2
+        assert remat.stats()["unknown_arena_bytes"] == 0
+        held = []
+
+        def untracked():
+            remat.track_this_thread(False)
+            held.append(torch.ones(256, 1024))  # 1 MiB from the arena, made where remat does not look
+
+        thread = threading.Thread(target=untracked)
+        thread.start()
+        thread.join()
+        assert remat.stats()["unknown_arena_bytes"] == 1 << 20
+        c = held[0] + b.sum()  # a recorded op reads it: remat adopts it (a constant)
+        assert remat.stats()["unknown_arena_bytes"] == 0
+        del held[:], c

@@ -75,6 +75,9 @@ class Run:
     snapshot: oracle.Snapshot
     stats: Optional[dict]
     seconds: float
+    # The most arena memory of no storage remat knows after a forward pass (remat.stats()["unknown_arena_bytes"]):
+    # memory made where remat cannot see it, which it can neither evict nor move.
+    unknown_bytes: int = 0
 
 
 def train(entry: zoo.Entry, budget: Optional[int] = None, offload: str = "off") -> Run:
@@ -85,6 +88,7 @@ def train(entry: zoo.Entry, budget: Optional[int] = None, offload: str = "off") 
     torch.manual_seed(1)  # dropout masks
     losses = []
     stats = None
+    unknown = 0
     start = time.perf_counter()
     if budget is not None:
         remat.enable(budget, costs="estimated", offload=offload)
@@ -92,6 +96,8 @@ def train(entry: zoo.Entry, budget: Optional[int] = None, offload: str = "off") 
         for _ in range(entry.steps):
             opt.zero_grad()
             loss = case.loss(case.forward())
+            if budget is not None:
+                unknown = max(unknown, int(remat.stats()["unknown_arena_bytes"]))
             loss.backward()
             opt.step()
             losses.append(loss.detach().clone())
@@ -102,7 +108,7 @@ def train(entry: zoo.Entry, budget: Optional[int] = None, offload: str = "off") 
         if budget is not None:
             stats = remat.stats()  # the last arena's and engine's numbers
     seconds = time.perf_counter() - start
-    return Run(oracle.capture(case.model, opt, losses, eval_inputs=case.inputs), stats, seconds)
+    return Run(oracle.capture(case.model, opt, losses, eval_inputs=case.inputs), stats, seconds, unknown)
 
 
 def required_bytes(entry: zoo.Entry) -> RequiredBytes:
@@ -208,6 +214,10 @@ def run_model(entry: zoo.Entry, modes=MODES) -> Result:
         result.unconstrained = Cell(FAIL, message, unconstrained.seconds, stats)
     elif stats["evictions"] != 0:
         result.unconstrained = Cell(FAIL, f"{stats['evictions']} evictions at {HUGE}", unconstrained.seconds, stats)
+    elif unconstrained.unknown_bytes != 0:
+        message = (f"{unconstrained.unknown_bytes} bytes of the arena held no storage remat knows after a forward "
+                   "pass (memory made where remat cannot see it: never evictable)")
+        result.unconstrained = Cell(FAIL, message, unconstrained.seconds, stats)
     else:
         result.unconstrained = Cell(IDENTICAL, "", unconstrained.seconds, stats)
     del unconstrained
