@@ -6,9 +6,9 @@
 // has one, else shallow_copy_and_detach; no dispatcher call) and, for random ops, one copy of the generator. The kernel
 // runs with the key excluded: its nested calls never reach the fallback, except for an in-place op that autograd
 // records, whose autograd kernel may save a copy of the input it overwrites (OpRecord::hidden_copies): its nested
-// calls come through the fallback, which passes them on and keeps the copies (CopyWatch).
-// (Over 600 lines: the fallback, capture and replay share the thread-local state above; split by concept they
-// would each need it exported.)
+// calls come through the fallback, which passes them on and keeps the copies (hidden_copies.h).
+// (Over 600 lines: the fallback, capture and replay share this file's thread-local state; the op traits and the
+// hidden copies have files of their own.)
 #include "integration/dispatch_hook.h"
 
 #include <ATen/core/LegacyTypeDispatch.h>
@@ -35,6 +35,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "integration/device_generator.h"
+#include "integration/hidden_copies.h"
 #include "integration/memory_events.h"
 #include "integration/op_capture.h"
 #include "integration/op_effects.h"
@@ -54,8 +55,6 @@ c10::DispatchKey g_key = kHookKeyCandidates[0];  // written once, before g_insta
 std::atomic<OpObserver*> g_observer{nullptr};
 std::atomic<int> g_observer_calls{0};
 thread_local int t_depth = 0;
-// The recorded op whose nested calls are watched for copies of the inputs it writes (CopyWatch), or null.
-thread_local OpRecord* t_copy_watch = nullptr;
 
 // ---- Capture ----
 
@@ -363,84 +362,27 @@ namespace {
 void RecordOp(const c10::OperatorHandle& op, const OpTraits& traits, c10::DispatchKeySet below,
               torch::jit::Stack* stack, OpObserver* observer);
 
-// A call nested in a watched op (CopyWatch): passed on; a clone of an input the op writes is kept in the record.
-void WatchNestedCall(const c10::OperatorHandle& op, c10::DispatchKeySet below, torch::jit::Stack* stack) {
-  OpRecord& record = *t_copy_watch;
-  static const c10::OperatorName kClone("aten::clone", "");
-  if (op.operator_name() != kClone || !(*stack)[stack->size() - 2].isTensor()) {
+// A call nested in a watched op (hidden_copies.h): passed on; a clone of an input the op writes is kept.
+void WatchNestedCall(OpRecord& record, const c10::OperatorHandle& op, c10::DispatchKeySet below,
+                     torch::jit::Stack* stack) {
+  const int written = WrittenInputCloned(record, op, *stack);
+  if (written < 0) {
     PassThrough(op, below, stack);
     return;
   }
   const at::Tensor self = (*stack)[stack->size() - 2].toTensor();
-  int written = -1;
-  if (IsPlain(self)) {
-    const c10::StorageImpl* impl = self.storage().unsafeGetStorageImpl();
-    for (const int a : record.traits->written_arguments) {
-      const c10::IValue& argument = record.arguments[a];
-      if (!argument.isTensor() || !argument.toTensor().has_storage() ||
-          argument.toTensor().storage().unsafeGetStorageImpl() != impl) {
-        continue;
-      }
-      for (std::size_t i = 0; i < record.input_storages.size(); ++i) {
-        if (record.input_storages[i].get() == impl) written = static_cast<int>(i);
-      }
-    }
-  }
   PassThrough(op, below, stack);
-  if (written < 0 || !stack->back().isTensor() || !IsPlain(stack->back().toTensor())) return;
-  const at::Tensor copy = stack->back().toTensor();
-  const c10::StorageImpl& source = *self.storage().unsafeGetStorageImpl();
-  OpRecord::HiddenCopy hidden;
-  hidden.input_storage = written;
-  hidden.copy = c10::intrusive_ptr<c10::StorageImpl>::reclaim_copy(copy.storage().unsafeGetStorageImpl());
-  hidden.whole_storage = self.storage_offset() == 0 && copy.storage_offset() == 0 &&
-                         self.strides() == copy.strides() && self.is_non_overlapping_and_dense() &&
-                         !source.sym_nbytes().is_heap_allocated() && !hidden.copy->sym_nbytes().is_heap_allocated() &&
-                         source.nbytes() == hidden.copy->nbytes() &&
-                         static_cast<std::size_t>(self.numel()) * self.itemsize() == source.nbytes();
-  record.hidden_copies.push_back(std::move(hidden));
-}
-
-// An in-place op that autograd records may have its autograd kernel save a copy of the value it overwrites
-// (original_self): while it runs, its nested calls come through the fallback so that the copy is seen.
-bool WatchesCopies(const OpTraits& traits, const torch::jit::Stack& stack, std::size_t base) {
-  if (traits.written_arguments.empty() || !c10::GradMode::is_enabled()) return false;
-  for (std::size_t i = base; i < stack.size(); ++i) {
-    if (stack[i].isTensor() && stack[i].toTensor().requires_grad()) return true;
-  }
-  return false;
-}
-
-// While alive, the nested calls of `record`'s kernel on this thread are watched (null: not watched).
-class CopyWatch {
- public:
-  explicit CopyWatch(OpRecord* record) : outer_(t_copy_watch) { t_copy_watch = record; }
-  ~CopyWatch() { t_copy_watch = outer_; }
-  CopyWatch(const CopyWatch&) = delete;
-  CopyWatch& operator=(const CopyWatch&) = delete;
-
- private:
-  OpRecord* outer_;
-};
-
-// Drops the copies that did not outlive the op (a kernel's temporaries) or that it returned.
-void KeepEscapedCopies(OpRecord& record) {
-  auto temporary = [&](const OpRecord::HiddenCopy& hidden) {
-    if (hidden.copy.use_count() <= 1) return true;
-    return std::any_of(record.outputs.begin(), record.outputs.end(), [&](const CapturedOutput& output) {
-      return output.storage._unsafe_get_target() == hidden.copy.get();
-    });
-  };
-  record.hidden_copies.erase(std::remove_if(record.hidden_copies.begin(), record.hidden_copies.end(), temporary),
-                             record.hidden_copies.end());
+  if (stack->back().isTensor()) KeepCopy(record, written, self, stack->back().toTensor());
 }
 
 void Fallback(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch::jit::Stack* stack) {
   const c10::DispatchKeySet below = keys & c10::DispatchKeySet(c10::DispatchKeySet::FULL_AFTER, g_key);
   if (t_depth != 0 || g_observer.load(std::memory_order_relaxed) == nullptr) {  // the cheap pass-through test
-    if (t_copy_watch != nullptr && t_depth == 1) [[unlikely]] {
-      WatchNestedCall(op, below, stack);
-      return;
+    if (t_depth == 1) [[unlikely]] {  // only a watched op lets its nested calls reach the fallback
+      if (OpRecord* watched = WatchedOp()) {
+        WatchNestedCall(*watched, op, below, stack);
+        return;
+      }
     }
     PassThrough(op, below, stack);
     return;

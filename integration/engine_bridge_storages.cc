@@ -1,7 +1,8 @@
 // EngineBridge, its storage entries (engine_bridge.h, "Storages", "Last references", "Writes to constants",
 // "Pruning"): mapping StorageImpls to engine tensors, sweeping for last references, pinning what a changing constant
-// feeds, pruning records and recycling with the engine, exports (MakeResident, StorageWillChange) and bringing
-// everything back before remat is switched off (MaterializeLive).
+// feeds, taking over the copies autograd saves inside in-place ops (AdoptHiddenCopy), pruning records and recycling
+// with the engine, exports (MakeResident, StorageWillChange) and bringing everything back before remat is switched
+// off (MaterializeLive).
 #include <algorithm>
 #include <utility>
 
