@@ -124,15 +124,22 @@ class Activations(torch.nn.Module):
         return x
 
 
-def test_silu_mish_and_channel_shuffle_train_with_their_inputs_evicted():
+def regression_at_half_peak(build, batch, width, what):
+    """Trains build() on an MSE regression without remat and drop-only at half its peak; asserts identical bytes
+    and that storages were evicted and replayed. Returns the budgeted run's stats."""
     torch.manual_seed(3)
-    x, y = torch.randn(512, 64), torch.randn(512, 64)
+    x, y = torch.randn(batch, width), torch.randn(batch, width)
     inputs, loss_fn = (x,), (lambda out: torch.nn.functional.mse_loss(out, y))
-    reference, _ = run(Activations, inputs, loss_fn)
-    peak = peak_of(Activations, inputs, loss_fn)
-    got, stats = run(Activations, inputs, loss_fn, budget=int(0.5 * peak))
-    oracle.assert_identical(reference, got, "silu/mish/shuffle MLP at 0.5")
+    reference, _ = run(build, inputs, loss_fn)
+    peak = peak_of(build, inputs, loss_fn)
+    got, stats = run(build, inputs, loss_fn, budget=int(0.5 * peak))
+    oracle.assert_identical(reference, got, f"{what} at 0.5 drop-only")
     assert stats["evictions"] > 0 and stats["rematerializations"] > 0, stats
+    return stats
+
+
+def test_silu_mish_and_channel_shuffle_train_with_their_inputs_evicted():
+    regression_at_half_peak(Activations, 512, 64, "silu/mish/shuffle MLP")
 
 
 class InPlaceActivations(torch.nn.Module):
@@ -155,17 +162,10 @@ class InPlaceActivations(torch.nn.Module):
 
 
 def test_the_copies_autograd_saves_for_in_place_ops_are_evictable():
-    torch.manual_seed(3)
-    x, y = torch.randn(256, 128), torch.randn(256, 128)
-    inputs, loss_fn = (x,), (lambda out: torch.nn.functional.mse_loss(out, y))
-    reference, _ = run(InPlaceActivations, inputs, loss_fn)
-    peak = peak_of(InPlaceActivations, inputs, loss_fn)
     # Before the copies were adopted they were memory remat did not know (neither evictable nor movable): this
     # model ran out at 0.5.
-    got, stats = run(InPlaceActivations, inputs, loss_fn, budget=int(0.5 * peak))
-    oracle.assert_identical(reference, got, "in-place activations at 0.5 drop-only")
+    stats = regression_at_half_peak(InPlaceActivations, 256, 128, "in-place activations")
     assert stats["adopted_copies"] == 3 * 15 and stats["constant_copies"] == 3, stats
-    assert stats["evictions"] > 0 and stats["rematerializations"] > 0, stats
 
 
 def llama():

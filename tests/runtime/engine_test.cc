@@ -54,6 +54,16 @@ struct Fixture {
     Name(t, label);
     return t;
   }
+  // An op that writes inputs[0] in place (BeginOp/EndOp, as the PyTorch path runs it); returns the new value.
+  TensorId WriteInPlace(const std::string& label, std::vector<TensorId> inputs) {
+    absl::StatusOr<OpId> op = engine->BeginOp(inputs, label);
+    EXPECT_TRUE(op.ok()) << op.status();
+    OutputSpec out;
+    out.in_place_of = 0;
+    absl::StatusOr<std::span<const TensorId>> r = engine->EndOp(*op, {&out, 1}, 3);
+    EXPECT_TRUE(r.ok()) << r.status();
+    return (*r)[0];
+  }
   void Name(TensorId t, const std::string& label) {
     StorageIndex s = engine->StorageOf(t);
     if (executor.names.size() <= s) executor.names.resize(s + 1);
@@ -523,13 +533,7 @@ TEST(EngineInPlaceTest, OldValueBecomesAMemorylessEvictedStorageWithItsProducer)
   TensorId a = f.Const("a", 10);
   TensorId b = f.Op("b", {a}, 100, 4);
   std::int64_t used = f.engine->stats().used_bytes;
-  absl::StatusOr<OpId> op = f.engine->BeginOp(std::vector<TensorId>{b, a}, "add_");
-  ASSERT_TRUE(op.ok());
-  OutputSpec out;
-  out.in_place_of = 0;
-  absl::StatusOr<std::span<const TensorId>> r = f.engine->EndOp(*op, {&out, 1}, 3);
-  ASSERT_TRUE(r.ok()) << r.status();
-  TensorId b2 = (*r)[0];
+  TensorId b2 = f.WriteInPlace("add_", {b, a});
   f.Name(b2, "b'");
   EXPECT_NE(f.engine->StorageOf(b2), f.engine->StorageOf(b));
   EXPECT_FALSE(f.engine->Resident(f.engine->StorageOf(b)));  // the old value: no memory, recomputable
@@ -578,11 +582,7 @@ TEST(EngineInPlaceTest, WritingAConstantInPlaceKeepsAConstant) {
   Fixture f("dtr-eq", 1000);
   TensorId w = f.Const("w", 100);
   TensorId g = f.Op("g", {w}, 100, 4);
-  absl::StatusOr<OpId> op = f.engine->BeginOp(std::vector<TensorId>{w, g}, "sub_");
-  ASSERT_TRUE(op.ok());
-  OutputSpec out;
-  out.in_place_of = 0;
-  TensorId w2 = (*f.engine->EndOp(*op, {&out, 1}, 3))[0];
+  TensorId w2 = f.WriteInPlace("sub_", {w, g});
   EXPECT_TRUE(f.engine->Resident(f.engine->StorageOf(w2)));
   EXPECT_FALSE(f.engine->Evict(f.engine->StorageOf(w2)).ok());  // pinned like any constant
   EXPECT_EQ(f.engine->stats().used_bytes, 200);
@@ -598,11 +598,7 @@ TEST(EngineInPlaceTest, ACopyOfTheOldValueMakesItResidentEvictableAndRecomputabl
   Fixture f("dtr-eq", 1000);
   TensorId a = f.Const("a", 10);
   TensorId b = f.Op("b", {a}, 100, 4);
-  absl::StatusOr<OpId> op = f.engine->BeginOp(std::vector<TensorId>{b, a}, "silu_");
-  ASSERT_TRUE(op.ok());
-  OutputSpec out;
-  out.in_place_of = 0;
-  ASSERT_TRUE(f.engine->EndOp(*op, {&out, 1}, 3).ok());
+  f.WriteInPlace("silu_", {b, a});
   const StorageIndex old = f.engine->StorageOf(b);
   const std::int64_t used = f.engine->stats().used_bytes;
   // Autograd's saved original of the in-place write: the old value's bytes, copied outside the engine.
@@ -620,9 +616,7 @@ TEST(EngineInPlaceTest, ACopyOfTheOldValueMakesItResidentEvictableAndRecomputabl
   EXPECT_THAT(f.executor.events, ElementsAre("replay b"));
   // A constant's old value is gone for good: no copy brings it back.
   TensorId w = f.Const("w", 10);
-  absl::StatusOr<OpId> write = f.engine->BeginOp(std::vector<TensorId>{w}, "mul_");
-  ASSERT_TRUE(write.ok());
-  ASSERT_TRUE(f.engine->EndOp(*write, {&out, 1}, 3).ok());
+  f.WriteInPlace("mul_", {w});
   EXPECT_TRUE(absl::IsFailedPrecondition(f.engine->AdoptCopy(w, 0)));
 }
 
