@@ -58,11 +58,6 @@ thread_local int t_depth = 0;
 
 // ---- Capture ----
 
-// A dense CPU/CUDA-style tensor: strided, with a storage, and no Python subclass behind it.
-bool IsPlain(const at::Tensor& tensor) {
-  return tensor.layout() == c10::kStrided && tensor.has_storage() &&
-         !tensor.key_set().has(c10::DispatchKey::Python);
-}
 
 // A detached alias of a plain tensor. Anything else (sparse, Python subclasses, functorch wrappers) is kept as
 // it is, because detaching it would run user code, and the record is marked not replayable.
@@ -349,6 +344,11 @@ void PassThrough(const c10::OperatorHandle& op, c10::DispatchKeySet below, torch
 }
 
 }  // namespace
+
+bool IsPlain(const at::Tensor& tensor) {
+  return tensor.layout() == c10::kStrided && tensor.has_storage() &&
+         !tensor.key_set().has(c10::DispatchKey::Python);
+}
 
 ObserverCall::ObserverCall() { g_observer_calls.fetch_add(1, std::memory_order_seq_cst); }
 ObserverCall::~ObserverCall() { g_observer_calls.fetch_sub(1, std::memory_order_release); }

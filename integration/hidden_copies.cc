@@ -4,12 +4,12 @@
 #include <algorithm>
 #include <utility>
 
+#include "integration/op_capture.h"
+
 namespace remat::integration {
 namespace {
 
 thread_local OpRecord* t_watched = nullptr;
-
-bool Strided(const at::Tensor& tensor) { return tensor.layout() == c10::kStrided && tensor.has_storage(); }
 
 }  // namespace
 
@@ -31,11 +31,11 @@ int WrittenInputCloned(const OpRecord& record, const c10::OperatorHandle& op, co
   // aten::clone(Tensor self, *, MemoryFormat? memory_format=None)
   if (op.operator_name() != kClone || stack.size() < 2 || !stack[stack.size() - 2].isTensor()) return -1;
   const at::Tensor& self = stack[stack.size() - 2].toTensor();
-  if (!Strided(self)) return -1;
+  if (!IsPlain(self)) return -1;
   const c10::StorageImpl* impl = self.storage().unsafeGetStorageImpl();
   for (const int a : record.traits->written_arguments) {
     const c10::IValue& argument = record.arguments[a];
-    if (!argument.isTensor() || !Strided(argument.toTensor()) ||
+    if (!argument.isTensor() || !IsPlain(argument.toTensor()) ||
         argument.toTensor().storage().unsafeGetStorageImpl() != impl) {
       continue;
     }
@@ -47,7 +47,7 @@ int WrittenInputCloned(const OpRecord& record, const c10::OperatorHandle& op, co
 }
 
 void KeepCopy(OpRecord& record, int input_storage, const at::Tensor& self, const at::Tensor& copy) {
-  if (!Strided(copy)) return;
+  if (!IsPlain(copy)) return;
   const c10::StorageImpl& source = *self.storage().unsafeGetStorageImpl();
   OpRecord::HiddenCopy hidden;
   hidden.input_storage = input_storage;

@@ -22,6 +22,9 @@ const OpTraits* SharedTraits(const c10::OperatorHandle& op);
 // Guards SharedTraits' table (the hook holds it across fork()).
 std::mutex& TraitsMutex();
 
+// A dense CPU/CUDA-style tensor: strided, with a storage, and no Python subclass behind it.
+bool IsPlain(const at::Tensor& tensor);
+
 // A copy of `value` in which every plain tensor is a detached alias over the same storage; notes tensor storages in
 // `storages` when set; clears `replayable` for a tensor that is not plain (sparse, a Python subclass). With
 // `storages` set (a record's capture) the aliases have no version counter (they are only read, never run on: replays
