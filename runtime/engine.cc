@@ -428,6 +428,24 @@ void Engine::Fix(TensorId t) {
   impl_->storages[impl_->tensors[t].storage].fixed = true;
 }
 
+absl::Status Engine::Hold(TensorId t) {
+  Impl& m = *impl_;
+  if (!m.tensors[t].defined || m.storages[m.tensors[t].storage].paged) {
+    if (absl::Status status = Rematerialize(t); !status.ok()) return status;
+  }
+  const StorageIndex s = m.tensors[t].storage;
+  m.Lock(s);  // out of the pool: neither evicted nor paged out
+  ++m.storages[s].holds;  // and not moved (RelocateIdle, Compact)
+  return absl::OkStatus();
+}
+
+void Engine::Unhold(TensorId t) {
+  Impl& m = *impl_;
+  const StorageIndex s = m.tensors[t].storage;
+  --m.storages[s].holds;
+  m.Unlock(s);
+}
+
 void Engine::SetAddress(StorageIndex s, std::uintptr_t address) {
   impl_->storages[s].address = address;
   impl_->storages[s].has_address = address != 0;

@@ -268,6 +268,12 @@ class Engine final : public PressureHandler, private StorageView {
   // Pins t's storage and keeps it where it is for good: never moved (relocation, compaction), paged out or evicted.
   // For storages whose address code outside the engine holds (an exported raw pointer). It must be resident.
   void Fix(TensorId t);
+  // Makes t resident (Rematerialize) and keeps it so, and where it is, until the matching Unhold: not evicted, paged
+  // out or moved (relocation, compaction). Holds nest. For storages code outside any op reads through raw pointers
+  // for a while: the arguments of a composite op whose kernel reads their bytes between its nested ops (lstm's
+  // batch_sizes). The storage stays t's while held; Unhold takes the same TensorId.
+  absl::Status Hold(TensorId t);
+  void Unhold(TensorId t);
   // t's storage stays evictable, but only once nothing else is: it leaves the eviction pool for a reserve. When the
   // pool is empty (or no window holds the request) and, in arena mode, neither paging a constant, relocation nor
   // compaction made room, MakeRoom lets the policy choose among the reserve for that one request; the storages it

@@ -116,7 +116,7 @@ absl::StatusOr<bool> Engine::RelocateIdle(Arena& arena, std::size_t bytes) {
   absl::flat_hash_map<std::uintptr_t, StorageIndex> movable;
   for (StorageIndex s = 0; s < m.storages.size(); ++s) {
     const Impl::Storage& st = m.storages[s];
-    if (!st.material || !st.has_address || st.paged || m.InPool(s) || st.fixed) continue;
+    if (!st.material || !st.has_address || st.paged || m.InPool(s) || st.fixed || st.holds > 0) continue;
     if (!st.pinned && st.locks == 0) continue;
     if (UsedByRunningKernel(s)) continue;
     movable.emplace(st.address, s);
@@ -163,7 +163,7 @@ absl::StatusOr<bool> Engine::Compact(Arena& arena, std::size_t bytes) {
   absl::flat_hash_map<std::uintptr_t, StorageIndex> movable;
   for (StorageIndex s = 0; s < m.storages.size(); ++s) {
     const Impl::Storage& st = m.storages[s];
-    if (st.material && st.has_address && !st.paged && !st.fixed && !UsedByRunningKernel(s)) {
+    if (st.material && st.has_address && !st.paged && !st.fixed && st.holds == 0 && !UsedByRunningKernel(s)) {
       movable.emplace(st.address, s);
     }
   }

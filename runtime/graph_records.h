@@ -50,6 +50,7 @@ struct GraphRecords {
     std::int64_t last_access = 0;
     std::int32_t locks = 0;
     std::int32_t ext_refs = 0;
+    std::int32_t holds = 0;  // Hold: locked, and not moved either
     bool material = false;
     bool computed = false;  // has been computed at least once (evicted vs never produced)
     bool pinned = false;

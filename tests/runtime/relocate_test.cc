@@ -1,5 +1,5 @@
 // Tests for the engine's relocation (EngineOptions::relocate: Executor::Relocate, compaction with Executor::Slide,
-// Engine::MakeHoleForRetry) in arena mode, through the simulator's executor.
+// Engine::MakeHoleForRetry) in arena mode, and for what Engine::Hold keeps in place, through the simulator's executor.
 #include <memory>
 #include <string>
 #include <vector>
@@ -179,6 +179,53 @@ TEST(RelocateTest, AFailedKernelsInputsMoveForItsRetry) {
   const std::vector<OutputSpec> out = {{896, -1, *second}};
   ASSERT_TRUE(e.engine->EndOp(*op, out, 10).ok());
   EXPECT_FALSE(*e.engine->MakeHoleForRetry());  // the request it was for is served
+}
+
+// Held storages (Engine::Hold: a composite kernel reads them through raw pointers) stay where they are: with c1, c2
+// and c3 held, no window of Fragmented's layout holds 384 bytes without moving one, and compaction may not slide
+// them either. Once let go, the same request moves one.
+TEST(RelocateTest, HeldStoragesAreNeitherRelocatedNorSlid) {
+  Fragmented f(/*relocate=*/true);
+  std::vector<std::uintptr_t> before;
+  for (TensorId t : f.c) before.push_back(f.AddressOf(t));
+  for (int i = 1; i <= 3; ++i) ASSERT_TRUE(f.engine->Hold(f.c[i]).ok());
+  const std::vector<TensorId> in = {f.c[0]};
+  const std::vector<OutputSpec> big = {{384, -1}};
+  auto result = f.engine->Call(in, big, 10, "big");
+  ASSERT_FALSE(result.ok());
+  EXPECT_EQ(result.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(f.engine->stats().relocations, 0);
+  for (std::size_t i = 0; i < f.c.size(); ++i) EXPECT_EQ(f.AddressOf(f.c[i]), before[i]) << "c" << i;
+  for (int i = 1; i <= 3; ++i) f.engine->Unhold(f.c[i]);
+  result = f.engine->Call(in, big, 10, "big");
+  ASSERT_TRUE(result.ok()) << result.status();
+  EXPECT_EQ(f.engine->stats().relocations, 1);
+}
+
+// Hold brings an evicted storage back, and a held storage is not evicted to make room; Unhold makes it evictable
+// again. 448-byte activations: c0 and two of them fill 960 of the 1024 bytes.
+TEST(RelocateTest, HoldBringsBackAndKeepsAnEvictableStorage) {
+  Empty e;
+  Engine& engine = *e.engine;
+  const TensorId c0 = *engine.Constant(64);
+  const std::vector<TensorId> from_c0 = {c0};
+  const std::vector<OutputSpec> spec448 = {{448, -1}};
+  const TensorId a = (*engine.Call(from_c0, spec448, 10, "a"))[0];
+  ASSERT_TRUE(engine.Evict(engine.StorageOf(a)).ok());
+  ASSERT_TRUE(engine.Hold(a).ok());
+  EXPECT_TRUE(engine.Resident(engine.StorageOf(a)));
+  const TensorId b = (*engine.Call(from_c0, spec448, 10, "b"))[0];
+  auto c = engine.Call(from_c0, spec448, 10, "c");  // b makes room, not a
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_FALSE(engine.Resident(engine.StorageOf(b)));
+  EXPECT_TRUE(engine.Resident(engine.StorageOf(a)));
+  const std::vector<TensorId> from_c = {c0, (*c)[0]};  // c is locked as an input: only a could make room
+  EXPECT_FALSE(engine.Call(from_c, spec448, 10, "d").ok());
+  EXPECT_TRUE(engine.Resident(engine.StorageOf(a)));
+  engine.Unhold(a);
+  auto d = engine.Call(from_c, spec448, 10, "d");
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_FALSE(engine.Resident(engine.StorageOf(a)));
 }
 
 }  // namespace
