@@ -231,6 +231,41 @@ bool DeviceRouter::RetryAfterOutOfMemory(OpRecord& record) {
   return engines_[static_cast<std::size_t>(op.route.destination)].bridge->RetryAfterOutOfMemory(record);
 }
 
+void DeviceRouter::BeginComposite(std::span<c10::StorageImpl* const> storages, CompositeHold& hold) {
+  absl::InlinedVector<int, 4> engine(storages.size());
+  for (std::size_t k = 0; k < storages.size(); ++k) engine[k] = EngineOf(*storages[k]);
+  try {
+    for (std::size_t e = 0; e < engines_.size(); ++e) {
+      absl::InlinedVector<c10::StorageImpl*, 4> mine;
+      for (std::size_t k = 0; k < storages.size(); ++k) {
+        if (engine[k] == static_cast<int>(e)) mine.push_back(storages[k]);
+      }
+      if (mine.empty()) continue;
+      // What the engine brings back is allocated on the current device: make it the engine's while it does.
+      const DeviceEngine& engine = engines_[e];
+      RoutedOp scope;
+      scope.previous_device = engine.memory->CurrentDevice();
+      scope.current_device = scope.previous_device;
+      try {
+        UseDevice(scope, engine);
+        engine.bridge->BeginComposite(mine, hold);
+      } catch (...) {
+        RestoreDevice(scope, engine);
+        throw;
+      }
+      RestoreDevice(scope, engine);
+    }
+  } catch (...) {
+    EndComposite(hold);
+    hold.held.clear();
+    throw;
+  }
+}
+
+void DeviceRouter::EndComposite(CompositeHold& hold) noexcept {
+  for (const DeviceEngine& engine : engines_) engine.bridge->EndComposite(hold);
+}
+
 std::int64_t DeviceRouter::HeldReferences(const c10::StorageImpl* storage) {
   std::int64_t held = 0;
   for (const DeviceEngine& engine : engines_) held += engine.bridge->HeldReferences(storage);

@@ -11,6 +11,8 @@
 // hidden copies have files of their own.)
 #include "integration/dispatch_hook.h"
 
+#include <ATen/SparseCsrTensorImpl.h>
+#include <ATen/SparseTensorImpl.h>
 #include <ATen/core/LegacyTypeDispatch.h>
 #include <ATen/core/List.h>
 #include <c10/core/InferenceMode.h>
@@ -31,6 +33,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
 #include "absl/container/inlined_vector.h"
+#include "absl/functional/function_ref.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -79,6 +82,41 @@ bool SpareFits(const std::vector<c10::intrusive_ptr<c10::TensorImpl>>& spares, c
          c10::impl::TorchDispatchModeTLS::stack_len() == 0;
 }
 
+}  // namespace
+
+void ForEachStorageRead(const at::Tensor& tensor, absl::FunctionRef<void(c10::StorageImpl*)> visit) {
+  if (!tensor.defined()) return;
+  if (tensor.has_storage()) {
+    visit(tensor.storage().unsafeGetStorageImpl());
+    return;
+  }
+  auto part = [&](const at::Tensor& t) {
+    if (t.defined() && t.has_storage()) visit(t.storage().unsafeGetStorageImpl());
+  };
+  switch (tensor.layout()) {
+    case c10::kSparse: {
+      const auto* impl = static_cast<const at::SparseTensorImpl*>(tensor.unsafeGetTensorImpl());
+      part(impl->indices());
+      part(impl->values());
+      break;
+    }
+    case c10::kSparseCsr:
+    case c10::kSparseCsc:
+    case c10::kSparseBsr:
+    case c10::kSparseBsc: {
+      const auto* impl = static_cast<const at::SparseCsrTensorImpl*>(tensor.unsafeGetTensorImpl());
+      part(impl->compressed_indices());
+      part(impl->plain_indices());
+      part(impl->values());
+      break;
+    }
+    default:
+      break;
+  }
+}
+
+namespace {
+
 at::Tensor DetachedAlias(const at::Tensor& tensor, bool* replayable, bool versioned) {
   if (!tensor.defined()) return tensor;
   if (!IsPlain(tensor)) {
@@ -108,12 +146,13 @@ at::Tensor DetachedAlias(const at::Tensor& tensor, bool* replayable, bool versio
 }
 
 void NoteStorage(const at::Tensor& tensor, InputStorages* storages) {
-  if (storages == nullptr || !tensor.defined() || !tensor.has_storage()) return;
-  c10::StorageImpl* impl = tensor.storage().unsafeGetStorageImpl();
-  for (const auto& known : *storages) {
-    if (known.get() == impl) return;
-  }
-  storages->push_back(c10::intrusive_ptr<c10::StorageImpl>::reclaim_copy(impl));
+  if (storages == nullptr) return;
+  ForEachStorageRead(tensor, [&](c10::StorageImpl* impl) {
+    for (const auto& known : *storages) {
+      if (known.get() == impl) return;
+    }
+    storages->push_back(c10::intrusive_ptr<c10::StorageImpl>::reclaim_copy(impl));
+  });
 }
 
 }  // namespace
@@ -250,7 +289,7 @@ bool SameLayout(const TensorMeta& a, const TensorMeta& b) {
 
 void CaptureOutputs(OpRecord& record, const c10::Stack& stack) {
   ForEachReturnedTensor(stack, record.op.schema().returns().size(), [&](int r, const at::Tensor& tensor) {
-    if (!tensor.has_storage() || tensor.layout() != c10::kStrided) return;
+    if (!StridedOverStorage(tensor)) return;
     CapturedOutput& output = record.outputs.emplace_back();  // filled in place: its shape vectors are not moved
     output.return_index = r;
     c10::StorageImpl* impl = tensor.storage().unsafeGetStorageImpl();
@@ -346,8 +385,7 @@ void PassThrough(const c10::OperatorHandle& op, c10::DispatchKeySet below, torch
 }  // namespace
 
 bool IsPlain(const at::Tensor& tensor) {
-  return tensor.layout() == c10::kStrided && tensor.has_storage() &&
-         !tensor.key_set().has(c10::DispatchKey::Python);
+  return StridedOverStorage(tensor) && !tensor.key_set().has(c10::DispatchKey::Python);
 }
 
 ObserverCall::ObserverCall() { g_observer_calls.fetch_add(1, std::memory_order_seq_cst); }
@@ -375,6 +413,62 @@ void WatchNestedCall(OpRecord& record, const c10::OperatorHandle& op, c10::Dispa
   if (stack->back().isTensor()) KeepCopy(record, written, self, stack->back().toTensor());
 }
 
+// The storages the tensors among the op's arguments (tensors, tensor lists, optional tensor lists) read, each once
+// (ForEachStorageRead; not those of Python subclasses, which trace).
+absl::InlinedVector<c10::StorageImpl*, 4> ArgumentStorages(const torch::jit::Stack& stack, std::size_t num_arguments) {
+  absl::InlinedVector<c10::StorageImpl*, 4> storages;
+  auto add = [&](const at::Tensor& tensor) {
+    if (!tensor.defined() || tensor.key_set().has(c10::DispatchKey::Python)) return;
+    ForEachStorageRead(tensor, [&](c10::StorageImpl* impl) {
+      if (std::find(storages.begin(), storages.end(), impl) == storages.end()) storages.push_back(impl);
+    });
+  };
+  for (std::size_t i = stack.size() - num_arguments; i < stack.size(); ++i) {
+    const c10::IValue& value = stack[i];
+    if (value.isTensor()) {
+      add(value.toTensor());
+    } else if (value.isTensorList()) {
+      for (const at::Tensor& tensor : value.toTensorList()) add(tensor);
+    } else if (value.isList()) {
+      for (const c10::IValue& element : value.toListRef()) {
+        if (element.isTensor()) add(element.toTensor());
+      }
+    }
+  }
+  return storages;
+}
+
+// A composite op (DecomposesAt): its nested ops are recorded; its arguments stay resident and in place while its
+// kernel runs, which may read them through raw pointers (dispatch_hook.h, "What the fallback does").
+void RunComposite(const c10::OperatorHandle& op, const OpTraits& traits, c10::DispatchKeySet below,
+                  torch::jit::Stack* stack) {
+  if (c10::autocast_dispatch_keyset.has(below.highestPriorityTypeId())) {  // casts and calls again: reads nothing
+    PassThrough(op, below, stack);
+    return;
+  }
+  const absl::InlinedVector<c10::StorageImpl*, 4> storages =
+      ArgumentStorages(*stack, op.schema().arguments().size());
+  ObserverCall call;
+  OpObserver* observer = storages.empty() ? nullptr : g_observer.load(std::memory_order_seq_cst);
+  if (observer == nullptr) {
+    PassThrough(op, below, stack);
+    return;
+  }
+  CompositeHold hold;
+  {
+    // What bringing the arguments back replays is the composite's doing, on remat.trace's timeline.
+    const MemoryEventScope history(traits.name, /*op=*/true);
+    observer->BeginComposite(storages, hold);
+  }
+  try {
+    PassThrough(op, below, stack);
+  } catch (...) {
+    observer->EndComposite(hold);
+    throw;
+  }
+  observer->EndComposite(hold);
+}
+
 void Fallback(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch::jit::Stack* stack) {
   const c10::DispatchKeySet below = keys & c10::DispatchKeySet(c10::DispatchKeySet::FULL_AFTER, g_key);
   if (t_depth != 0 || g_observer.load(std::memory_order_relaxed) == nullptr) {  // the cheap pass-through test
@@ -388,9 +482,13 @@ void Fallback(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch::ji
     return;
   }
   const OpTraits& traits = TraitsOf(op);
-  if (!traits.tracked || Tracing(below) || DecomposesAt(op, traits, below) ||
+  if (!traits.tracked || Tracing(below) ||
       TracedArguments(*stack, op.schema().arguments().size())) {  // remat's own ops: not counted
     PassThrough(op, below, stack);
+    return;
+  }
+  if (DecomposesAt(op, traits, below)) {
+    RunComposite(op, traits, below, stack);
     return;
   }
   ObserverCall call;
@@ -709,7 +807,7 @@ absl::StatusOr<c10::Stack> ReplayWith(const OpRecord& record, c10::Stack argumen
 absl::StatusOr<int> RestoreOutputs(const OpRecord& record, const c10::Stack& replayed) {
   std::vector<std::pair<int, at::Tensor>> tensors;
   ForEachReturnedTensor(replayed, record.op.schema().returns().size(), [&](int r, const at::Tensor& tensor) {
-    if (tensor.has_storage() && tensor.layout() == c10::kStrided) tensors.emplace_back(r, tensor);
+    if (StridedOverStorage(tensor)) tensors.emplace_back(r, tensor);
   });
   if (tensors.size() != record.outputs.size()) {
     return absl::FailedPreconditionError(absl::StrCat("remat: replay of ", record.traits->name, " returned ",

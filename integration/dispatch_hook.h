@@ -24,10 +24,13 @@
 //     tensor subclass, functionalization, functorch, meta tensors: their keys below the hook): it passes through,
 //     so torch.compile's tracing is untouched, and the ops it then runs on real tensors are recorded;
 //   - an op whose kernel for the key set below the hook is its CompositeImplicitAutograd kernel (or an autocast
-//     wrapper): it reads and writes tensors only through the ops it calls, which the hook sees, so it passes through
-//     and those ops are recorded. Decided per op and per dispatch key from the dispatcher's own rules
-//     (DecomposesAt), not from the mere existence of a composite kernel: aten::silu_backward has a composite kernel
-//     and a CPU kernel, and on CPU the CPU kernel runs, so it is recorded;
+//     wrapper): it passes through and the ops it calls, which the hook sees, are recorded. Decided per op and per
+//     dispatch key from the dispatcher's own rules (DecomposesAt), not from the mere existence of a composite
+//     kernel: aten::silu_backward has a composite kernel and a CPU kernel, and on CPU the CPU kernel runs, so it is
+//     recorded. A composite kernel may also read an argument's bytes itself, through a raw pointer it keeps across
+//     its nested ops (aten::lstm.data and aten::_pad_packed_sequence read batch_sizes, ctc_loss its lengths): so
+//     while it runs, its tensor arguments are brought back and kept resident and in place (OpObserver's
+//     BeginComposite, EndComposite). Autocast wrappers only cast and call again: they pass through as they are;
 //   - otherwise it captures an OpRecord (operator, arguments as detached aliases over the same storages, input
 //     storages, a copy of the generator for random ops, the thread's dispatch key state), calls the observer's
 //     BeforeOp, runs the op, fills in outputs and duration and calls AfterOp. Only outermost ops are recorded:
@@ -59,7 +62,9 @@
 #include <cstddef>
 #include <cstdint>
 #include <optional>
+#include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/container/inlined_vector.h"
@@ -222,6 +227,11 @@ struct OpRecord {
 };
 
 // Implemented by the runtime. Called for every recorded (outermost) op on the thread that runs it.
+// What an observer's BeginComposite took and EndComposite gives back: (observer, engine tensor) pairs.
+struct CompositeHold {
+  absl::InlinedVector<std::pair<const void*, std::uint32_t>, 4> held;
+};
+
 class OpObserver {
  public:
   virtual ~OpObserver() = default;
@@ -244,6 +254,13 @@ class OpObserver {
   // follows). Asked at most kMaxOutOfMemoryRetries times per op. An exception it throws (making room failed for
   // another reason than memory) propagates instead of the out-of-memory error, OpFailed first.
   virtual bool RetryAfterOutOfMemory(OpRecord& record) { return false; }
+  // A composite op runs next (its decomposition passes through the hook, its nested ops are recorded) on these
+  // storages (its plain tensor arguments', each once): bring back the evicted or paged ones and keep them all
+  // resident and in place (not evicted, paged out or moved) until EndComposite with the same `hold`, in which the
+  // observer notes what it holds. An exception it throws (no memory to bring one back) propagates; nothing is then
+  // held. EndComposite comes after the op returned or threw.
+  virtual void BeginComposite(std::span<c10::StorageImpl* const> storages, CompositeHold& hold) {}
+  virtual void EndComposite(CompositeHold& hold) noexcept {}
 };
 
 inline constexpr int kMaxOutOfMemoryRetries = 4;

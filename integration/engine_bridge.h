@@ -192,6 +192,11 @@ class EngineBridge final : public OpObserver, public PressureHandler, public Hel
   // Compacts the arena with the op's inputs movable (Engine::MakeHoleForRetry); true when the request that failed
   // fits now.
   bool RetryAfterOutOfMemory(OpRecord& record) override;
+  // A composite op's arguments (dispatch_hook.h): each becomes an entry if it was not one (a constant), is brought
+  // back if evicted or paged and is held (Engine::Hold: resident and in place) until EndComposite. Storages of
+  // released entries are left alone (nothing evicts them: the engine forgot them).
+  void BeginComposite(std::span<c10::StorageImpl* const> storages, CompositeHold& hold) override;
+  void EndComposite(CompositeHold& hold) noexcept override;
   absl::StatusOr<bool> MakeRoom(Arena& arena, std::size_t bytes) override;
   // The engine's report (Engine::DescribeMemory); empty when another thread is inside an op.
   std::string DescribeMemory() override;

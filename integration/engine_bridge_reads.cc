@@ -1,5 +1,7 @@
-// EngineBridge, its part in ops recorded by another device's bridge (engine_bridge.h, BeginRead; device_router.h,
-// "Cross-device ops"): the storages of this device that such an op reads are brought back and locked while it runs.
+// EngineBridge, storages read by code it does not record itself, brought back and kept in place while that code runs:
+// ops recorded by another device's bridge (engine_bridge.h, BeginRead; device_router.h, "Cross-device ops") and
+// composite ops, whose kernels may read their arguments through raw pointers between the nested ops the bridge
+// records (BeginComposite; dispatch_hook.h, "What the fallback does").
 #include <algorithm>
 #include <mutex>
 
@@ -56,6 +58,33 @@ void EngineBridge::EndRead(const OpRecord& record, bool failed) noexcept {
     }
   }
   Unlock();
+}
+
+void EngineBridge::BeginComposite(std::span<c10::StorageImpl* const> storages, CompositeHold& hold) {
+  std::lock_guard<EngineLock> lock(lock_);
+  if (retired_.load(std::memory_order_acquire)) return;  // being destroyed: nothing is evicted or moved any more
+  const std::size_t first = hold.held.size();
+  try {
+    engine_->NoteAllocation();
+    for (c10::StorageImpl* impl : storages) {
+      Entry& entry = EntryFor(impl);
+      if (entry.released) continue;
+      if (absl::Status status = engine_->Hold(entry.root); !status.ok()) Throw(status);
+      hold.held.emplace_back(this, entry.root);
+      executor_.WillRead(*engine_, engine_->StorageOf(entry.root));  // after a prefetch's copy
+    }
+  } catch (...) {
+    for (std::size_t i = hold.held.size(); i-- > first;) engine_->Unhold(hold.held[i].second);
+    hold.held.resize(first);
+    throw;
+  }
+}
+
+void EngineBridge::EndComposite(CompositeHold& hold) noexcept {
+  std::lock_guard<EngineLock> lock(lock_);
+  for (const auto& [bridge, t] : hold.held) {
+    if (bridge == this) engine_->Unhold(t);
+  }
 }
 
 bool EngineBridge::HoldsOutOfMemory(const c10::StorageImpl* storage) {

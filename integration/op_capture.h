@@ -13,6 +13,7 @@
 #include <optional>
 #include <vector>
 
+#include "absl/functional/function_ref.h"
 #include "integration/dispatch_hook.h"
 
 namespace remat::integration {
@@ -22,8 +23,17 @@ const OpTraits* SharedTraits(const c10::OperatorHandle& op);
 // Guards SharedTraits' table (the hook holds it across fork()).
 std::mutex& TraitsMutex();
 
-// A dense CPU/CUDA-style tensor: strided, with a storage, and no Python subclass behind it.
+// A strided tensor over a storage whose bytes its sizes and strides describe: what remat records, evicts and restores.
+// A nested tensor says its layout is strided but is a buffer of several components (no sizes of its own): not one.
+inline bool StridedOverStorage(const at::Tensor& tensor) {
+  return tensor.layout() == c10::kStrided && tensor.has_storage() && !tensor.is_nested();
+}
+// A dense CPU/CUDA-style tensor: StridedOverStorage, and no Python subclass behind it.
 bool IsPlain(const at::Tensor& tensor);
+// Calls visit for each storage whose bytes an op on `tensor` reads: its own, or, for a sparse tensor (which has no
+// storage), those of its indices and values: dense tensors, often the outputs of recorded ops, which an op's kernel
+// reads as a sparse tensor's parts.
+void ForEachStorageRead(const at::Tensor& tensor, absl::FunctionRef<void(c10::StorageImpl*)> visit);
 
 // A copy of `value` in which every plain tensor is a detached alias over the same storage; notes tensor storages in
 // `storages` when set; clears `replayable` for a tensor that is not plain (sparse, a Python subclass). With

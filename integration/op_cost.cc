@@ -5,6 +5,8 @@
 
 #include <string_view>
 
+#include "integration/op_capture.h"
+
 namespace remat::integration {
 namespace {
 
@@ -21,7 +23,13 @@ double Numel(c10::IntArrayRef sizes) {
 const at::Tensor* TensorArgument(const OpRecord& record, std::size_t i) {
   if (i >= record.arguments.size() || !record.arguments[i].isTensor()) return nullptr;
   const at::Tensor& t = record.arguments[i].toTensor();
-  return t.defined() ? &t : nullptr;
+  return t.defined() && StridedOverStorage(t) ? &t : nullptr;
+}
+
+// A sparse or nested argument counts nothing: it has no nbytes of its own (torch throws), and the estimate is only
+// a ranking of costs.
+double BytesOf(const at::Tensor& t) {
+  return t.defined() && StridedOverStorage(t) ? static_cast<double>(t.nbytes()) : 0;
 }
 
 // 2 x multiply-adds of the matrix products among the ops that dominate training; 0 for the rest.
@@ -52,10 +60,10 @@ double Flops(const OpRecord& record) {
 double Bytes(const OpRecord& record) {
   double bytes = 0;
   for (const c10::IValue& value : record.arguments) {
-    if (value.isTensor() && value.toTensor().defined()) {
-      bytes += static_cast<double>(value.toTensor().nbytes());
+    if (value.isTensor()) {
+      bytes += BytesOf(value.toTensor());
     } else if (value.isTensorList()) {
-      for (const at::Tensor& t : value.toTensorList()) bytes += t.defined() ? static_cast<double>(t.nbytes()) : 0;
+      for (const at::Tensor& t : value.toTensorList()) bytes += BytesOf(t);
     }
   }
   for (const CapturedOutput& out : record.outputs) {

@@ -16,6 +16,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "integration/memory_events.h"
+#include "integration/op_capture.h"
 #include "integration/storage_eviction.h"
 
 namespace remat::integration {
@@ -50,7 +51,7 @@ std::vector<at::Tensor> ReturnedTensors(const c10::Stack& stack, std::size_t num
   std::vector<at::Tensor> out;
   const std::size_t first = stack.size() - num_returns;
   auto add = [&](const at::Tensor& t) {
-    if (t.defined() && t.has_storage() && t.layout() == c10::kStrided) out.push_back(t);
+    if (t.defined() && StridedOverStorage(t)) out.push_back(t);
   };
   for (std::size_t r = 0; r < num_returns; ++r) {
     const c10::IValue& value = stack[first + r];

@@ -8,12 +8,13 @@
 #include "absl/strings/str_join.h"
 #include "integration/held_references.h"
 #include "integration/op_cost.h"
+#include "integration/op_capture.h"
 
 namespace remat::integration {
 namespace {
 
 bool Recordable(const at::Tensor& tensor) {
-  return tensor.defined() && tensor.layout() == c10::kStrided && tensor.has_storage();
+  return tensor.defined() && StridedOverStorage(tensor);
 }
 
 std::size_t StorageBytes(const c10::StorageImpl& storage) {

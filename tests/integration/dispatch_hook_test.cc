@@ -8,6 +8,7 @@
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/core/Tensor.h>
+#include <ATen/ops/_pad_packed_sequence.h>
 #include <ATen/ops/add.h>
 #include <ATen/ops/bernoulli.h>
 #include <ATen/ops/conv2d.h>
@@ -61,6 +62,7 @@ class KeepingObserver : public OpObserver {
   void BeforeOp(OpRecord& record) override {
     std::lock_guard<std::mutex> lock(mutex_);
     ++before_;
+    open_at_op_.push_back(open_composites_);
   }
   void AfterOp(OpRecord&& record) override {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -69,6 +71,30 @@ class KeepingObserver : public OpObserver {
   void OpFailed(OpRecord&) noexcept override {
     std::lock_guard<std::mutex> lock(mutex_);
     ++failed_;
+  }
+  // Composites: the storages each was begun with; how many are open now and were open when each op was recorded.
+  void BeginComposite(std::span<c10::StorageImpl* const> storages, CompositeHold& hold) override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    composites_.emplace_back(storages.begin(), storages.end());
+    hold.held.emplace_back(this, static_cast<std::uint32_t>(composites_.size()));
+    ++open_composites_;
+  }
+  void EndComposite(CompositeHold& hold) noexcept override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    EXPECT_EQ(hold.held.size(), 1u);
+    --open_composites_;
+  }
+  std::vector<std::vector<c10::StorageImpl*>> composites() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return composites_;
+  }
+  int open_composites() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return open_composites_;
+  }
+  std::vector<int> open_composites_at_each_op() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return open_at_op_;
   }
   std::vector<std::string> Names() {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -109,6 +135,9 @@ class KeepingObserver : public OpObserver {
   std::vector<std::shared_ptr<OpRecord>> records_;
   int before_ = 0;
   int failed_ = 0;
+  std::vector<std::vector<c10::StorageImpl*>> composites_;
+  int open_composites_ = 0;
+  std::vector<int> open_at_op_;
 };
 
 // Installs the observer for one test and always uninstalls it.
@@ -348,6 +377,45 @@ TEST_F(DispatchHookTest, CompositeOpsAreRecordedAsTheOpsTheyDecomposeInto) {
   }
   // aten::conv2d (CompositeImplicitAutograd) is not recorded; aten::convolution, which autograd records, is.
   EXPECT_THAT(observer_.Names(), ElementsAre("aten::convolution"));
+}
+
+TEST_F(DispatchHookTest, ACompositeOpsArgumentsAreHeldWhileItsNestedOpsRun) {
+  // Its kernel may read them through raw pointers between the ops it calls (lstm's batch_sizes): the observer is
+  // asked to hold them (each storage once) before the first nested op and let go after the last.
+  at::Tensor x = at::randn({1, 2, 8, 8});
+  at::Tensor w = at::randn({3, 2, 3, 3});
+  const at::Tensor data = x.view({16, 8});
+  const at::Tensor batch_sizes = at::mul(at::ones({2}, at::kLong), 8);
+  {
+    ScopedHook hook;
+    (void)at::conv2d(x, w);
+    (void)at::_pad_packed_sequence(data, batch_sizes, false, 0.0, 2);
+  }
+  const std::vector<std::vector<c10::StorageImpl*>> composites = observer_.composites();
+  ASSERT_GE(composites.size(), 2u);
+  EXPECT_THAT(composites[0], ElementsAre(x.storage().unsafeGetStorageImpl(), w.storage().unsafeGetStorageImpl()));
+  EXPECT_EQ(composites[1].size(), 2u);  // the data (x's storage again) and batch_sizes
+  EXPECT_EQ(observer_.open_composites(), 0);
+  const std::vector<int> open = observer_.open_composites_at_each_op();
+  ASSERT_FALSE(open.empty());
+  EXPECT_EQ(open[0], 1) << "aten::convolution ran with aten::conv2d's arguments held";
+  EXPECT_TRUE(std::all_of(open.begin(), open.end(), [](int n) { return n >= 1; }));
+
+  // An autocast wrapper only casts and calls the op again: it holds nothing itself, its two casts (aten::to, a
+  // composite) do.
+  at::Tensor a = at::randn({8, 8});
+  const std::size_t before = observer_.composites().size();
+  at::autocast::set_autocast_enabled(at::kCPU, true);
+  {
+    ScopedHook hook;
+    (void)at::mm(a, a);
+  }
+  at::autocast::set_autocast_enabled(at::kCPU, false);
+  const std::vector<std::vector<c10::StorageImpl*>> casts = observer_.composites();
+  ASSERT_EQ(casts.size(), before + 2);
+  for (std::size_t i = before; i < casts.size(); ++i) {
+    EXPECT_THAT(casts[i], ElementsAre(a.storage().unsafeGetStorageImpl()));
+  }
 }
 
 TEST_F(DispatchHookTest, ReplayWithAnExplicitGeneratorAndGeneratorlessOverload) {

@@ -71,5 +71,13 @@ TEST_F(OpCostTest, ConvolutionCostsOutputsTimesKernelVolume) {
   EXPECT_EQ(cost, static_cast<std::int64_t>(1000 + 0.1 * bytes + 0.05 * 2 * 108 * 18));
 }
 
+TEST_F(OpCostTest, SparseArgumentsCountNoBytesInsteadOfThrowing) {
+  // torch has no nbytes for a sparse tensor (it throws); a sparse embedding's gradient reaches ops like this add.
+  const at::Tensor dense = at::randn({64, 32});
+  const at::Tensor sparse = at::randn({64, 32}).to_sparse();
+  // 1000 ns + (the dense argument's and the output's 8192 bytes) x 0.1.
+  EXPECT_EQ(CostOf([&] { return at::add(dense, sparse); }), 1000 + 1638);
+}
+
 }  // namespace
 }  // namespace remat::integration
