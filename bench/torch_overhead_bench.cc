@@ -25,6 +25,10 @@
 //   add   at::add(x, w)        mm   at::mm(x, w)        relu   at::relu(x)
 //   mlp3  at::relu(at::add(at::mm(x, w), b)): 3 outermost ops per iteration (times are per iteration, the
 //         summary divides by 3)
+//   linear   at::linear(x, w, b): a composite op, seen as the 2 ops it calls (aten::t, aten::addmm) while its
+//            arguments are held (dispatch_hook.h); per op, as mlp3
+//   addmm_t  at::addmm(b, x, w.t()): the same 2 ops called directly; linear minus addmm_t is what the composite
+//            itself costs
 //   add_live1k  at::add(x, w) while 1,000 results of earlier ops (relu(w)) stay alive, as a model's tensors do
 // and the same with autograd on ("_autograd": x, w, b require grad, so each op also builds its graph node).
 // The inputs are made after the mode is entered (under recorder and engine they come from the arena, as
@@ -58,6 +62,8 @@
 // included.
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/add.h>
+#include <ATen/ops/addmm.h>
+#include <ATen/ops/linear.h>
 #include <ATen/ops/mm.h>
 #include <ATen/ops/randn.h>
 #include <ATen/ops/relu.h>
@@ -113,9 +119,9 @@ const char* ModeName(Mode mode) {
   return "?";
 }
 
-enum class Workload { kAdd, kMm, kRelu, kMlp3, kAddLive };
-constexpr Workload kWorkloads[] = {Workload::kAdd, Workload::kMm, Workload::kRelu, Workload::kMlp3,
-                                   Workload::kAddLive};
+enum class Workload { kAdd, kMm, kRelu, kMlp3, kAddLive, kLinear, kAddmmT };
+constexpr Workload kWorkloads[] = {Workload::kAdd,     Workload::kMm,     Workload::kRelu,  Workload::kMlp3,
+                                   Workload::kAddLive, Workload::kLinear, Workload::kAddmmT};
 
 const char* WorkloadName(Workload workload) {
   switch (workload) {
@@ -129,11 +135,25 @@ const char* WorkloadName(Workload workload) {
       return "mlp3";
     case Workload::kAddLive:
       return "add_live1k";
+    case Workload::kLinear:
+      return "linear";
+    case Workload::kAddmmT:
+      return "addmm_t";
   }
   return "?";
 }
 
-int OpsPerIteration(Workload workload) { return workload == Workload::kMlp3 ? 3 : 1; }
+int OpsPerIteration(Workload workload) {
+  switch (workload) {
+    case Workload::kMlp3:
+      return 3;
+    case Workload::kLinear:
+    case Workload::kAddmmT:
+      return 2;  // aten::t and aten::addmm
+    default:
+      return 1;
+  }
+}
 
 // add_live1k holds this many live results of recorded ops (as a model's activations and weights are live while
 // it trains): what remat does per op for each live storage shows.
@@ -167,6 +187,10 @@ at::Tensor RunOnce(const Inputs& in) {
     return at::mm(in.x, in.w);
   } else if constexpr (kWorkload == Workload::kRelu) {
     return at::relu(in.x);
+  } else if constexpr (kWorkload == Workload::kLinear) {
+    return at::linear(in.x, in.w, in.b);
+  } else if constexpr (kWorkload == Workload::kAddmmT) {
+    return at::addmm(in.b, in.x, in.w.t());
   } else {
     return at::relu(at::add(at::mm(in.x, in.w), in.b));
   }
@@ -348,6 +372,8 @@ void RegisterAll() {
     Register<Workload::kRelu>(autograd);
     Register<Workload::kMlp3>(autograd);
     Register<Workload::kAddLive>(autograd);
+    Register<Workload::kLinear>(autograd);
+    Register<Workload::kAddmmT>(autograd);
   }
 }
 
