@@ -423,18 +423,7 @@ absl::InlinedVector<c10::StorageImpl*, 4> ArgumentStorages(const torch::jit::Sta
       if (std::find(storages.begin(), storages.end(), impl) == storages.end()) storages.push_back(impl);
     });
   };
-  for (std::size_t i = stack.size() - num_arguments; i < stack.size(); ++i) {
-    const c10::IValue& value = stack[i];
-    if (value.isTensor()) {
-      add(value.toTensor());
-    } else if (value.isTensorList()) {
-      for (const at::Tensor& tensor : value.toTensorList()) add(tensor);
-    } else if (value.isList()) {
-      for (const c10::IValue& element : value.toListRef()) {
-        if (element.isTensor()) add(element.toTensor());
-      }
-    }
-  }
+  for (std::size_t i = stack.size() - num_arguments; i < stack.size(); ++i) ForEachTensor(stack[i], add);
   return storages;
 }
 

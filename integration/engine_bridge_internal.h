@@ -14,6 +14,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/match.h"
 #include "integration/engine_bridge.h"
+#include "integration/op_capture.h"
 
 namespace remat::integration::bridge_internal {
 
@@ -28,16 +29,7 @@ namespace remat::integration::bridge_internal {
   __builtin_unreachable();
 }
 
-template <typename Visit>
-void ForEachTensor(const c10::IValue& value, Visit&& visit) {
-  if (value.isTensor()) {
-    visit(value.toTensor());
-  } else if (value.isTensorList()) {
-    for (const at::Tensor& t : value.toTensorList()) visit(t);
-  } else if (value.isList()) {
-    for (const c10::IValue& e : value.toList()) ForEachTensor(e, visit);
-  }
-}
+using ::remat::integration::ForEachTensor;  // op_capture.h
 
 inline std::uintptr_t AddressOf(c10::StorageImpl& impl) {
   return reinterpret_cast<std::uintptr_t>(impl._mutable_data_ptr_no_checks().get());

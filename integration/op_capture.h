@@ -28,6 +28,19 @@ std::mutex& TraitsMutex();
 inline bool StridedOverStorage(const at::Tensor& tensor) {
   return tensor.layout() == c10::kStrided && tensor.has_storage() && !tensor.is_nested();
 }
+// Calls visit(tensor) for every tensor in an op's argument or return: a tensor, a tensor list, a list of optional
+// tensors (undefined ones included: callers check).
+template <typename Visit>
+void ForEachTensor(const c10::IValue& value, Visit&& visit) {
+  if (value.isTensor()) {
+    visit(value.toTensor());
+  } else if (value.isTensorList()) {
+    for (const at::Tensor& t : value.toTensorList()) visit(t);
+  } else if (value.isList()) {
+    for (const c10::IValue& e : value.toList()) ForEachTensor(e, visit);
+  }
+}
+
 // A dense CPU/CUDA-style tensor: StridedOverStorage, and no Python subclass behind it.
 bool IsPlain(const at::Tensor& tensor);
 // Calls visit for each storage whose bytes an op on `tensor` reads: its own, or, for a sparse tensor (which has no

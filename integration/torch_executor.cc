@@ -53,18 +53,7 @@ std::vector<at::Tensor> ReturnedTensors(const c10::Stack& stack, std::size_t num
   auto add = [&](const at::Tensor& t) {
     if (t.defined() && StridedOverStorage(t)) out.push_back(t);
   };
-  for (std::size_t r = 0; r < num_returns; ++r) {
-    const c10::IValue& value = stack[first + r];
-    if (value.isTensor()) {
-      add(value.toTensor());
-    } else if (value.isTensorList()) {
-      for (const at::Tensor& t : value.toTensorList()) add(t);
-    } else if (value.isList()) {
-      for (const c10::IValue& e : value.toList()) {
-        if (e.isTensor()) add(e.toTensor());
-      }
-    }
-  }
+  for (std::size_t r = 0; r < num_returns; ++r) ForEachTensor(stack[first + r], add);
   return out;
 }
 
