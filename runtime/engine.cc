@@ -444,6 +444,8 @@ void Engine::Unhold(TensorId t) {
   const StorageIndex s = m.tensors[t].storage;
   --m.storages[s].holds;
   m.Unlock(s);
+  // Died while held (a pinned value written in place): Recycle passed it over, so it looks again.
+  if (m.storages[s].holds == 0 && m.storages[s].dead) m.settled.push_back(s);
 }
 
 void Engine::SetAddress(StorageIndex s, std::uintptr_t address) {

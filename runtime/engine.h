@@ -271,7 +271,8 @@ class Engine final : public PressureHandler, private StorageView {
   // Makes t resident (Rematerialize) and keeps it so, and where it is, until the matching Unhold: not evicted, paged
   // out or moved (relocation, compaction). Holds nest. For storages code outside any op reads through raw pointers
   // for a while: the arguments of a composite op whose kernel reads their bytes between its nested ops (lstm's
-  // batch_sizes). The storage stays t's while held; Unhold takes the same TensorId.
+  // batch_sizes). Unhold takes the same TensorId. The hold is on t's storage: an in-place write while held gives
+  // the bytes to a new storage that is not held (the old value, if it dies meanwhile, keeps its slot until Unhold).
   absl::Status Hold(TensorId t);
   void Unhold(TensorId t);
   // t's storage stays evictable, but only once nothing else is: it leaves the eviction pool for a reserve. When the

@@ -60,7 +60,7 @@ RecycledIds Engine::Recycle(absl::FunctionRef<bool(OpId)> held) {
       // A dead storage holds no memory (a replay never brings one back), so its slot can go; the guard keeps one
       // that would (memory, a host copy, a place in the pool) rather than lose track of it.
       freeable = freeable && tu.consumers == 0 && tu.ext_refs == 0 && st.dead && !st.material && !st.paged &&
-                 !m.InPool(tu.storage);
+                 !m.InPool(tu.storage) && st.holds == 0;  // a holder's Unhold still names it
     }
     if (!freeable) continue;
     if (held(o)) {

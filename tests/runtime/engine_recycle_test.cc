@@ -211,5 +211,35 @@ TEST(EngineRecycleTest, AReplayLeavesADeadSiblingOutAndEverythingIsRecycledAfter
   EXPECT_EQ(e.stats().used_bytes, 10);
 }
 
+// A held storage (Engine::Hold) whose value dies while held (a pinned result written in place: the old value leaves
+// the graph) keeps its slot until Unhold, which names it: recycling it first would let Unhold unlock another storage.
+TEST(EngineRecycleTest, AHeldStorageThatDiesKeepsItsSlotUntilUnhold) {
+  std::unique_ptr<Policy> policy = *MakePolicy("dtr-eq");
+  ValueExecutor ex;
+  EngineOptions o;
+  o.policy = policy.get();
+  o.free_dead = true;
+  Engine e(o, &ex);
+  const TensorId x = *e.Constant(10, "x");
+  const OutputSpec out[] = {{100, -1}};
+  const TensorId g = (*e.Call(std::vector<TensorId>{x}, out, 5, "grad"))[0];
+  e.Pin(g);  // a pinned result (an optimizer's first write pins a gradient)
+  ASSERT_TRUE(e.Hold(g).ok());
+  const TensorId inputs[] = {g, x};
+  absl::StatusOr<OpId> op = e.BeginOp(inputs, "scale_");
+  ASSERT_TRUE(op.ok()) << op.status();
+  OutputSpec write;
+  write.in_place_of = 0;
+  const TensorId new_g = (*e.EndOp(*op, {&write, 1}, 5))[0];
+  e.Release(g);
+  ASSERT_TRUE(e.Dead(e.StorageOf(g)));
+  e.CollectDead();
+  EXPECT_TRUE(e.Recycle().storages.empty());  // without the hold, it would be freed here
+  e.Unhold(g);
+  const RecycledIds after = e.Recycle();
+  EXPECT_EQ(after.storages.size(), 1u);
+  EXPECT_TRUE(e.Resident(e.StorageOf(new_g)));
+}
+
 }  // namespace
 }  // namespace remat
