@@ -7,12 +7,10 @@
 // runs with the key excluded: its nested calls never reach the fallback, except for an in-place op that autograd
 // records, whose autograd kernel may save a copy of the input it overwrites (OpRecord::hidden_copies): its nested
 // calls come through the fallback, which passes them on and keeps the copies (hidden_copies.h).
-// (Over 600 lines: the fallback, capture and replay share this file's thread-local state; the op traits and the
-// hidden copies have files of their own.)
+// (Over 600 lines: the fallback, capture and replay share this file's thread-local state; the op traits, the
+// hidden copies and the storages an op reads (storages_read.cc) have files of their own.)
 #include "integration/dispatch_hook.h"
 
-#include <ATen/SparseCsrTensorImpl.h>
-#include <ATen/SparseTensorImpl.h>
 #include <ATen/core/LegacyTypeDispatch.h>
 #include <ATen/core/List.h>
 #include <c10/core/InferenceMode.h>
@@ -81,41 +79,6 @@ bool SpareFits(const std::vector<c10::intrusive_ptr<c10::TensorImpl>>& spares, c
   return !spares.empty() && typeid(source) == typeid(c10::TensorImpl) &&
          c10::impl::TorchDispatchModeTLS::stack_len() == 0;
 }
-
-}  // namespace
-
-void ForEachStorageRead(const at::Tensor& tensor, absl::FunctionRef<void(c10::StorageImpl*)> visit) {
-  if (!tensor.defined()) return;
-  if (tensor.has_storage()) {
-    visit(tensor.storage().unsafeGetStorageImpl());
-    return;
-  }
-  auto part = [&](const at::Tensor& t) {
-    if (t.defined() && t.has_storage()) visit(t.storage().unsafeGetStorageImpl());
-  };
-  switch (tensor.layout()) {
-    case c10::kSparse: {
-      const auto* impl = static_cast<const at::SparseTensorImpl*>(tensor.unsafeGetTensorImpl());
-      part(impl->indices());
-      part(impl->values());
-      break;
-    }
-    case c10::kSparseCsr:
-    case c10::kSparseCsc:
-    case c10::kSparseBsr:
-    case c10::kSparseBsc: {
-      const auto* impl = static_cast<const at::SparseCsrTensorImpl*>(tensor.unsafeGetTensorImpl());
-      part(impl->compressed_indices());
-      part(impl->plain_indices());
-      part(impl->values());
-      break;
-    }
-    default:
-      break;
-  }
-}
-
-namespace {
 
 at::Tensor DetachedAlias(const at::Tensor& tensor, bool* replayable, bool versioned) {
   if (!tensor.defined()) return tensor;
@@ -411,20 +374,6 @@ void WatchNestedCall(OpRecord& record, const c10::OperatorHandle& op, c10::Dispa
   const at::Tensor self = (*stack)[stack->size() - 2].toTensor();
   PassThrough(op, below, stack);
   if (stack->back().isTensor()) KeepCopy(record, written, self, stack->back().toTensor());
-}
-
-// The storages the tensors among the op's arguments (tensors, tensor lists, optional tensor lists) read, each once
-// (ForEachStorageRead; not those of Python subclasses, which trace).
-absl::InlinedVector<c10::StorageImpl*, 4> ArgumentStorages(const torch::jit::Stack& stack, std::size_t num_arguments) {
-  absl::InlinedVector<c10::StorageImpl*, 4> storages;
-  auto add = [&](const at::Tensor& tensor) {
-    if (!tensor.defined() || tensor.key_set().has(c10::DispatchKey::Python)) return;
-    ForEachStorageRead(tensor, [&](c10::StorageImpl* impl) {
-      if (std::find(storages.begin(), storages.end(), impl) == storages.end()) storages.push_back(impl);
-    });
-  };
-  for (std::size_t i = stack.size() - num_arguments; i < stack.size(); ++i) ForEachTensor(stack[i], add);
-  return storages;
 }
 
 // A composite op (DecomposesAt): its nested ops are recorded; its arguments stay resident and in place while its

@@ -13,6 +13,7 @@
 #include <optional>
 #include <vector>
 
+#include "absl/container/inlined_vector.h"
 #include "absl/functional/function_ref.h"
 #include "integration/dispatch_hook.h"
 
@@ -47,6 +48,9 @@ bool IsPlain(const at::Tensor& tensor);
 // storage), those of its indices and values: dense tensors, often the outputs of recorded ops, which an op's kernel
 // reads as a sparse tensor's parts.
 void ForEachStorageRead(const at::Tensor& tensor, absl::FunctionRef<void(c10::StorageImpl*)> visit);
+// The storages the tensors among the op's arguments (the last num_arguments values of `stack`: tensors, tensor
+// lists, optional tensor lists) read, each once (ForEachStorageRead; not those of Python subclasses, which trace).
+absl::InlinedVector<c10::StorageImpl*, 4> ArgumentStorages(const torch::jit::Stack& stack, std::size_t num_arguments);
 
 // A copy of `value` in which every plain tensor is a detached alias over the same storage; notes tensor storages in
 // `storages` when set; clears `replayable` for a tensor that is not plain (sparse, a Python subclass). With

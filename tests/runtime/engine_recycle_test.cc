@@ -180,15 +180,25 @@ TEST(EngineRecycleTest, RegionsPolicyReplaysTheSameValues) {
   EXPECT_LE(tight.tables.back().storage_slots, tight.tables[20].storage_slots);
 }
 
+// An engine (dtr-eq, freeing dead storages) over a ValueExecutor.
+struct FreeDeadEngine {
+  FreeDeadEngine() : policy(*MakePolicy("dtr-eq")), e(Options(policy.get()), &ex) {}
+  static EngineOptions Options(Policy* policy) {
+    EngineOptions o;
+    o.policy = policy;
+    o.free_dead = true;
+    return o;
+  }
+  std::unique_ptr<Policy> policy;
+  ValueExecutor ex;
+  Engine e;
+};
+
 // A replay of a two-output op for its live output does not bring the dead one back (nothing needs it, and a slot
 // that held memory could not be recycled); the op and both storages are recycled once the live one dies too.
 TEST(EngineRecycleTest, AReplayLeavesADeadSiblingOutAndEverythingIsRecycledAfter) {
-  std::unique_ptr<Policy> policy = *MakePolicy("dtr-eq");
-  ValueExecutor ex;
-  EngineOptions o;
-  o.policy = policy.get();
-  o.free_dead = true;
-  Engine e(o, &ex);
+  FreeDeadEngine f;
+  Engine& e = f.e;
   const TensorId x = *e.Constant(10, "x");
   const OutputSpec outs[] = {{100, -1}, {1000, -1}};
   absl::StatusOr<std::span<const TensorId>> r = e.Call(std::vector<TensorId>{x}, outs, 5, "split");
@@ -214,12 +224,8 @@ TEST(EngineRecycleTest, AReplayLeavesADeadSiblingOutAndEverythingIsRecycledAfter
 // A held storage (Engine::Hold) whose value dies while held (a pinned result written in place: the old value leaves
 // the graph) keeps its slot until Unhold, which names it: recycling it first would let Unhold unlock another storage.
 TEST(EngineRecycleTest, AHeldStorageThatDiesKeepsItsSlotUntilUnhold) {
-  std::unique_ptr<Policy> policy = *MakePolicy("dtr-eq");
-  ValueExecutor ex;
-  EngineOptions o;
-  o.policy = policy.get();
-  o.free_dead = true;
-  Engine e(o, &ex);
+  FreeDeadEngine f;
+  Engine& e = f.e;
   const TensorId x = *e.Constant(10, "x");
   const OutputSpec out[] = {{100, -1}};
   const TensorId g = (*e.Call(std::vector<TensorId>{x}, out, 5, "grad"))[0];
