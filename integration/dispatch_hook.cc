@@ -451,6 +451,10 @@ void RecordOp(const c10::OperatorHandle& op, const OpTraits& traits, c10::Dispat
   }
   if (traits.random) CaptureRng(record, record.arguments);
   record.unannotated_writes = UnannotatedWritesOfCall(op.schema().name(), record.arguments);
+  if ((traits.writes_unreturned || !record.unannotated_writes.empty()) &&
+      !OutputsIgnoreSideWrites(op.schema().name(), record.arguments)) {
+    record.replayable = false;  // its outputs may depend on what it wrote (op_effects.h, 3 and 4)
+  }
   CaptureAutocast(record);
   record.in_backward = torch::autograd::get_current_graph_task_id() != -1;
   observer->BeforeOp(record);

@@ -129,6 +129,9 @@ struct OpTraits {
   int generator_argument = -1;  // index of its `Generator?` argument, or -1
   // Arguments the op writes (alias annotation `!`): in-place `self`, `out=` tensors.
   std::vector<int> written_arguments;
+  // It writes an argument no return aliases and returns fresh tensors: a call is replayable only if its outputs
+  // ignore what it writes (op_effects.h, OutputsIgnoreSideWrites).
+  bool writes_unreturned = false;
   std::vector<bool> out_argument;  // per written argument: keyword-only, i.e. an out= argument
   // Per return: the argument it aliases according to the schema (`Tensor(a)`), or -1 for fresh memory.
   std::vector<int> return_aliases;
@@ -193,7 +196,7 @@ struct OpRecord {
   // Random ops: a copy of the generator the op drew from, as it was before the op ran.
   std::optional<at::Generator> rng;
   // Arguments this call writes although the schema does not say so (op_effects.h: batch norm's running statistics
-  // in training mode). Written on the side: constants, replayed on a private copy.
+  // in training mode). Written on the side: constants, replayed on fresh memory.
   std::vector<int> unannotated_writes;
   // False when a replay could not reproduce the op: the op has side effects (OpTraits::replayable), a tensor
   // argument is not a plain strided tensor with a

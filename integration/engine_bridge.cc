@@ -112,6 +112,7 @@ void EngineBridge::BeforeOp(OpRecord& record) {
     lock_.BeginLend();  // the kernel runs now: allocations on any thread may borrow the lock to make room
   } catch (...) {
     current_.active = false;
+    ReleaseSideHolds();
     Unlock();
     throw;
   }
@@ -173,15 +174,22 @@ void EngineBridge::GatherEngineInputs(const OpRecord& record) {
     current_.inputs[k] = current_.input_entries[k]->root;
     engine_inputs.push_back(current_.inputs[k]);
   }
-  // Constants written on the side go last (EndOp's in_place_of positions count the ones above): BeginOp pages
-  // them in if they are paged and locks them while the kernel runs. Replays do not read them through the engine.
+  // Constants written on the side are not engine inputs: a replay gives the op fresh memory in their place (its
+  // outputs ignore them: op_effects.h, 3), so the engine must not need them to replay it (InstanceNorm's repeated
+  // running statistics die inside the op). They are held instead, resident and in place, while the kernel runs
+  // (ReleaseSideHolds).
   for (std::size_t k = 0; k < n; ++k) {
     if (current_.overwrite[k] || !current_.written[k] || current_.written_returned[k]) continue;
     const TensorId side = current_.input_entries[k]->root;
-    if (std::find(engine_inputs.begin(), engine_inputs.end(), side) == engine_inputs.end()) {
-      engine_inputs.push_back(side);
-    }
+    if (std::find(current_.side_held.begin(), current_.side_held.end(), side) != current_.side_held.end()) continue;
+    if (absl::Status status = engine_->Hold(side); !status.ok()) Throw(status);
+    current_.side_held.push_back(side);
   }
+}
+
+void EngineBridge::ReleaseSideHolds() noexcept {
+  for (const TensorId t : current_.side_held) engine_->Unhold(t);
+  current_.side_held.clear();
 }
 
 // Whether a replay of the op would give its outputs back (after its kernel ran: the generator check needs it).
@@ -206,6 +214,7 @@ void EngineBridge::AfterOp(OpRecord&& record) {
     EngineBridge* self;
     ~Release() {
       self->current_.plan.spec_impl.clear();  // its references must not outlive the op (a storage's death is its use count)
+      self->ReleaseSideHolds();
       self->Unlock();
     }
   } release{this};
@@ -299,6 +308,11 @@ void EngineBridge::AfterOp(OpRecord&& record) {
   replay->inputs.assign(current_.inputs.begin(), current_.inputs.end());
   replay->written.assign(current_.written.begin(), current_.written.end());
   replay->overwritten.assign(current_.overwrite.begin(), current_.overwrite.end());
+  for (std::size_t k = 0; k < current_.inputs.size(); ++k) {
+    if (current_.inputs[k] == kNoIndex && current_.written[k] && !current_.overwrite[k]) {
+      replay->side_written.emplace_back(static_cast<int>(k), replay->record.input_storages[k]->nbytes());
+    }
+  }
   for (const TensorId t : current_.inputs) {
     if (t != kNoIndex) links_.AddReader(engine_->StorageOf(t), current_.op);
   }
@@ -322,6 +336,7 @@ void EngineBridge::OpFailed(OpRecord& record) noexcept {
       executor_.SetHome(engine_->StorageOf(entry.root), record.input_storages[k]);
     }
   }
+  ReleaseSideHolds();
   if (policy_->UsesWindows()) memory_->SetPlacementForThisThread(Placement::kLow);
   if (options_.next != nullptr) options_.next->OpFailed(record);
   Unlock();

@@ -36,8 +36,9 @@
 // Exception: a blank constant (an aten::empty result nobody wrote yet) that an op overwrites entirely without
 // reading it (fill_, zero_, copy_, the random fills such as dropout's bernoulli_, an out= argument) becomes an
 // ordinary output of that op: evictable, replayed into a fresh buffer.
-// Constants an op writes without returning them (batch norm's running_mean/running_var) are not engine inputs;
-// replays write a private copy of their current value (in training mode the outputs do not depend on them).
+// Constants an op writes without returning them (batch norm's running_mean/running_var) are not engine inputs:
+// replays give the op fresh memory in their place (in training mode its outputs do not depend on them; any other op
+// with such writes is not replayed, op_effects.h).
 //
 // Relocation. Constants are never evicted, and the blocks they hold (gradients, optimizer state, results pinned
 // because what they were computed from changed) are scattered among evictable ones, so the arena can have the
@@ -56,9 +57,8 @@
 // pinned storage held only by its pin when nothing else can go: gradients, optimizer state, anything the bridge
 // pinned, as long as it lives in the arena (parameters made before enable live outside it and stay). Whatever an
 // op reads or writes is paged in first: its engine inputs by BeginOp, and the constants it writes without
-// returning them (batch norm's running stats) are given to BeginOp as extra inputs for that reason (they are
-// locked while the op runs, so nothing can page them out or move them meanwhile; replays still write a private
-// copy of their current value). A blank constant an op overwrites is paged in before it leaves the engine.
+// returning them (batch norm's running stats) by Engine::Hold, which keeps them resident and in place until the
+// kernel has run (ReleaseSideHolds). A blank constant an op overwrites is paged in before it leaves the engine.
 //
 // Pruning. Every 1024 ops the bridge drops the records whose outputs the engine reports dead (nothing can need
 // them again: EngineOptions::free_dead) and forgets storages that are released, unreferenced and read by no kept
@@ -291,6 +291,7 @@ class EngineBridge final : public OpObserver, public PressureHandler, public Hel
   // BeforeOp's steps (engine_bridge.cc), filling current_ (after OpInFlight::NoteWrites).
   void DetachOverwrittenBlanks(const OpRecord& record);
   void GatherEngineInputs(const OpRecord& record);
+  void ReleaseSideHolds() noexcept;  // unholds current_.side_held (after the kernel, or when the op fails)
   void Prune();
   void DropInertRecords();
   // Plan mode (engine_bridge_plan.cc): the driver for the bridge's budget, arena and paging; the op EndOp just

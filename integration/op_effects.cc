@@ -32,6 +32,21 @@ constexpr std::array<std::string_view, 19> kGeneratorlessRandomOps = {
     "aten::_triton_scaled_dot_attention",
 };
 
+// Calls that write an argument they do not return and compute their outputs without its value (`when_true`: the
+// index of the bool argument that must be true, -1 for every call): the batch norms in training mode (the only mode
+// in which the unannotated ones write running_mean/running_var; `_native_batch_norm_legit` reads them in eval mode
+// although its schema marks them written) and rrelu (its noise is drawn anew in training mode, unused otherwise).
+struct SideWriteExemption {
+  std::string_view op;
+  int when_true;
+};
+constexpr std::array<SideWriteExemption, 6> kOutputsIgnoreSideWrites = {{{"aten::native_batch_norm", 5},
+                                                                        {"aten::cudnn_batch_norm", 5},
+                                                                        {"aten::miopen_batch_norm", 5},
+                                                                        {"aten::_native_batch_norm_legit", 5},
+                                                                        {"aten::_batch_norm_with_update", -1},
+                                                                        {"aten::rrelu_with_noise", -1}}};
+
 constexpr std::array<std::string_view, 4> kSideEffectNamespaces = {"c10d::", "_c10d_functional::",
                                                                    "c10d_functional::", "profiler::"};
 
@@ -87,6 +102,16 @@ bool IsGeneratorlessRandomOp(std::string_view op_base_name) {
 bool HasExternalEffects(std::string_view op_base_name) {
   return std::any_of(kSideEffectNamespaces.begin(), kSideEffectNamespaces.end(),
                      [&](std::string_view prefix) { return op_base_name.starts_with(prefix); });
+}
+
+bool OutputsIgnoreSideWrites(std::string_view op_base_name, const std::vector<c10::IValue>& arguments) {
+  for (const SideWriteExemption& entry : kOutputsIgnoreSideWrites) {
+    if (entry.op != op_base_name) continue;
+    if (entry.when_true < 0) return true;
+    const auto index = static_cast<std::size_t>(entry.when_true);
+    return index < arguments.size() && arguments[index].isBool() && arguments[index].toBool();
+  }
+  return false;
 }
 
 bool ProducesUninitializedMemory(std::string_view op_base_name) {

@@ -68,6 +68,7 @@ struct OpInFlight {
   std::vector<TensorId> engine_inputs;  // GatherEngineInputs' result
   std::vector<StorageEntries::Entry*> input_entries;  // per record.input_storages: its entry (stable addresses)
   std::vector<StorageIndex> written_constants;  // GatherEngineInputs: constants this op writes
+  std::vector<TensorId> side_held;  // constants written on the side, held while the kernel runs (not engine inputs)
   // Ops not known to be random: the default CPU generator's state before the op (WatchGenerator). If the op
   // moved it (a composite such as aten::lstm with dropout), a replay would not reproduce it: its outputs become
   // constants.

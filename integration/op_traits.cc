@@ -94,6 +94,15 @@ std::unique_ptr<OpTraits> ComputeTraits(const c10::FunctionSchema& schema) {
     traits->return_aliases.push_back(aliased);
     if (aliased >= 0 && !writes) traits->is_view = true;
   }
+  // A tensor written and not returned, beside fresh outputs: each call is checked (op_effects.h, 3 and 4).
+  const bool fresh_output = std::find(traits->return_aliases.begin(), traits->return_aliases.end(), -1) !=
+                            traits->return_aliases.end();
+  bool writes_unreturned = false;
+  for (const int w : traits->written_arguments) {
+    writes_unreturned = writes_unreturned || std::find(traits->return_aliases.begin(), traits->return_aliases.end(),
+                                                       w) == traits->return_aliases.end();
+  }
+  traits->writes_unreturned = fresh_output && writes_unreturned;
   return traits;
 }
 

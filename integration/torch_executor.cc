@@ -171,12 +171,14 @@ absl::Status TorchExecutor::ExecuteOrThrow(Engine& engine, OpId op, bool replay,
         subst[record.input_storages[k].get()] = scratch[k];
         continue;
       }
-      c10::intrusive_ptr<c10::StorageImpl> holder;
       if (r.inputs[k] == kNoIndex) {
-        holder = record.input_storages[k];  // a constant the op writes: its current value (see engine_bridge.h)
-      } else {
-        holder = Holder(engine.StorageOf(r.inputs[k]));
+        // A constant the op writes on the side, which its outputs ignore (op_effects.h, 3): fresh memory (what
+        // the kernel writes into it from its old bytes is thrown away with it).
+        scratch[k] = memory_->NewStorage(r.side_written_bytes(static_cast<int>(k)));
+        subst[record.input_storages[k].get()] = scratch[k];
+        continue;
       }
+      c10::intrusive_ptr<c10::StorageImpl> holder = Holder(engine.StorageOf(r.inputs[k]));
       if (!holder || IsEvicted(*holder)) {
         return absl::InternalError(absl::StrCat("remat: replay of ", record.traits->name, ": input ", k,
                                                 " is not resident"));

@@ -12,9 +12,9 @@
 //
 // Execute(engine, op, replay, fresh): builds a fresh argument stack from the record (ReplayArguments) and points
 // every tensor argument at the holder of the engine storage it read when the op first ran; arguments the op
-// writes (in-place self, out=, batch norm's running stats) get a private copy instead, so a replay never writes
-// into memory the user (or another version) owns; arguments it overwrites entirely (ReplayOp::overwritten) get a
-// fresh buffer of the same size. Runs the op with ReplayWith (key excluded, below autograd and
+// writes (in-place self, out=) get a private copy instead, so a replay never writes into memory the user (or
+// another version) owns; constants it writes on the side (batch norm's running stats, op_effects.h) and arguments
+// it overwrites entirely (ReplayOp::overwritten) get a fresh buffer of the same size. Runs the op with ReplayWith (key excluded, below autograd and
 // ADInplaceOrView, captured RNG and autocast state), then, for each storage in `fresh`, moves the result into
 // its home (or keeps it as a shadow) and reports the address with Engine::SetAddress and the arena owner
 // (storage + 1) for window policies. Results of storages not in `fresh` (still resident) are dropped. A replay
@@ -74,8 +74,12 @@ struct ReplayOp {
   explicit ReplayOp(OpRecord&& r) : record(std::move(r)) {}
   OpRecord record;
   // Per record.input_storages: the engine tensor it was when the op ran, or kNoIndex for a written argument that
-  // was not given to the engine (a constant the op writes but does not return: it is replayed on a copy).
+  // was not given to the engine (a constant the op writes but does not return: side_written).
   absl::InlinedVector<TensorId, 4> inputs;  // inline, as the per-record vectors below: no allocation per kept op
+  // Constants the op writes on the side, which its outputs ignore (op_effects.h, 3): (index into
+  // record.input_storages, its bytes when the op ran). Replays give the op that many fresh bytes in its place (the
+  // record's StorageImpl may be evicted by then, with no bytes).
+  absl::InlinedVector<std::pair<int, std::size_t>, 1> side_written;
   // Per record.input_storages: the op writes it (replays write a private copy).
   absl::InlinedVector<bool, 4> written;
   // Per record.input_storages: the op overwrites all of it without reading it (a fill, a random fill, an out=
@@ -95,6 +99,13 @@ struct ReplayOp {
       if (input == k) return storage;
     }
     return kNoIndex;
+  }
+  // The bytes of side-written input k (side_written), or 0.
+  std::size_t side_written_bytes(int k) const {
+    for (const auto& [input, bytes] : side_written) {
+      if (input == k) return bytes;
+    }
+    return 0;
   }
 };
 

@@ -8,12 +8,16 @@
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/core/Tensor.h>
+#include <ATen/ops/_native_batch_norm_legit.h>
 #include <ATen/ops/_pad_packed_sequence.h>
 #include <ATen/ops/add.h>
 #include <ATen/ops/bernoulli.h>
 #include <ATen/ops/conv2d.h>
 #include <ATen/ops/dropout.h>
 #include <ATen/ops/empty.h>
+#include <ATen/ops/empty_like.h>
+#include <ATen/ops/full.h>
+#include <ATen/ops/fused_moving_avg_obs_fake_quant.h>
 #include <ATen/ops/max.h>
 #include <ATen/ops/mm.h>
 #include <ATen/ops/tensor.h>
@@ -26,6 +30,7 @@
 #include <ATen/ops/sin.h>
 #include <ATen/ops/ones.h>
 #include <ATen/ops/rand.h>
+#include <ATen/ops/rrelu_with_noise.h>
 #include <ATen/ops/randn.h>
 #include <ATen/ops/sum.h>
 #include <ATen/ops/tanh.h>
@@ -839,6 +844,43 @@ TEST_F(DispatchHookTest, BatchNormInTrainingModeWritesItsRunningStatisticsAndRep
   }
   SetObserver(&observer_);
   EXPECT_TRUE(eval.Only("aten::native_batch_norm")->unannotated_writes.empty());
+}
+
+
+// A replay of an op that writes arguments it does not return gets fresh memory in their place (torch_executor.h),
+// which is right only when its outputs ignore their values: batch norm in training mode, rrelu. QAT's fused
+// observer quantizes with the scale it has just written: replayed that way it would compute other bytes.
+TEST_F(DispatchHookTest, OnlyCallsWhoseOutputsIgnoreWhatTheyWriteOnTheSideAreReplayable) {
+  const at::Tensor x = at::randn({8, 3});
+  at::Tensor running_min = at::full({1}, 0.0);
+  at::Tensor running_max = at::full({1}, 0.0);
+  at::Tensor scale = at::ones({1});
+  at::Tensor zero_point = at::zeros({1}, at::kInt);
+  at::Tensor mean = at::zeros({3});
+  at::Tensor var = at::ones({3});
+  const at::Tensor on = at::ones({1}, at::kLong);
+  at::Tensor noise = at::empty_like(x);
+  {
+    ScopedHook hook;
+    (void)at::fused_moving_avg_obs_fake_quant(x, on, on, running_min, running_max, scale, zero_point, 0.01, 0, 255,
+                                              -1);
+    (void)at::_native_batch_norm_legit(x, {}, {}, mean, var, /*training=*/true, 0.1, 1e-5);
+    (void)at::_native_batch_norm_legit(x, {}, {}, mean, var, /*training=*/false, 0.1, 1e-5);
+    (void)at::rrelu_with_noise(x, noise, 0.1, 0.3, /*training=*/true);
+  }
+  int fake_quants = 0;
+  for (const std::string& name : observer_.Names()) {
+    if (name.find("fused_moving_avg_obs_f") == std::string::npos) continue;
+    ++fake_quants;
+    for (const auto& record : observer_.All(name)) {
+      EXPECT_FALSE(record->replayable) << name << ": its output depends on the scale it writes";
+    }
+  }
+  EXPECT_GE(fake_quants, 1);
+  std::vector<bool> legit;
+  for (const auto& record : observer_.All("aten::_native_batch_norm_legit")) legit.push_back(record->replayable);
+  EXPECT_THAT(legit, ElementsAre(true, false)) << "training mode ignores the running statistics, eval reads them";
+  EXPECT_TRUE(observer_.Only("aten::rrelu_with_noise")->replayable);
 }
 
 }  // namespace

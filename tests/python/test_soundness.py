@@ -17,6 +17,7 @@ import os
 import pickle
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -261,6 +262,68 @@ def test_composite_kernels_that_read_their_arguments_bytes_train_under_pressure(
         got, stats = run(PackedLstmCtc, inputs, loss_fn, budget=int(fraction * peak))
         oracle.assert_identical(reference, got, f"packed LSTM with CTC loss at {fraction} drop-only")
         assert stats["evictions"] > 0 and stats["rematerializations"] > 0, stats
+
+
+class InstanceNormWithRunningStats(torch.nn.Module):
+    """InstanceNorm with running statistics: its composite kernel repeats them per sample, native_batch_norm updates
+    the repeated copies (temporaries that die inside the op), and their mean is copied back into the buffers."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = torch.nn.Linear(16, 64)
+        self.norm = torch.nn.InstanceNorm1d(64, track_running_stats=True, affine=True)
+        self.head = torch.nn.Linear(64, 3)
+
+    def forward(self, x):
+        h = self.norm(torch.tanh(self.a(x)).transpose(1, 2))
+        return self.head(torch.tanh(h).transpose(1, 2).mean(1))
+
+
+def test_instance_norm_with_running_statistics_replays_without_its_temporaries():
+    # Before, replaying its batch norm needed the repeated running statistics, dead by then: "cannot recompute the
+    # output of 'constant'" at 0.9 and 0.85 of the peak. A batch norm replay now gives them fresh memory (its outputs
+    # ignore them in training mode).
+    torch.manual_seed(5)
+    inputs = (torch.randn(32, 40, 16),)
+    loss_fn = (lambda out: out.pow(2).mean())
+    reference, _ = run(InstanceNormWithRunningStats, inputs, loss_fn, eval_first=True)
+    peak = peak_of(InstanceNormWithRunningStats, inputs, loss_fn, eval_first=True)
+    for fraction in (0.9, 0.85):
+        got, stats = run(InstanceNormWithRunningStats, inputs, loss_fn, budget=int(fraction * peak), eval_first=True)
+        oracle.assert_identical(reference, got, f"InstanceNorm with running statistics at {fraction} drop-only")
+        assert stats["rematerializations"] > 0, stats
+
+
+def qat_mlp():
+    import torch.ao.quantization as quantization
+    model = torch.nn.Sequential(quantization.QuantStub(), torch.nn.Linear(32, 64), torch.nn.ReLU(),
+                                torch.nn.Linear(64, 8), quantization.DeQuantStub())
+    model.train()
+    model.qconfig = quantization.get_default_qat_qconfig("x86")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # torch.ao.quantization's deprecation notice
+        quantization.prepare_qat(model, inplace=True)
+    return model
+
+
+def test_quantization_aware_training_is_identical_under_pressure():
+    # The fused observer (fused_moving_avg_obs_fake_quant) updates its scale in place and quantizes with it; a
+    # replay on a copy of the updated scale computed other bytes (loss and gradients differed at 0.96 of the peak).
+    # Its outputs are constants now: every run that completes is identical, and the tighter ones evict.
+    torch.manual_seed(5)
+    inputs = (torch.randn(128, 32),)
+    loss_fn = (lambda out: out.pow(2).mean())
+    reference, _ = run(qat_mlp, inputs, loss_fn)
+    peak = peak_of(qat_mlp, inputs, loss_fn)
+    replayed = 0
+    for fraction in (1.0, 0.95, 0.9, 0.85, 0.8):
+        try:
+            got, stats = run(qat_mlp, inputs, loss_fn, budget=int(fraction * peak))
+        except torch.OutOfMemoryError:
+            continue  # its fake-quantized outputs are constants now: the tightest budgets may not fit
+        oracle.assert_identical(reference, got, f"QAT at {fraction} drop-only")
+        replayed += stats["rematerializations"]
+    assert replayed > 0
 
 
 def test_a_sparse_tensors_values_come_back_for_the_ops_that_read_it():
