@@ -308,6 +308,7 @@ void EngineBridge::AfterOp(OpRecord&& record) {
   replay->inputs.assign(current_.inputs.begin(), current_.inputs.end());
   replay->written.assign(current_.written.begin(), current_.written.end());
   replay->overwritten.assign(current_.overwrite.begin(), current_.overwrite.end());
+  replay->side_written.clear();  // a reused ReplayOp (RecordStore::Make) keeps its vectors
   for (std::size_t k = 0; k < current_.inputs.size(); ++k) {
     if (current_.inputs[k] == kNoIndex && current_.written[k] && !current_.overwrite[k]) {
       replay->side_written.emplace_back(static_cast<int>(k), replay->record.input_storages[k]->nbytes());
