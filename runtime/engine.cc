@@ -225,7 +225,7 @@ absl::StatusOr<std::span<const TensorId>> Engine::EndOp(OpId op_id, std::span<co
       stats_.used_bytes -= st.size;
       st.has_address = false;
       m.MarkDead(old);
-      m.constant_bytes -= st.size;
+      if (st.constant) m.constant_bytes -= st.size;  // a result pinned for good was never counted as a constant
       for (TensorId u : st.tensors) m.tensors[u].defined = false;
     } else if (m.storages[old].material) {
       MarkEvicted(old);
@@ -347,6 +347,7 @@ void Engine::FreeDead(StorageIndex start) {
 void Engine::DropPinnedBytes(StorageIndex s) {
   Impl& m = *impl_;
   Impl::Storage& st = m.storages[s];
+  if (st.constant && (st.material || st.paged)) m.constant_bytes -= st.size;  // a constant's bytes leave the books
   if (st.material) {
     if (st.has_address) executor_->DropPinned(*this, s);  // arena mode: its block goes back
     st.has_address = false;

@@ -249,6 +249,33 @@ TEST(EngineTest, ReleasedStorageIsEvictedAtOnceButStaysRecomputable) {
   EXPECT_TRUE(f.engine->Resident(f.engine->StorageOf(a)));
 }
 
+// The report's constant bytes are those of the constants alive: a result pinned for good and then written in place
+// (a gradient the optimizer updates) adds its new value only, and a released constant whose bytes go leaves them.
+TEST(EngineTest, TheReportCountsTheConstantsAliveOnly) {
+  EngineOptions o;
+  std::unique_ptr<Policy> policy = *MakePolicy("dtr-eq");
+  o.policy = policy.get();
+  o.budget = 400;
+  o.free_released_constants = true;
+  RecordingExecutor executor;
+  Engine engine(o, &executor);
+  const TensorId a = *engine.Constant(100);
+  const TensorId b = *engine.Constant(60);
+  OutputSpec out{50, -1};
+  const TensorId x = (*engine.Call(std::vector<TensorId>{a}, {&out, 1}, 1, "x"))[0];
+  engine.Pin(x);  // a result pinned for good: not a constant
+  absl::StatusOr<OpId> op = engine.BeginOp(std::vector<TensorId>{x}, "write_x");
+  ASSERT_TRUE(op.ok()) << op.status();
+  OutputSpec in_place{0, -1};
+  in_place.in_place_of = 0;
+  ASSERT_TRUE(engine.EndOp(*op, {&in_place, 1}, 1).ok());  // its new value is a constant (50 bytes)
+  engine.Release(b);  // a released constant's bytes go back
+  OutputSpec big{1000, -1};
+  absl::StatusOr<std::span<const TensorId>> r = engine.Call(std::vector<TensorId>{a}, {&big, 1}, 1, "big");
+  ASSERT_FALSE(r.ok());
+  EXPECT_THAT(std::string(r.status().message()), ::testing::HasSubstr("constant 150"));
+}
+
 TEST(EngineTest, OutOfMemoryIsAClearError) {
   Fixture f("dtr-eq", 150);
   TensorId a = f.Const("a", 100);
