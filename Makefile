@@ -15,7 +15,7 @@ export CCACHE_NOHASHDIR := 1
 
 PYTHON := $(REMAT_VENV)/bin/python
 
-.PHONY: all setup configure build test demo zoo sanitize clean
+.PHONY: all setup configure build test demo zoo ecosystem sanitize clean
 
 all: build
 
@@ -38,6 +38,13 @@ demo: build
 # results goes to $(BUILD_DIR)/zoo.md (or REMAT_ZOO_MARKDOWN). About 40 minutes on 2 idle cores.
 zoo: build
 	@scripts/run_zoo.sh "$(BUILD_DIR)"
+
+# The ecosystem probe alone (tests/python/test_ecosystem.py, also part of make test): training programs from outside
+# the test matrix, byte-compared; the table of results goes to $(BUILD_DIR)/ecosystem.md. About 1.5 minutes.
+ecosystem: build
+	@REMAT_BUILD_DIR="$(abspath $(BUILD_DIR))" REMAT_ECOSYSTEM=all \
+	  REMAT_ECOSYSTEM_MARKDOWN="$${REMAT_ECOSYSTEM_MARKDOWN:-$(abspath $(BUILD_DIR))/ecosystem.md}" \
+	  "$(PYTHON)" -m pytest -q -s -rfEw tests/python/test_ecosystem.py
 
 # The core under AddressSanitizer + UndefinedBehaviorSanitizer, in its own build directory.
 sanitize: setup

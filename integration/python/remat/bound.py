@@ -35,9 +35,19 @@ from ._engine import optimizer_state_tensors
 __all__ = ["RequiredBytes"]
 
 
-def _storage_key(t: torch.Tensor):
+def _storage_keys(t: torch.Tensor):
+    """(data pointer, bytes) of each storage holding t's values: its own, or a sparse tensor's parts (it has no
+    storage: its indices and values are dense tensors), or none for a nested or other storage-less tensor."""
+    if t.layout == torch.sparse_coo:
+        return [*_storage_keys(t._indices()), *_storage_keys(t._values())]
+    if t.layout in (torch.sparse_csr, torch.sparse_csc, torch.sparse_bsr, torch.sparse_bsc):
+        compressed, plain = ((t.crow_indices(), t.col_indices()) if t.layout in (torch.sparse_csr, torch.sparse_bsr)
+                             else (t.ccol_indices(), t.row_indices()))
+        return [*_storage_keys(compressed), *_storage_keys(plain), *_storage_keys(t.values())]
+    if t.is_nested:
+        return []
     storage = t.untyped_storage()
-    return storage.data_ptr(), storage.nbytes()
+    return [(storage.data_ptr(), storage.nbytes())]
 
 
 class RequiredBytes(TorchDispatchMode):
@@ -54,7 +64,7 @@ class RequiredBytes(TorchDispatchMode):
         super().__init__()
         self._model = model
         self._optimizer = optimizer
-        self._outside = {_storage_key(t)[0] for t in [*model.parameters(), *model.buffers(), *outside]}
+        self._outside = {ptr for t in [*model.parameters(), *model.buffers(), *outside] for ptr, _ in _storage_keys(t)}
         self._pinned: Dict[int, int] = {}
         self._hooks = []
         self.required_bytes = 0
@@ -65,9 +75,9 @@ class RequiredBytes(TorchDispatchMode):
 
     def _pin(self, t: Optional[torch.Tensor]) -> None:
         if isinstance(t, torch.Tensor):
-            ptr, nbytes = _storage_key(t)
-            if nbytes > 0 and ptr not in self._outside:
-                self._pinned[ptr] = nbytes
+            for ptr, nbytes in _storage_keys(t):
+                if nbytes > 0 and ptr not in self._outside:
+                    self._pinned[ptr] = nbytes
 
     def _pin_state(self, *_) -> None:
         self._pinned.clear()
@@ -103,13 +113,13 @@ class RequiredBytes(TorchDispatchMode):
         seen = set()
         for t in tree_flatten((args, kwargs, out))[0]:
             if isinstance(t, torch.Tensor) and t.device.type != "meta":
-                ptr, nbytes = _storage_key(t)
-                if ptr in seen or ptr in self._outside:
-                    continue
-                seen.add(ptr)
-                own += nbytes
-                if ptr not in self._pinned:
-                    extra += nbytes
+                for ptr, nbytes in _storage_keys(t):
+                    if ptr in seen or ptr in self._outside:
+                        continue
+                    seen.add(ptr)
+                    own += nbytes
+                    if ptr not in self._pinned:
+                        extra += nbytes
         self.op_bytes = max(self.op_bytes, own)
         if pinned + extra > self.required_bytes:
             self.required_bytes = pinned + extra

@@ -1,0 +1,61 @@
+"""Every torch.optim optimizer, zero_grad(set_to_none=False) with accumulation, float64, Hessian-vector products."""
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from .harness import std_step
+
+OPTS = {
+    "adagrad": lambda p: torch.optim.Adagrad(p, 0.01),
+    "adadelta": lambda p: torch.optim.Adadelta(p),
+    "adamax": lambda p: torch.optim.Adamax(p, 1e-3),
+    "nadam": lambda p: torch.optim.NAdam(p, 1e-3),
+    "radam": lambda p: torch.optim.RAdam(p, 1e-3),
+    "asgd": lambda p: torch.optim.ASGD(p, 0.01, t0=1),
+    "rprop": lambda p: torch.optim.Rprop(p, 0.01),
+    "sgd_nesterov_wd": lambda p: torch.optim.SGD(p, 0.01, momentum=0.9, nesterov=True, weight_decay=1e-4),
+    "adamw_amsgrad": lambda p: torch.optim.AdamW(p, 1e-3, amsgrad=True),
+    "adam_fused": lambda p: torch.optim.Adam(p, 1e-3, fused=True),
+    "adafactor": lambda p: torch.optim.Adafactor(p, 1e-2),
+    "rmsprop_centered_momentum": lambda p: torch.optim.RMSprop(p, 1e-3, centered=True, momentum=0.9),
+}
+
+
+def mlp(dtype=torch.float32):
+    return nn.Sequential(nn.Linear(64, 256), nn.GELU(), nn.Linear(256, 256), nn.Tanh(), nn.Linear(256, 8)).to(dtype)
+
+
+def opt_case(make_opt, dtype=torch.float32):
+    def build():
+        m = mlp(dtype)
+        return m, make_opt(m.parameters()), (torch.randn(512, 64, dtype=dtype),)
+    return build
+
+
+def keep_grads_step(model, opt, data, i):
+    opt.zero_grad(set_to_none=False)
+    for half in data[0].chunk(2):
+        loss = model(half).pow(2).mean()
+        loss.backward()
+    opt.step()
+    return loss
+
+
+def hvp_step(model, opt, data, i):
+    opt.zero_grad()
+    loss = model(data[0]).pow(2).mean()
+    params = [p for p in model.parameters()]
+    grads = torch.autograd.grad(loss, params, create_graph=True)
+    v = [torch.ones_like(g) for g in grads]
+    hv = torch.autograd.grad(grads, params, grad_outputs=v)
+    for p, g, h in zip(params, grads, hv):
+        p.grad = g.detach() + 1e-3 * h
+    opt.step()
+    return loss
+
+
+PROGRAMS = {f"opt_{k}": (opt_case(v), std_step(lambda m, d: m(d[0]).pow(2).mean())) for k, v in OPTS.items()}
+PROGRAMS["keep_grads_accumulate"] = (opt_case(OPTS["nadam"]), keep_grads_step)
+PROGRAMS["float64_adam"] = (opt_case(lambda p: torch.optim.Adam(p, 1e-3), torch.float64),
+                         std_step(lambda m, d: m(d[0]).pow(2).mean()))
+PROGRAMS["hvp"] = (opt_case(lambda p: torch.optim.SGD(p, 0.01)), hvp_step)
