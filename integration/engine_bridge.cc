@@ -184,6 +184,7 @@ void EngineBridge::GatherEngineInputs(const OpRecord& record) {
     if (std::find(current_.side_held.begin(), current_.side_held.end(), side) != current_.side_held.end()) continue;
     if (absl::Status status = engine_->Hold(side); !status.ok()) Throw(status);
     current_.side_held.push_back(side);
+    executor_.WillRead(*engine_, engine_->StorageOf(side));  // after a prefetch's copy, as BeginOp's inputs
   }
 }
 
