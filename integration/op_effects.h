@@ -11,8 +11,9 @@
 //      place, so the side effect is never applied twice. That needs the op's outputs not to depend on the written
 //      tensors' values: true for batch norm in training mode (the only mode in which it writes them) and rrelu's
 //      noise (drawn afresh), OutputsIgnoreSideWrites below; a replay then needs neither their bytes nor the engine
-//      to keep them (InstanceNorm's repeated running statistics are temporaries that die inside the op). Any other call that writes a tensor it does not return (QAT's
-//      fused_moving_avg_obs_fake_quant quantizes with the scale it has just updated) is not replayed at all (4).
+//      to keep them (InstanceNorm's repeated running statistics are temporaries that die inside the op). Any other
+//      call that writes a tensor it does not return (QAT's fused_moving_avg_obs_fake_quant quantizes with the scale
+//      it has just updated) is not replayed at all (4).
 //   4. Not at all: ops whose effect is more than their outputs (collectives, profiler ranges:
 //      kSideEffectNamespaces), ops that produce uninitialized memory (aten::empty and friends: a replay cannot know
 //      what was written into it later), and ops that drew random numbers remat could not capture. Their outputs are

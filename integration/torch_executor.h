@@ -14,10 +14,10 @@
 // every tensor argument at the holder of the engine storage it read when the op first ran; arguments the op
 // writes (in-place self, out=) get a private copy instead, so a replay never writes into memory the user (or
 // another version) owns; constants it writes on the side (batch norm's running stats, op_effects.h) and arguments
-// it overwrites entirely (ReplayOp::overwritten) get a fresh buffer of the same size. Runs the op with ReplayWith (key excluded, below autograd and
-// ADInplaceOrView, captured RNG and autocast state), then, for each storage in `fresh`, moves the result into
-// its home (or keeps it as a shadow) and reports the address with Engine::SetAddress and the arena owner
-// (storage + 1) for window policies. Results of storages not in `fresh` (still resident) are dropped. A replay
+// it overwrites entirely (ReplayOp::overwritten) get a fresh buffer of the same size. Runs the op with ReplayWith
+// (key excluded, below autograd and ADInplaceOrView, captured RNG and autocast state), then, for each storage in
+// `fresh`, moves the result into its home (or keeps it as a shadow) and reports the address with
+// Engine::SetAddress and the arena owner (storage + 1) for window policies. Results of storages not in `fresh` (still resident) are dropped. A replay
 // that runs out of memory before it delivers anything asks Engine::MakeHoleForRetry and runs again.
 //
 // Paging (runtime/executor.h, "Paging"), when a HostTier (host_tier.h) is set:
