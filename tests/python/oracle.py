@@ -53,6 +53,29 @@ def _copy(t: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
     return None if t is None else t.detach().clone()
 
 
+def _copy_value(value: Any) -> Any:
+    """A copy of an optimizer-state value: a tensor, a list, tuple or dict of them (LBFGS keeps lists), or a plain
+    value."""
+    if torch.is_tensor(value):
+        return _copy(value)
+    if isinstance(value, (list, tuple)):
+        return type(value)(_copy_value(v) for v in value)
+    if isinstance(value, dict):
+        return {k: _copy_value(v) for k, v in value.items()}
+    return value
+
+
+def same_value(a: Any, b: Any) -> bool:
+    """same_bytes for tensors, element by element for lists, tuples and dicts, == for plain values."""
+    if torch.is_tensor(a) or torch.is_tensor(b) or a is None or b is None:
+        return same_bytes(a, b)
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return type(a) is type(b) and len(a) == len(b) and all(same_value(x, y) for x, y in zip(a, b))
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(same_value(a[k], b[k]) for k in a)
+    return a == b
+
+
 def _tensors_in(value: Any) -> List[torch.Tensor]:
     """The tensors of a model output: a tensor, a tuple/list/dict of them, or an object with tensor attributes (a
     Hugging Face ModelOutput is a dict; torchvision's InceptionOutputs a named tuple)."""
@@ -80,7 +103,7 @@ def capture(model: torch.nn.Module, optimizer: Optional[torch.optim.Optimizer] =
     if optimizer is not None:
         for index, state in optimizer.state_dict()["state"].items():
             for key, value in state.items():
-                snap.optimizer_state[f"{index}/{key}"] = _copy(value) if torch.is_tensor(value) else value
+                snap.optimizer_state[f"{index}/{key}"] = _copy_value(value)
     if eval_inputs is not None:
         was_training = model.training
         model.eval()
@@ -114,8 +137,7 @@ def differences(reference: Snapshot, got: Snapshot) -> List[str]:
             return
         for key in ref:
             r, g = ref[key], res[key]
-            same = same_bytes(r, g) if (torch.is_tensor(r) or torch.is_tensor(g) or r is None) else r == g
-            if not same:
+            if not same_value(r, g):
                 diffs.append(f"{kind} {key} differs")
 
     compare_lists("loss", reference.losses, got.losses)

@@ -144,8 +144,22 @@ def engine_stats() -> Dict[str, Union[int, float]]:
 
 
 def optimizer_state_tensors(optimizer: torch.optim.Optimizer) -> List[torch.Tensor]:
-    """The tensors of `optimizer.state` (momentum buffers, Adam's moments and step counts)."""
-    return [v for state in optimizer.state.values() for v in state.values() if isinstance(v, torch.Tensor)]
+    """The tensors of `optimizer.state` (momentum buffers, Adam's moments and step counts), including those in lists,
+    tuples and dicts inside it (LBFGS keeps its history of directions and steps in lists)."""
+    found: List[torch.Tensor] = []
+
+    def visit(value) -> None:
+        if isinstance(value, torch.Tensor):
+            found.append(value)
+        elif isinstance(value, (list, tuple)):
+            for item in value:
+                visit(item)
+        elif isinstance(value, dict):
+            for item in value.values():
+                visit(item)
+    for state in optimizer.state.values():
+        visit(state)
+    return found
 
 
 def _pin_optimizer_state(optimizer: torch.optim.Optimizer, args, kwargs) -> None:
