@@ -17,6 +17,7 @@ chooses the file)."""
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from typing import Dict, List
 
@@ -43,6 +44,19 @@ def selected() -> List[str]:
     return names
 
 
+def where_it_ran_out(message: str) -> str:
+    """' (running X and replaying Y ...; pinned results N)' from remat's out-of-memory report, or ''."""
+    running = re.search(r"running '[^']*'( and replaying '[^']*' for it \(\d+ replay\(s\) deep\))?", message)
+    pinned = re.search(r"pinned results (\d+)", message)
+    unknown = re.search(r"in blocks remat does not know (\d+)", message)
+    parts = [running.group(0)] if running else []
+    if pinned and int(pinned.group(1)) > 0:
+        parts.append(f"pinned results {pinned.group(1)}")
+    if unknown and int(unknown.group(1)) > 0:
+        parts.append(f"kernel buffers {unknown.group(1)}")
+    return f" ({', '.join(parts)})" if parts else ""
+
+
 def markdown() -> str:
     lines = ["| program | peak (bytes) | RequiredBytes / peak | runs |", "|---|---:|---:|---|"]
     for name, row in RESULTS.items():
@@ -63,8 +77,8 @@ def test_a_program_from_outside_the_matrix_is_identical_wherever_it_runs(name):
         label = f"{budget / peak:.2f}"
         try:
             got, stats = run(build, step, budget=budget)
-        except torch.OutOfMemoryError:
-            cells.append(f"{label}: gap")
+        except torch.OutOfMemoryError as error:
+            cells.append(f"{label}: gap{where_it_ran_out(str(error))}")
             continue
         except Exception as error:  # noqa: BLE001 -- any other error is the finding
             cells.append(f"{label}: FAIL ({type(error).__name__})")
