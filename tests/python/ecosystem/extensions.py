@@ -1,5 +1,5 @@
-"""Extension points: retain_graph with grad hooks, torch.library custom ops (one mutating a buffer), functional batch norm
-over views of one buffer with LazyLinear, in-place autograd Functions, nn.Transformer with masks, model ensembles
+"""Extension points: retain_graph with grad hooks, torch.library custom ops (one mutating a buffer), functional batch
+norm over views of one buffer with LazyLinear, in-place autograd Functions, nn.Transformer with masks, model ensembles
 under vmap, embedding max_norm, two intra-op threads."""
 import torch
 import torch.nn as nn

@@ -36,14 +36,16 @@ def common(**kw):
 
 
 def deberta():
-    m = tf.AutoModelForMaskedLM.from_config(tf.DebertaV2Config(**common(relative_attention=True, pos_att_type=["p2c", "c2p"], max_relative_positions=S)))
+    cfg = tf.DebertaV2Config(**common(relative_attention=True, pos_att_type=["p2c", "c2p"], max_relative_positions=S))
+    m = tf.AutoModelForMaskedLM.from_config(cfg)
     x = ids()
     return m, {"input_ids": x, "labels": x}
 
 
 def reformer():
     cfg = tf.ReformerConfig(vocab_size=V, hidden_size=H, num_attention_heads=NH, attention_head_size=H // NH,
-                            attn_layers=["local", "lsh", "local", "lsh"], feed_forward_size=2 * H, axial_pos_embds=False,
+                            attn_layers=["local", "lsh", "local", "lsh"], feed_forward_size=2 * H,
+                            axial_pos_embds=False,
                             max_position_embeddings=S, local_attn_chunk_length=8, lsh_attn_chunk_length=8,
                             num_buckets=4, is_decoder=True, hidden_dropout_prob=0.1, pad_token_id=0)
     m = tf.ReformerModelWithLMHead(cfg)
@@ -53,7 +55,8 @@ def reformer():
 
 def wav2vec2():
     cfg = tf.Wav2Vec2Config(vocab_size=32, hidden_size=H, num_hidden_layers=L, num_attention_heads=NH,
-                            intermediate_size=2 * H, conv_dim=(32, 32, 32), conv_stride=(5, 2, 2), conv_kernel=(10, 3, 3),
+                            intermediate_size=2 * H, conv_dim=(32, 32, 32), conv_stride=(5, 2, 2),
+                            conv_kernel=(10, 3, 3),
                             num_conv_pos_embeddings=16, num_conv_pos_embedding_groups=4, mask_time_prob=0.2,
                             mask_time_length=2, feat_extract_norm="group", do_stable_layer_norm=False,
                             ctc_loss_reduction="mean", pad_token_id=0)
@@ -64,7 +67,8 @@ def wav2vec2():
 
 
 def whisper():
-    cfg = tf.WhisperConfig(vocab_size=V, num_mel_bins=16, encoder_layers=L, decoder_layers=L, encoder_attention_heads=NH,
+    cfg = tf.WhisperConfig(vocab_size=V, num_mel_bins=16, encoder_layers=L, decoder_layers=L,
+                           encoder_attention_heads=NH,
                            decoder_attention_heads=NH, d_model=H, encoder_ffn_dim=2 * H, decoder_ffn_dim=2 * H,
                            max_source_positions=50, max_target_positions=S, pad_token_id=0, decoder_start_token_id=1,
                            use_cache=False)
@@ -128,7 +132,8 @@ def xlnet():
 
 
 def segformer():
-    cfg = tf.SegformerConfig(num_channels=3, num_encoder_blocks=2, depths=[1, 1], sr_ratios=[2, 1], hidden_sizes=[16, 32],
+    cfg = tf.SegformerConfig(num_channels=3, num_encoder_blocks=2, depths=[1, 1], sr_ratios=[2, 1],
+                             hidden_sizes=[16, 32],
                              patch_sizes=[7, 3], strides=[4, 2], num_attention_heads=[1, 2], mlp_ratios=[2, 2],
                              decoder_hidden_size=32, num_labels=4, drop_path_rate=0.1)
     m = tf.SegformerForSemanticSegmentation(cfg)
@@ -136,7 +141,8 @@ def segformer():
 
 
 def convnext():
-    cfg = tf.ConvNextConfig(num_channels=3, num_stages=2, hidden_sizes=[16, 32], depths=[1, 1], num_labels=5, drop_path_rate=0.1)
+    cfg = tf.ConvNextConfig(num_channels=3, num_stages=2, hidden_sizes=[16, 32], depths=[1, 1], num_labels=5,
+                            drop_path_rate=0.1)
     m = tf.ConvNextForImageClassification(cfg)
     return m, {"pixel_values": torch.randn(B, 3, 64, 64), "labels": torch.randint(0, 5, (B,))}
 

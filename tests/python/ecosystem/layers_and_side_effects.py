@@ -215,9 +215,8 @@ def qat_build():
 def ema_build():
     m = nn.Sequential(nn.Linear(32, 128), nn.ReLU(), nn.Linear(128, 32))
     ema = torch.optim.swa_utils.AveragedModel(m, multi_avg_fn=torch.optim.swa_utils.get_ema_multi_avg_fn(0.9))
-    object.__setattr__(m, 'ema', ema)
-    opts = {p: torch.optim.SGD([p], 0.05) for p in m.parameters() if p.requires_grad and not any(p is q for q in ema.parameters())}
-    base = [p for n, p in m.named_parameters() if not n.startswith("ema")]
+    object.__setattr__(m, "ema", ema)  # not a submodule: its parameters are not the model's
+    base = list(m.parameters())
     opts = {p: torch.optim.SGD([p], 0.05) for p in base}
 
     def hook(p):

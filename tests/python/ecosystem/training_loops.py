@@ -1,5 +1,5 @@
-"""Training loops outside the matrix: double backward, torch.func, custom autograd Functions, LBFGS, accumulation with clipping
-and fused optimizers, hooks, sparse embeddings, complex FFT layers, random ops, in-place writes on views, a packed
+"""Training loops outside the matrix: double backward, torch.func, custom autograd Functions, LBFGS, accumulation with
+clipping and fused optimizers, hooks, sparse embeddings, complex FFT layers, random ops, in-place writes on views, a packed
 LSTM, linalg, channels_last with bf16 autocast, the nested-tensor eval fast path."""
 import torch
 import torch.nn as nn
@@ -291,7 +291,8 @@ def cl_build():
                       nn.Conv2d(32, 32, 3, padding=1), nn.InstanceNorm2d(32, affine=True, track_running_stats=True),
                       nn.SiLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(32, 10))
     m = m.to(memory_format=torch.channels_last)
-    return m, torch.optim.Adam(m.parameters(), 1e-3), (torch.randn(16, 3, 48, 48).to(memory_format=torch.channels_last), torch.randint(0, 10, (16,)))
+    images = torch.randn(16, 3, 48, 48).to(memory_format=torch.channels_last)
+    return m, torch.optim.Adam(m.parameters(), 1e-3), (images, torch.randint(0, 10, (16,)))
 
 
 def cl_loss(model, data):
