@@ -1,6 +1,6 @@
 """Training loops outside the matrix: double backward, torch.func, custom autograd Functions, LBFGS, accumulation with
-clipping and fused optimizers, hooks, sparse embeddings, complex FFT layers, random ops, in-place writes on views, a packed
-LSTM, linalg, channels_last with bf16 autocast, the nested-tensor eval fast path."""
+clipping and fused optimizers, hooks, sparse embeddings, complex FFT layers, random ops, in-place writes on views, a
+packed LSTM, linalg, channels_last with bf16 autocast, the nested-tensor eval fast path."""
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
