@@ -146,19 +146,18 @@ def engine_stats() -> Dict[str, Union[int, float]]:
 def optimizer_state_tensors(optimizer: torch.optim.Optimizer) -> List[torch.Tensor]:
     """The tensors of `optimizer.state` (momentum buffers, Adam's moments and step counts), including those in lists,
     tuples and dicts inside it (LBFGS keeps its history of directions and steps in lists)."""
+    # A loop, not a recursive closure: a closure that calls itself is a reference cycle that keeps `found` and its
+    # tensors alive until the garbage collector runs (it freed them later, inside another session's history).
     found: List[torch.Tensor] = []
-
-    def visit(value) -> None:
+    pending = list(optimizer.state.values())
+    while pending:
+        value = pending.pop()
         if isinstance(value, torch.Tensor):
             found.append(value)
         elif isinstance(value, (list, tuple)):
-            for item in value:
-                visit(item)
+            pending.extend(value)
         elif isinstance(value, dict):
-            for item in value.values():
-                visit(item)
-    for state in optimizer.state.values():
-        visit(state)
+            pending.extend(value.values())
     return found
 
 
