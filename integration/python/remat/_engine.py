@@ -143,21 +143,26 @@ def engine_stats() -> Dict[str, Union[int, float]]:
     return out
 
 
+def _tensors_in(value, found: List[torch.Tensor]) -> None:
+    """Appends the tensors of `value` (a tensor, or a list, tuple or dict of them, nested), in order."""
+    if isinstance(value, torch.Tensor):
+        found.append(value)
+    elif isinstance(value, (list, tuple)):
+        for item in value:
+            _tensors_in(item, found)
+    elif isinstance(value, dict):
+        for item in value.values():
+            _tensors_in(item, found)
+
+
 def optimizer_state_tensors(optimizer: torch.optim.Optimizer) -> List[torch.Tensor]:
     """The tensors of `optimizer.state` (momentum buffers, Adam's moments and step counts), including those in lists,
-    tuples and dicts inside it (LBFGS keeps its history of directions and steps in lists)."""
-    # A loop, not a recursive closure: a closure that calls itself is a reference cycle that keeps `found` and its
-    # tensors alive until the garbage collector runs (it freed them later, inside another session's history).
+    tuples and dicts inside it (LBFGS keeps its history of directions and steps in lists), in the state's order (the
+    order pin_state pins and pages them in). A module-level walk, not a recursive closure: a closure that calls
+    itself is a reference cycle, which kept the list and its tensors alive until the garbage collector ran."""
     found: List[torch.Tensor] = []
-    pending = list(optimizer.state.values())
-    while pending:
-        value = pending.pop()
-        if isinstance(value, torch.Tensor):
-            found.append(value)
-        elif isinstance(value, (list, tuple)):
-            pending.extend(value)
-        elif isinstance(value, dict):
-            pending.extend(value.values())
+    for state in optimizer.state.values():
+        _tensors_in(state, found)
     return found
 
 
