@@ -95,6 +95,10 @@ at::Tensor DetachedAlias(const at::Tensor& tensor, bool* replayable, bool versio
     impl->shallow_copy_from(tensor.getIntrusivePtr());
     return at::Tensor(std::move(impl));
   }
+  // Under a Python dispatch mode, shallow_copy_and_detach asks the mode to detach (its handler sees aten::detach
+  // and may return anything): with the Python key excluded it copies the TensorImpl, as without a mode.
+  std::optional<c10::impl::ExcludeDispatchKeyGuard> no_mode;
+  if (c10::impl::TorchDispatchModeTLS::stack_len() != 0) [[unlikely]] no_mode.emplace(c10::DispatchKey::Python);
   if (versioned) {
     return at::Tensor(
         tensor.unsafeGetTensorImpl()->shallow_copy_and_detach(c10::VariableVersion(0),
@@ -328,6 +332,27 @@ bool TracedArguments(const torch::jit::Stack& stack, std::size_t num_arguments) 
   return false;
 }
 
+// An op on real tensors that a Python dispatch mode (FlopCounterMode, selective checkpointing's caching mode,
+// DebugMode, make_fx) will see below autograd: the mode's handler runs the op's kernels with every key above the
+// Python key excluded, this hook's among them, so the op is recorded here or not at all, and an input remat
+// evicted must be brought back here. Only the thread's mode stack may put the Python key below the hook (a
+// subclass's tensor carries it, TracedArguments), no other tracing key may be there, and at least one argument
+// must be a real tensor: a factory op under FakeTensorMode makes a fake tensor.
+bool OnRealTensorsUnderPythonMode(c10::DispatchKeySet below, const torch::jit::Stack& stack,
+                                  std::size_t num_arguments) {
+  if (!below.has(c10::DispatchKey::Python) || c10::impl::TorchDispatchModeTLS::stack_len() == 0) return false;
+  if (Tracing(below - c10::DispatchKeySet({c10::DispatchKey::Python, c10::DispatchKey::PythonTLSSnapshot}))) {
+    return false;
+  }
+  bool has_tensor = false;
+  for (std::size_t i = stack.size() - num_arguments; i < stack.size(); ++i) {
+    const c10::IValue& value = stack[i];
+    if (value.isTensor() && value.toTensor().defined()) has_tensor = true;
+    if (value.isTensorList() && !value.toTensorList().empty()) has_tensor = true;
+  }
+  return has_tensor && !TracedArguments(stack, num_arguments);
+}
+
 // Runs the op below the hook without recording it. A kernel that reads an evicted storage throws remat's
 // evicted-access error; the innermost op the hook passed through is the one that read it: name it.
 void PassThrough(const c10::OperatorHandle& op, c10::DispatchKeySet below, torch::jit::Stack* stack) {
@@ -360,8 +385,14 @@ bool InsideRecordedOp() { return t_depth != 0; }
 
 namespace {
 
+// How an op is recorded: kPlain; kUnderPythonMode, an op on real tensors under a Python dispatch mode (see
+// OnRealTensorsUnderPythonMode): the mode's handler is part of its kernel, it is not replayable (a mode may change
+// what the op returns; the replay would run without it), and its outputs are dropped from the record when the mode
+// returned something other than real tensors.
+enum class Recording { kPlain, kUnderPythonMode };
+
 void RecordOp(const c10::OperatorHandle& op, const OpTraits& traits, c10::DispatchKeySet below,
-              torch::jit::Stack* stack, OpObserver* observer);
+              torch::jit::Stack* stack, OpObserver* observer, Recording recording = Recording::kPlain);
 
 // A call nested in a watched op (hidden_copies.h): passed on; a clone of an input the op writes is kept.
 void WatchNestedCall(OpRecord& record, const c10::OperatorHandle& op, c10::DispatchKeySet below,
@@ -420,8 +451,9 @@ void Fallback(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch::ji
     return;
   }
   const OpTraits& traits = TraitsOf(op);
-  if (!traits.tracked || Tracing(below) ||
-      TracedArguments(*stack, op.schema().arguments().size())) {  // remat's own ops: not counted
+  const bool under_python_mode = OnRealTensorsUnderPythonMode(below, *stack, op.schema().arguments().size());
+  if (!traits.tracked || (!under_python_mode && (Tracing(below) ||
+      TracedArguments(*stack, op.schema().arguments().size())))) {  // remat's own ops: not counted
     PassThrough(op, below, stack);
     return;
   }
@@ -435,15 +467,15 @@ void Fallback(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch::ji
     PassThrough(op, below, stack);
     return;
   }
-  RecordOp(op, traits, below, stack, observer);
+  RecordOp(op, traits, below, stack, observer, under_python_mode ? Recording::kUnderPythonMode : Recording::kPlain);
 }
 
 void RecordOp(const c10::OperatorHandle& op, const OpTraits& traits, c10::DispatchKeySet below,
-              torch::jit::Stack* stack, OpObserver* observer) {
+              torch::jit::Stack* stack, OpObserver* observer, Recording recording) {
   DepthGuard depth;
   const MemoryEventScope history(traits.name, /*op=*/true);  // the op's span on remat.trace's timeline
   OpRecord record(op, traits);
-  record.replayable = traits.replayable;
+  record.replayable = traits.replayable && recording == Recording::kPlain;
   const std::size_t num_arguments = op.schema().arguments().size();
   record.arguments.reserve(num_arguments);
   for (std::size_t i = stack->size() - num_arguments; i < stack->size(); ++i) {
@@ -513,6 +545,11 @@ void RecordOp(const c10::OperatorHandle& op, const OpTraits& traits, c10::Dispat
   retry_arguments.clear();
   record.duration_ns = static_cast<std::uint64_t>(
       std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - start).count());
+  if (recording == Recording::kUnderPythonMode &&
+      TracedArguments(*stack, op.schema().returns().size())) {  // the mode made fakes of real tensors
+    observer->OpFailed(record);  // not an op on real memory after all: as if it had passed through
+    return;
+  }
   CaptureOutputs(record, *stack);
   if (!record.hidden_copies.empty()) KeepEscapedCopies(record);
   observer->AfterOp(std::move(record));

@@ -326,6 +326,61 @@ def test_quantization_aware_training_is_identical_under_pressure():
     assert replayed > 0
 
 
+class CountingMode(torch.utils._python_dispatch.TorchDispatchMode):
+    """A user's dispatch mode: counts the ops it sees and runs them."""
+    def __init__(self):
+        super().__init__()
+        self.ops = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops += 1
+        return func(*args, **(kwargs or {}))
+
+
+def tanh_stack():
+    return torch.nn.Sequential(*[torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.Tanh()) for _ in range(8)])
+
+
+def train_with_backward_under(make_mode, budget=None):
+    torch.manual_seed(0)
+    model = tanh_stack()
+    opt = torch.optim.Adam(model.parameters(), 1e-3)
+    x = torch.randn(512, 256)
+    losses, evicted_before_backward, stats = [], 0, None
+    if budget is not None:
+        remat.enable(budget, costs="estimated")
+    try:
+        for _ in range(3):
+            opt.zero_grad()
+            loss = model(x).pow(2).mean()
+            if budget is not None:
+                evicted_before_backward += remat.stats()["evictions"]
+            with make_mode():
+                loss.backward()
+                opt.step()
+            losses.append(loss.detach().clone())
+    finally:
+        if remat.is_enabled():
+            remat.disable()
+            stats = remat.stats()
+    return oracle.capture(model, opt, losses), evicted_before_backward, stats
+
+
+@pytest.mark.parametrize("mode", ["FlopCounterMode", "a user's TorchDispatchMode"])
+def test_a_backward_under_a_python_dispatch_mode_brings_back_what_the_forward_evicted(mode):
+    # A Python dispatch mode's handler runs every op's kernels with the keys above the Python key excluded, remat's
+    # hook among them: the ops passed through unrecorded, and the first to read an evicted activation failed
+    # ("this tensor's storage is evicted ... accessed outside an op remat records"). Such ops are recorded now (not
+    # replayable: a mode may change what an op returns).
+    from torch.utils.flop_counter import FlopCounterMode
+    make_mode = (lambda: FlopCounterMode(display=False)) if mode == "FlopCounterMode" else CountingMode
+    reference, _, _ = train_with_backward_under(make_mode)
+    peak = train_with_backward_under(make_mode, budget=HUGE)[2]["peak_allocated_bytes"]
+    got, evicted, stats = train_with_backward_under(make_mode, budget=int(0.8 * peak))
+    oracle.assert_identical(reference, got, f"backward and step under {mode}, 0.8 of the peak drop-only")
+    assert evicted > 0 and stats["rematerializations"] > 0, stats
+
+
 def test_a_sparse_tensors_values_come_back_for_the_ops_that_read_it():
     # A sparse tensor has no storage: its values are a dense tensor (here a recorded op's output, evictable), which
     # the kernels of ops on the sparse tensor read as its part (aten::_coalesce, a sparse embedding's gradient).
