@@ -37,14 +37,15 @@ __all__ = ["RequiredBytes"]
 
 def _storage_keys(t: torch.Tensor):
     """(data pointer, bytes) of each storage holding t's values: its own, or a sparse tensor's parts (it has no
-    storage: its indices and values are dense tensors), or none for a nested or other storage-less tensor."""
+    storage: its indices and values are dense tensors), or none for a nested tensor or a zero tensor (forward AD's
+    tangent of a tensor that has none: no memory)."""
     if t.layout == torch.sparse_coo:
         return [*_storage_keys(t._indices()), *_storage_keys(t._values())]
     if t.layout in (torch.sparse_csr, torch.sparse_csc, torch.sparse_bsr, torch.sparse_bsc):
         compressed, plain = ((t.crow_indices(), t.col_indices()) if t.layout in (torch.sparse_csr, torch.sparse_bsr)
                              else (t.ccol_indices(), t.row_indices()))
         return [*_storage_keys(compressed), *_storage_keys(plain), *_storage_keys(t.values())]
-    if t.is_nested:
+    if t.is_nested or t._is_zerotensor():
         return []
     storage = t.untyped_storage()
     return [(storage.data_ptr(), storage.nbytes())]
@@ -90,7 +91,8 @@ class RequiredBytes(TorchDispatchMode):
             self._pin(p.grad)
 
     def __enter__(self):
-        self._hooks.append(self._model.register_forward_pre_hook(self._pin_state))
+        if not isinstance(self._model, torch.jit.ScriptModule):  # a ScriptModule takes no hooks; the step's suffice
+            self._hooks.append(self._model.register_forward_pre_hook(self._pin_state))
         if self._optimizer is not None:
             self._hooks.append(self._optimizer.register_step_pre_hook(self._pin_gradients))
             self._hooks.append(self._optimizer.register_step_post_hook(self._pin_state))
