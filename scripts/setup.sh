@@ -11,6 +11,8 @@ APT_PACKAGES=(libgtest-dev libgmock-dev libbenchmark-dev libabsl-dev libsimdjson
               ninja-build ccache cmake g++)
 PY_REQUIREMENTS=(torch==2.14.1 torchvision==0.29.1 numpy pytest matplotlib transformers==5.24.0 accelerate==1.15.0)
 SOLVER_REQUIREMENT="highspy==1.16.0"
+# Libraries the ecosystem probe trains with (tests/python/ecosystem/third_party.py); opacus brings scipy.
+ECOSYSTEM_REQUIREMENTS=(timm==1.0.31 peft==0.21.2 opacus==1.6.0 einops==0.8.2)
 
 log() { printf '[setup] %s\n' "$*" >&2; }
 
@@ -59,6 +61,16 @@ install_solver() {
   "$REMAT_VENV/bin/python" -m pip install -q "$SOLVER_REQUIREMENT"
 }
 
+install_ecosystem_libraries() {
+  # Kept out of PY_REQUIREMENTS for the same reason as the solver.
+  if "$REMAT_VENV/bin/python" -c "import timm, peft, opacus, einops" 2>/dev/null; then
+    log "ecosystem probe libraries present (timm, peft, opacus, einops)"
+    return
+  fi
+  log "installing the ecosystem probe's libraries: ${ECOSYSTEM_REQUIREMENTS[*]}"
+  "$REMAT_VENV/bin/python" -m pip install -q "${ECOSYSTEM_REQUIREMENTS[@]}"
+}
+
 link_python_package() {
   # A .pth file puts this checkout's integration/python on the venv's path, so `import remat` works in the venv
   # and finds the library in this checkout's build/. Rewritten only when it points elsewhere (another clone).
@@ -76,5 +88,6 @@ link_python_package() {
 install_debian_packages
 install_virtualenv
 install_solver
+install_ecosystem_libraries
 link_python_package
 log "done"

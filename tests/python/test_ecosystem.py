@@ -1,5 +1,6 @@
 """The ecosystem probe: training programs from outside the test matrix (tests/python/ecosystem/: training loops,
-layers with side effects, extension points, every optimizer, Hugging Face models beyond the zoo) train under remat
+layers with side effects, extension points, every optimizer, Hugging Face models beyond the zoo, front ends such as
+TorchScript and dispatch modes, third-party libraries: timm, peft, opacus, einops) train under remat
 drop-only and are compared byte for byte (oracle.py) with the same program without remat.
 
 Per program: its peak (a run with a budget that never binds) and RequiredBytes (remat.bound), then runs at 0.7 and 0.5

@@ -27,6 +27,7 @@ from __future__ import annotations
 from typing import Dict, Iterable, Optional
 
 import torch
+from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
@@ -94,8 +95,13 @@ class RequiredBytes(TorchDispatchMode):
         if not isinstance(self._model, torch.jit.ScriptModule):  # a ScriptModule takes no hooks; the step's suffice
             self._hooks.append(self._model.register_forward_pre_hook(self._pin_state))
         if self._optimizer is not None:
-            self._hooks.append(self._optimizer.register_step_pre_hook(self._pin_gradients))
-            self._hooks.append(self._optimizer.register_step_post_hook(self._pin_state))
+            try:
+                self._hooks.append(self._optimizer.register_step_pre_hook(self._pin_gradients))
+                self._hooks.append(self._optimizer.register_step_post_hook(self._pin_state))
+            except AttributeError:  # a wrapper that skips Optimizer.__init__ (opacus' DPOptimizer): its inner
+                # optimizer's step runs the hooks registered for every optimizer
+                self._hooks.append(register_optimizer_step_pre_hook(self._pin_gradients))
+                self._hooks.append(register_optimizer_step_post_hook(self._pin_state))
         self._pin_state()
         return super().__enter__()
 
