@@ -381,6 +381,28 @@ def test_a_backward_under_a_python_dispatch_mode_brings_back_what_the_forward_ev
     assert evicted > 0 and stats["rematerializations"] > 0, stats
 
 
+def test_fake_and_proxy_modes_on_real_tensors_under_remat_trace_as_without_it():
+    # Ops on real tensors under a mode are recorded now; FakeTensorMode turns real arguments into fakes (such an op
+    # is dropped from the record after it ran) and make_fx traces real and symbolic graphs.
+    from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+    from torch.fx.experimental.proxy_tensor import make_fx
+    torch.manual_seed(0)
+    x, w = torch.randn(64, 64), torch.randn(64, 64)
+    expected = (x @ w).relu().mm(w).tanh().sum()
+    remat.enable(HUGE)
+    try:
+        h = (x @ w).relu()
+        with FakeTensorMode(allow_non_fake_inputs=True):
+            faked = torch.mm(h, w) + 1
+        assert isinstance(faked, FakeTensor)
+        graphs = [make_fx(lambda a, b: (a @ b).tanh().sum(), tracing_mode=mode)(h, w) for mode in ("real", "symbolic")]
+        got = [g(h, w) for g in graphs]
+    finally:
+        remat.disable()
+    for value in got:
+        assert oracle.same_bytes(value, expected)
+
+
 def test_a_sparse_tensors_values_come_back_for_the_ops_that_read_it():
     # A sparse tensor has no storage: its values are a dense tensor (here a recorded op's output, evictable), which
     # the kernels of ops on the sparse tensor read as its part (aten::_coalesce, a sparse embedding's gradient).
