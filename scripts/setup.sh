@@ -50,25 +50,28 @@ install_virtualenv() {
   echo "$wanted" > "$stamp"
 }
 
-install_solver() {
-  # HiGHS (MIT), the MIP solver behind `remat-sim --planner checkmate` (tools/checkmate_ilp.py). Kept out of
-  # PY_REQUIREMENTS so that adding it does not re-run the whole torch install on machines set up before it.
-  if "$REMAT_VENV/bin/python" -c "import highspy" 2>/dev/null; then
-    log "MIP solver present (highspy)"
+# pip_install_unless_importable WHAT MODULES PACKAGE...: installs the packages into the venv unless `import MODULES`
+# works there. For extras kept out of PY_REQUIREMENTS, so that adding one does not re-run the whole torch install on
+# machines set up before it.
+pip_install_unless_importable() {
+  local what="$1" modules="$2"
+  shift 2
+  if "$REMAT_VENV/bin/python" -c "import $modules" 2>/dev/null; then
+    log "$what present ($modules)"
     return
   fi
-  log "installing the MIP solver: $SOLVER_REQUIREMENT"
-  "$REMAT_VENV/bin/python" -m pip install -q "$SOLVER_REQUIREMENT"
+  log "installing $what: $*"
+  "$REMAT_VENV/bin/python" -m pip install -q "$@"
+}
+
+install_solver() {
+  # HiGHS (MIT), the MIP solver behind `remat-sim --planner checkmate` (tools/checkmate_ilp.py).
+  pip_install_unless_importable "the MIP solver" highspy "$SOLVER_REQUIREMENT"
 }
 
 install_ecosystem_libraries() {
-  # Kept out of PY_REQUIREMENTS for the same reason as the solver.
-  if "$REMAT_VENV/bin/python" -c "import timm, peft, opacus, einops" 2>/dev/null; then
-    log "ecosystem probe libraries present (timm, peft, opacus, einops)"
-    return
-  fi
-  log "installing the ecosystem probe's libraries: ${ECOSYSTEM_REQUIREMENTS[*]}"
-  "$REMAT_VENV/bin/python" -m pip install -q "${ECOSYSTEM_REQUIREMENTS[@]}"
+  pip_install_unless_importable "the ecosystem probe's libraries" "timm, peft, opacus, einops" \
+    "${ECOSYSTEM_REQUIREMENTS[@]}"
 }
 
 link_python_package() {
