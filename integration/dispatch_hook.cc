@@ -40,6 +40,7 @@
 #include "integration/memory_events.h"
 #include "integration/op_capture.h"
 #include "integration/op_effects.h"
+#include "integration/out_of_memory.h"
 #include "integration/storage_eviction.h"
 
 // From ATen/autocast_mode.h, which includes ATen/ATen.h (too slow to compile here); same declarations.
@@ -512,7 +513,7 @@ void RecordOp(const c10::OperatorHandle& op, const OpTraits& traits, c10::Dispat
       std::optional<c10::impl::ExcludeDispatchKeyGuard> nested_calls_pass;
       if (!watch_copies) nested_calls_pass.emplace(g_key);
       const CopyWatch watch(watch_copies ? &record : nullptr);
-      op.redispatchBoxed(below, stack);
+      RedispatchTypingOutOfMemory(op, below, stack);
       break;
     } catch (const c10::OutOfMemoryError&) {
       bool retry = false;
@@ -774,11 +775,9 @@ absl::StatusOr<c10::Stack> ReplayWith(const OpRecord& record, c10::Stack argumen
     std::optional<LentGeneratorState> lent;
     if (default_generator.has_value()) lent.emplace(*default_generator, *record.rng);
     record.op.callBoxed(arguments);
-  } catch (const c10::OutOfMemoryError& e) {
-    return absl::ResourceExhaustedError(e.what_without_backtrace());
-  } catch (const c10::Error& e) {
-    return absl::InternalError(absl::StrCat("remat: replay of ", record.traits->name, " failed: ",
-                                            e.what_without_backtrace()));
+  } catch (const std::exception& e) {
+    if (IsOutOfMemory(e)) return absl::ResourceExhaustedError(MessageOf(e));
+    return absl::InternalError(absl::StrCat("remat: replay of ", record.traits->name, " failed: ", MessageOf(e)));
   }
   return arguments;  // callBoxed replaced the arguments with the returns
 }

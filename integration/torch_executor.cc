@@ -17,6 +17,7 @@
 #include "absl/strings/str_cat.h"
 #include "integration/memory_events.h"
 #include "integration/op_capture.h"
+#include "integration/out_of_memory.h"
 #include "integration/storage_eviction.h"
 
 namespace remat::integration {
@@ -125,10 +126,6 @@ absl::Status TorchExecutor::Execute(Engine& engine, OpId op, bool replay, std::s
   if (!deferred_error_.ok()) return std::exchange(deferred_error_, absl::OkStatus());  // a failed WillRead
   try {
     return ExecuteOrThrow(engine, op, replay, fresh);
-  } catch (const c10::OutOfMemoryError& e) {
-    return absl::ResourceExhaustedError(e.what_without_backtrace());
-  } catch (const c10::Error& e) {
-    return absl::InternalError(absl::StrCat("remat: replay failed: ", e.what_without_backtrace()));
   } catch (const std::exception& e) {
     // A kernel written in Python (remat::compiled_graph's, remat/_compile.py) that ran out of memory throws
     // pybind11's error_already_set, whose what() is "<Python type>: <message>".
@@ -136,7 +133,8 @@ absl::Status TorchExecutor::Execute(Engine& engine, OpId op, bool replay, std::s
     if (absl::StartsWith(e.what(), kPythonOutOfMemory)) {
       return absl::ResourceExhaustedError(absl::string_view(e.what()).substr(kPythonOutOfMemory.size()));
     }
-    return absl::InternalError(absl::StrCat("remat: replay failed: ", e.what()));
+    if (IsOutOfMemory(e)) return absl::ResourceExhaustedError(MessageOf(e));  // also untyped ones: out_of_memory.h
+    return absl::InternalError(absl::StrCat("remat: replay failed: ", MessageOf(e)));
   }
 }
 

@@ -403,6 +403,25 @@ def test_fake_and_proxy_modes_on_real_tensors_under_remat_trace_as_without_it():
         assert oracle.same_bytes(value, expected)
 
 
+def test_running_out_inside_a_stable_abi_kernel_is_an_out_of_memory_error():
+    # torchvision's kernels call torch through the stable ABI's C shim, which turns every exception into a plain
+    # error: remat's out-of-memory error inside roi_align reached Python as a RuntimeError (fasterrcnn at 0.9 of its
+    # peak: "remat: replay failed: remat: CPU memory budget exhausted ... API call failed at .../stable/ops.h"), so
+    # it was neither retried after making room nor caught as torch.OutOfMemoryError.
+    import torchvision
+    torch.manual_seed(0)
+    features = torch.rand(1, 64, 32, 32)
+    boxes = torch.tensor([[0, 0.0, 0.0, 16.0, 16.0]] * 64)
+    remat.enable(4 * MiB)
+    try:
+        with pytest.raises(torch.OutOfMemoryError, match="memory budget exhausted"):
+            torchvision.ops.roi_align(features, boxes, output_size=32)  # 64 x 64 x 32 x 32 floats: 16 MiB
+        small = torchvision.ops.roi_align(features, boxes[:4], output_size=7)  # and the next call runs
+    finally:
+        remat.disable()
+    assert oracle.same_bytes(small, torchvision.ops.roi_align(features, boxes[:4], output_size=7))
+
+
 def test_a_sparse_tensors_values_come_back_for_the_ops_that_read_it():
     # A sparse tensor has no storage: its values are a dense tensor (here a recorded op's output, evictable), which
     # the kernels of ops on the sparse tensor read as its part (aten::_coalesce, a sparse embedding's gradient).
