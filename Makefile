@@ -39,8 +39,9 @@ demo: build
 zoo: build
 	@scripts/run_zoo.sh "$(BUILD_DIR)"
 
-# The ecosystem probe alone (tests/python/test_ecosystem.py, also part of make test): training programs from outside
-# the test matrix, byte-compared; the table of results goes to $(BUILD_DIR)/ecosystem.md. About 1.5 minutes.
+# The ecosystem probe, every program (tests/python/test_ecosystem.py; make test runs all but the slow ones): training
+# programs from outside the test matrix, byte-compared; the table of results goes to $(BUILD_DIR)/ecosystem.md.
+# About 15 minutes.
 ecosystem: build
 	@REMAT_BUILD_DIR="$(abspath $(BUILD_DIR))" REMAT_ECOSYSTEM=all \
 	  REMAT_ECOSYSTEM_MARKDOWN="$${REMAT_ECOSYSTEM_MARKDOWN:-$(abspath $(BUILD_DIR))/ecosystem.md}" \
