@@ -42,6 +42,7 @@
 #include "integration/op_effects.h"
 #include "integration/out_of_memory.h"
 #include "integration/storage_eviction.h"
+#include "integration/traced_calls.h"
 
 // From ATen/autocast_mode.h, which includes ATen/ATen.h (too slow to compile here); same declarations.
 namespace at::autocast {
@@ -278,81 +279,6 @@ struct DepthGuard {
   DepthGuard(const DepthGuard&) = delete;
   DepthGuard& operator=(const DepthGuard&) = delete;
 };
-
-// Keys below the hook that mean the op does not run on real memory here, or runs it through Python or a transform
-// that calls the dispatcher again on plain tensors: FakeTensor and other dispatch modes and subclasses (Python),
-// functionalization, functorch's transforms, meta tensors. Such an op passes through unrecorded (torch.compile's
-// tracing is untouched); the ops it runs on real tensors come back through the hook and are recorded.
-bool Tracing(c10::DispatchKeySet below) {
-  static const c10::DispatchKeySet kTracing = c10::DispatchKeySet({
-      c10::DispatchKey::Python, c10::DispatchKey::Functionalize, c10::DispatchKey::FuncTorchDynamicLayerBackMode,
-      c10::DispatchKey::FuncTorchBatched, c10::DispatchKey::FuncTorchVmapMode, c10::DispatchKey::FuncTorchGradWrapper,
-      c10::DispatchKey::BatchedNestedTensor, c10::DispatchKey::Batched, c10::DispatchKey::VmapMode});
-  return !(below & kTracing).empty() || below.has_backend(c10::BackendComponent::MetaBit);
-}
-
-// A tensor only a tracer makes: symbolic sizes, meta, or a Python subclass (a FakeTensor) reaching the hook while
-// the Python key is excluded (inside a mode's or subclass's own handler, so the key set below does not show it).
-bool TracedTensor(const at::Tensor& tensor) {
-  return tensor.defined() && (tensor.unsafeGetTensorImpl()->has_symbolic_sizes_strides() || tensor.is_meta() ||
-                              tensor.key_set().has(c10::DispatchKey::Python));
-}
-
-// Arguments that only a tracer passes: a traced tensor, or, for ops with no tensor argument (factories), a symbolic
-// size (a real tensor's sizes are numbers) or the meta device. They catch what the key set below cannot: a mode's
-// handler runs ops with the Python key excluded, and factory ops (aten::empty_strided with symbolic sizes, while
-// Dynamo fakes a tensor) have no tensor argument to carry the key of a mode or of meta. An op with a real tensor
-// argument is not traced (symbolic sizes only exist where the tensors are fake): no need to look further.
-bool TracedArguments(const torch::jit::Stack& stack, std::size_t num_arguments) {
-  bool has_tensor = false;
-  for (std::size_t i = stack.size() - num_arguments; i < stack.size(); ++i) {
-    const c10::IValue& value = stack[i];
-    if (value.isTensor()) {
-      if (TracedTensor(value.toTensor())) return true;
-      has_tensor = true;
-    } else if (value.isTensorList()) {
-      for (const at::Tensor& tensor : value.toTensorList()) {
-        if (TracedTensor(tensor)) return true;
-        has_tensor = true;
-      }
-    }
-  }
-  if (has_tensor) return false;
-  auto symbolic_or_meta = [](const c10::IValue& value) {
-    return value.isSymInt() || value.isSymFloat() || (value.isDevice() && value.toDevice().is_meta());
-  };
-  for (std::size_t i = stack.size() - num_arguments; i < stack.size(); ++i) {
-    const c10::IValue& value = stack[i];
-    if (symbolic_or_meta(value)) return true;
-    if (value.isList()) {  // concrete int lists are IntLists; a SymInt[] with a symbol is a generic list
-      for (const c10::IValue& element : value.toListRef()) {
-        if (symbolic_or_meta(element)) return true;
-      }
-    }
-  }
-  return false;
-}
-
-// An op on real tensors that a Python dispatch mode (FlopCounterMode, selective checkpointing's caching mode,
-// DebugMode, make_fx) will see below autograd: the mode's handler runs the op's kernels with every key above the
-// Python key excluded, this hook's among them, so the op is recorded here or not at all, and an input remat
-// evicted must be brought back here. Only the thread's mode stack may put the Python key below the hook (a
-// subclass's tensor carries it, TracedArguments), no other tracing key may be there, and at least one argument
-// must be a real tensor: a factory op under FakeTensorMode makes a fake tensor.
-bool OnRealTensorsUnderPythonMode(c10::DispatchKeySet below, const torch::jit::Stack& stack,
-                                  std::size_t num_arguments) {
-  if (!below.has(c10::DispatchKey::Python) || c10::impl::TorchDispatchModeTLS::stack_len() == 0) return false;
-  if (Tracing(below - c10::DispatchKeySet({c10::DispatchKey::Python, c10::DispatchKey::PythonTLSSnapshot}))) {
-    return false;
-  }
-  bool has_tensor = false;
-  for (std::size_t i = stack.size() - num_arguments; i < stack.size(); ++i) {
-    const c10::IValue& value = stack[i];
-    if (value.isTensor() && value.toTensor().defined()) has_tensor = true;
-    if (value.isTensorList() && !value.toTensorList().empty()) has_tensor = true;
-  }
-  return has_tensor && !TracedArguments(stack, num_arguments);
-}
 
 // Runs the op below the hook without recording it. A kernel that reads an evicted storage throws remat's
 // evicted-access error; the innermost op the hook passed through is the one that read it: name it.
