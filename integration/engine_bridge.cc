@@ -301,7 +301,10 @@ void EngineBridge::AfterOp(OpRecord&& record) {
     }
   }
   if (!record.hidden_copies.empty()) AdoptRemainingCopies(record);
-  if (!keep) return;
+  if (!keep) {
+    ApplyExportsFromInsideOp();
+    return;
+  }
   std::unique_ptr<ReplayOp> replay = records_.Make(std::move(record));
   HoldRecordRefs(*replay, current_.input_entries);
   replay->output_storage.assign(output_storage.begin(), output_storage.end());
@@ -320,6 +323,7 @@ void EngineBridge::AfterOp(OpRecord&& record) {
   }
   executor_.AddOp(current_.op, std::move(replay));
   records_.Keep(current_.op);
+  ApplyExportsFromInsideOp();  // after the readers are linked: a writable export pins what read it, this op too
 }
 
 void EngineBridge::OpFailed(OpRecord& record) noexcept {
@@ -339,6 +343,7 @@ void EngineBridge::OpFailed(OpRecord& record) noexcept {
     }
   }
   ReleaseSideHolds();
+  current_.exports_inside.clear();  // the op's outputs are gone; its inputs are as before it
   if (policy_->UsesWindows()) memory_->SetPlacementForThisThread(Placement::kLow);
   if (options_.next != nullptr) options_.next->OpFailed(record);
   Unlock();

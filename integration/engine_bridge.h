@@ -280,6 +280,17 @@ class EngineBridge final : public OpObserver, public PressureHandler, public Hel
   // Brings entry's storage back if evicted or paged, pins it and fixes it in place (Engine::Fix): for storages whose
   // bytes or address code outside the dispatcher holds or is about to change (MakeResident, StorageWillChange).
   absl::Status FixEntry(Entry& entry);
+  using Export = OpInFlight::Export;
+  // MakeResident's and StorageWillChange's work, the lock held and not lent (or lent by a caller that is not inside
+  // the op's kernel). A storage remat does not track needs nothing, unless it was evicted (an error).
+  absl::Status ExportLocked(c10::StorageImpl* impl, Export kind);
+  // The caller is code inside the kernel of the op in flight (a Python dispatch mode's handler, a kernel written in
+  // Python): this thread holds the lock and lends it.
+  bool InsideOpKernel();
+  // An export from inside the op's kernel: of the op's own storages (its inputs, and untracked ones, which may be
+  // its outputs), after the op (AfterOp: ApplyExportsFromInsideOp); of any other, now, the lend paused.
+  absl::Status ExportInsideOp(c10::StorageImpl* impl, Export kind);
+  void ApplyExportsFromInsideOp();
   // Adds `delta` to the record_refs of the entries of the storages `record` holds (its input storages and its
   // arguments' tensors). `entries`, when given, are the entries of record.input_storages (no lookup).
   void CountRecordRefs(const OpRecord& record, int delta = 1, std::span<Entry* const> entries = {});

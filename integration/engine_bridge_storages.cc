@@ -287,9 +287,21 @@ absl::Status EngineBridge::FixEntry(Entry& entry) {
 
 absl::Status EngineBridge::MakeResident(c10::StorageImpl* impl, bool writable) {
   std::lock_guard<EngineLock> lock(lock_);
+  const Export kind = writable ? Export::kWritable : Export::kRead;
+  return InsideOpKernel() ? ExportInsideOp(impl, kind) : ExportLocked(impl, kind);
+}
+
+absl::Status EngineBridge::StorageWillChange(c10::StorageImpl* impl) {
+  std::lock_guard<EngineLock> lock(lock_);
+  return InsideOpKernel() ? ExportInsideOp(impl, Export::kWillChange) : ExportLocked(impl, Export::kWillChange);
+}
+
+bool EngineBridge::InsideOpKernel() { return current_.active && lock_.LentByThisThread(); }
+
+absl::Status EngineBridge::ExportLocked(c10::StorageImpl* impl, Export kind) {
   Entry* found = entries_.Find(impl);
   if (found == nullptr || found->released) {
-    if (IsEvicted(*impl)) {
+    if (kind != Export::kWillChange && IsEvicted(*impl)) {
       return absl::FailedPreconditionError("remat: an evicted storage remat no longer tracks cannot be brought back");
     }
     return absl::OkStatus();  // not remat's: a constant made outside its view keeps its memory anyway
@@ -297,25 +309,45 @@ absl::Status EngineBridge::MakeResident(c10::StorageImpl* impl, bool writable) {
   Entry& entry = *found;
   if (absl::Status status = FixEntry(entry); !status.ok()) return status;
   const StorageIndex s = engine_->StorageOf(entry.root);
+  if (kind == Export::kWillChange) {
+    engine_->SetAddress(s, 0);  // the block is about to be freed or replaced: the engine must not use its address
+    PinDependents(s);
+    return absl::OkStatus();
+  }
   // share_memory_() moves the bytes out of the arena: the engine must not take the old address for this storage.
   engine_->SetAddress(s, memory_->Owns(impl->_mutable_data_ptr_no_checks()) ? AddressOf(*impl) : 0);
-  if (writable && !entry.exported) {
+  if (kind == Export::kWritable && !entry.exported) {
     entry.exported = true;
     PinDependents(s);  // what was computed from the bytes as they are now stays as it is
   }
   return absl::OkStatus();
 }
 
-absl::Status EngineBridge::StorageWillChange(c10::StorageImpl* impl) {
-  std::lock_guard<EngineLock> lock(lock_);
+// The storages of the op in flight are resident and held while its kernel runs, but the engine is between BeginOp
+// and EndOp: an input written in place is about to get a new version, a blank one it overwrites has left the
+// engine, its outputs are not tracked yet. Their export waits for the end of the op (ApplyExportsFromInsideOp).
+// Any other storage is exported now, with the lock taken back from borrowers meanwhile.
+absl::Status EngineBridge::ExportInsideOp(c10::StorageImpl* impl, Export kind) {
   Entry* found = entries_.Find(impl);
-  if (found == nullptr || found->released) return absl::OkStatus();
-  Entry& entry = *found;
-  if (absl::Status status = FixEntry(entry); !status.ok()) return status;
-  const StorageIndex s = engine_->StorageOf(entry.root);
-  engine_->SetAddress(s, 0);  // the block is about to be freed or replaced: the engine must not use its address
-  PinDependents(s);
-  return absl::OkStatus();
+  const bool tracked = found != nullptr && !found->released;
+  const bool of_the_op = !tracked || std::find(current_.input_entries.begin(), current_.input_entries.end(),
+                                               found) != current_.input_entries.end();
+  if (of_the_op) {
+    if (!tracked && kind != Export::kWillChange && IsEvicted(*impl)) {
+      return absl::FailedPreconditionError("remat: an evicted storage remat no longer tracks cannot be brought back");
+    }
+    current_.exports_inside.emplace_back(c10::intrusive_ptr<c10::StorageImpl>::reclaim_copy(impl), kind);
+    return absl::OkStatus();
+  }
+  EngineLock::LendPause pause(lock_);
+  return ExportLocked(impl, kind);
+}
+
+void EngineBridge::ApplyExportsFromInsideOp() {
+  for (const auto& [impl, kind] : current_.exports_inside) {
+    if (absl::Status status = ExportLocked(impl.get(), kind); !status.ok()) Throw(status);
+  }
+  current_.exports_inside.clear();
 }
 
 absl::Status EngineBridge::MaterializeLive() {

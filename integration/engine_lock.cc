@@ -65,6 +65,21 @@ void EngineLock::EndLend() {
   lent_ = false;
 }
 
+bool EngineLock::LentByThisThread() {
+  std::lock_guard<std::mutex> guard(mutex_);
+  return lent_ && owner_ == std::this_thread::get_id();
+}
+
+EngineLock::LendPause::LendPause(EngineLock& lock) {
+  if (!lock.LentByThisThread()) return;
+  lock.EndLend();
+  lock_ = &lock;
+}
+
+EngineLock::LendPause::~LendPause() {
+  if (lock_ != nullptr) lock_->BeginLend();
+}
+
 EngineLock::LendScope::LendScope(EngineLock* lock) {
   if (lock == nullptr) return;
   std::lock_guard<std::mutex> guard(lock->mutex_);

@@ -41,6 +41,21 @@ class EngineLock {
   // The holder is about to run a kernel / its kernel returned (waits for a borrower to finish). Not nested.
   void BeginLend();
   void EndLend();
+  // This thread holds the lock and lends it: the caller is code inside the holder's kernel (a Python dispatch
+  // mode's handler, a kernel written in Python), which must not change the engine while a borrower may.
+  bool LentByThisThread();
+  // Takes the lock back from its borrowers for the scope (waits for the one borrowing, if any), then lends it again:
+  // for the holder's kernel when it must change the engine itself. Nothing when this thread does not lend it.
+  class LendPause {
+   public:
+    explicit LendPause(EngineLock& lock);
+    ~LendPause();
+    LendPause(const LendPause&) = delete;
+    LendPause& operator=(const LendPause&) = delete;
+
+   private:
+    EngineLock* lock_ = nullptr;
+  };
   // Lends for the lifetime of the scope if this thread holds the lock and does not lend it already (a replay's
   // kernel inside the engine); otherwise does nothing (the engine was reached by a borrower, or no lock is used).
   class LendScope {

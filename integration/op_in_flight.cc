@@ -59,6 +59,7 @@ void OpInFlight::NoteWrites(const OpRecord& record) {
   written_returned.assign(n, false);
   overwrite.assign(n, false);
   covered.assign(n, false);
+  exports_inside.clear();
   // The schema's written arguments, then the writes it does not declare (never returned: written on the side).
   const std::size_t annotated = traits.written_arguments.size();
   for (std::size_t w = 0; w < annotated + record.unannotated_writes.size(); ++w) {

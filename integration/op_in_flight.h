@@ -79,6 +79,10 @@ struct OpInFlight {
   c10::Device rng_device = c10::Device(c10::DeviceType::CPU);
   std::optional<GeneratorPosition> device_rng_before;
   OutputPlan plan;
+  // Exports (EngineBridge::MakeResident, StorageWillChange) that code inside the op's kernel took of the op's own
+  // storages, such as a Python dispatch mode's handler reading untyped_storage(): applied once the op has ended.
+  enum class Export : std::uint8_t { kRead, kWritable, kWillChange };
+  std::vector<std::pair<c10::intrusive_ptr<c10::StorageImpl>, Export>> exports_inside;
 
   // What the op writes (op_effects.h): per input storage, written, written and returned, and whether the op
   // overwrites all of it (covered: a fill or out= argument covering the storage). Resets the rest for the op.

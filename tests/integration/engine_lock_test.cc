@@ -1,5 +1,5 @@
 // EngineLock (engine_lock.h): recursive for its holder; a borrow while the holder lends it (and only then); lending
-// ends after the borrower is done; waiters are served in arrival order.
+// ends after the borrower is done; a pause takes the lock back from a borrower; waiters are served in arrival order.
 #include "integration/engine_lock.h"
 
 #include <gtest/gtest.h>
@@ -66,6 +66,42 @@ TEST(EngineLock, TheHoldersOwnKernelBorrowsLikeAnyoneElse) {
     EngineLock::RoomAccess nested(lock);  // and again, inside (recursive borrow)
   }
   lock.EndLend();
+  lock.unlock();
+}
+
+TEST(EngineLock, CodeInsideTheHoldersKernelTakesTheLockBackFromABorrower) {
+  EngineLock lock;
+  lock.lock();
+  EXPECT_FALSE(lock.LentByThisThread());
+  lock.BeginLend();
+  EXPECT_TRUE(lock.LentByThisThread());
+  std::atomic<bool> in{false}, release{false}, out{false};
+  std::thread other([&] {
+    EXPECT_FALSE(lock.LentByThisThread()) << "a borrower does not lend";
+    EngineLock::RoomAccess access(lock);
+    in = true;
+    while (!release.load()) std::this_thread::yield();
+    out = true;
+  });
+  while (!in.load()) std::this_thread::yield();
+  std::thread releaser([&] {
+    std::this_thread::sleep_for(milliseconds(50));
+    release = true;
+  });
+  {
+    EngineLock::LendPause pause(lock);  // waits for the borrower to be done
+    EXPECT_TRUE(out.load());
+    EXPECT_FALSE(lock.LentByThisThread());
+  }
+  EXPECT_TRUE(lock.LentByThisThread()) << "lent again after the pause";
+  other.join();
+  releaser.join();
+  {
+    EngineLock::RoomAccess access(lock);  // the holder's kernel still borrows as before
+  }
+  lock.EndLend();
+  { EngineLock::LendPause nothing(lock); }  // not lending: nothing to pause
+  EXPECT_FALSE(lock.LentByThisThread());
   lock.unlock();
 }
 

@@ -358,7 +358,8 @@ def train_with_backward_under(make_mode, budget=None):
             with make_mode():
                 loss.backward()
                 opt.step()
-            losses.append(loss.detach().clone())
+                noise = torch.empty(256).normal_()  # a blank storage the op in flight overwrites
+            losses.extend([loss.detach().clone(), noise])
     finally:
         if remat.is_enabled():
             remat.disable()
@@ -366,19 +367,80 @@ def train_with_backward_under(make_mode, budget=None):
     return oracle.capture(model, opt, losses), evicted_before_backward, stats
 
 
-@pytest.mark.parametrize("mode", ["FlopCounterMode", "a user's TorchDispatchMode"])
+class StorageReadingMode(torch.utils._python_dispatch.TorchDispatchMode):
+    """A mode that reads the storage of every tensor an op takes and returns, as memory trackers do, and exports
+    what an in-place op wrote to numpy (a writable export)."""
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in [*args, *(kwargs or {}).values(), *(out if isinstance(out, (tuple, list)) else [out])]:
+            if isinstance(t, torch.Tensor) and t.layout == torch.strided:
+                t.untyped_storage()
+        if func._schema.name.endswith("_") and isinstance(args[0], torch.Tensor) and args[0].dtype == torch.float32:
+            args[0].detach().numpy()
+        return out
+
+
+def flop_counter():
+    from torch.utils.flop_counter import FlopCounterMode
+    return FlopCounterMode(display=False)
+
+
+def memory_tracker():
+    from torch.distributed._tools.mem_tracker import MemTracker
+    return MemTracker()
+
+
+MODES = {"FlopCounterMode": flop_counter, "a user's TorchDispatchMode": CountingMode}
+
+
+@pytest.mark.parametrize("mode", list(MODES))
 def test_a_backward_under_a_python_dispatch_mode_brings_back_what_the_forward_evicted(mode):
     # A Python dispatch mode's handler runs every op's kernels with the keys above the Python key excluded, remat's
     # hook among them: the ops passed through unrecorded, and the first to read an evicted activation failed
     # ("this tensor's storage is evicted ... accessed outside an op remat records"). Such ops are recorded now (not
     # replayable: a mode may change what an op returns).
-    from torch.utils.flop_counter import FlopCounterMode
-    make_mode = (lambda: FlopCounterMode(display=False)) if mode == "FlopCounterMode" else CountingMode
+    make_mode = MODES[mode]
     reference, _, _ = train_with_backward_under(make_mode)
     peak = train_with_backward_under(make_mode, budget=HUGE)[2]["peak_allocated_bytes"]
     got, evicted, stats = train_with_backward_under(make_mode, budget=int(0.8 * peak))
     oracle.assert_identical(reference, got, f"backward and step under {mode}, 0.8 of the peak drop-only")
     assert evicted > 0 and stats["rematerializations"] > 0, stats
+
+
+def train_under(make_mode, budget=None):
+    """Three steps of a dropout MLP, each (forward with an in-place random op on a blank tensor, backward, step)
+    entirely under the mode."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(128, 256), torch.nn.GELU(), torch.nn.Dropout(0.2),
+                                torch.nn.Linear(256, 8))
+    opt = torch.optim.Adam(model.parameters(), 1e-3)
+    x = torch.randn(64, 128)
+    losses = []
+    if budget is not None:
+        remat.enable(budget, costs="estimated")
+    try:
+        for _ in range(3):
+            with make_mode():
+                opt.zero_grad()
+                noise = torch.empty(64, 8).uniform_()  # a blank storage the op in flight overwrites
+                loss = (model(x) + noise).pow(2).mean()
+                loss.backward()
+                opt.step()
+            losses.append(loss.detach().clone())
+    finally:
+        if remat.is_enabled():
+            remat.disable()
+    return oracle.capture(model, opt, losses)
+
+
+@pytest.mark.parametrize("mode", ["a mode reading every storage", "PyTorch's MemTracker"])
+def test_a_mode_that_reads_storages_inside_ops_trains_as_without_remat(mode):
+    # A mode that reads the storages of what an op takes and returns (torch.distributed._tools.MemTracker, any
+    # memory tracker) exports them from inside the op remat is recording: a blank storage the op overwrites (dropout's
+    # mask, uniform_ into torch.empty) had already left the engine, and the export failed with "cannot recompute the
+    # output of 'aten::empty_like'", at any budget. Exports of the op's own storages now wait for the op's end.
+    make_mode = StorageReadingMode if mode == "a mode reading every storage" else memory_tracker
+    oracle.assert_identical(train_under(make_mode), train_under(make_mode, budget=HUGE), f"a step under {mode}")
 
 
 def test_fake_and_proxy_modes_on_real_tensors_under_remat_trace_as_without_it():
