@@ -176,11 +176,12 @@ def reference_and_peak(name, optimizer):
 
 
 def required_bytes(name, optimizer, steps=3):
-    """remat.bound.RequiredBytes of the same training run (without remat)."""
+    """remat.bound.RequiredBytes of the same training run, under a budget that never binds (so that kernels' own
+    buffers count: the LSTM's backward workspace)."""
     model, inputs, targets, loss_fn = build(name)
     opt = make_optimizer(optimizer, model)
     torch.manual_seed(1)
-    with RequiredBytes(model, opt, outside=[inputs, targets]) as bound:
+    with remat.enable(HUGE, costs="estimated"), RequiredBytes(model, opt, outside=[inputs, targets]) as bound:
         for _ in range(steps):
             opt.zero_grad()
             loss = loss_fn(model(inputs), targets)
@@ -210,9 +211,9 @@ INFEASIBLE = {
     ("inception_v3", "adam"): (0.3,),      # 0.50
 }
 GAP = {
-    ("lstm", "sgd"): (0.3,),          # RequiredBytes 0.21
-    ("lstm", "adam"): (0.3,),         # 0.25
-    ("densenet121", "adam"): (0.3,),  # 0.22
+    ("lstm", "sgd"): (0.3,),          # RequiredBytes 0.26 (0.05 of it mkldnn_rnn_layer_backward's workspace)
+    ("lstm", "adam"): (0.3,),         # 0.30 (0.296)
+    ("densenet121", "adam"): (0.3,),  # 0.23
     ("inception_v3", "adam"): (0.5,),  # 0.497: within the budget by less than 1%
 }
 # gpt/sgd and gpt/adam at 0.3 (RequiredBytes 0.19 and 0.20) were gaps on the edge (replay chains 16 to 31 deep, the

@@ -5,10 +5,14 @@ from values that are gone), and, while the optimizer updates the parameters, eve
 changes, nothing computed from its old value can be recomputed, and every gradient was computed from nearly every
 parameter). And an op needs the storages it reads and writes resident while it runs. So when op k runs, at least
 
-    bytes of the optimizer's state alive then (+ every gradient, if op k is part of an optimizer step)
+    bytes of the optimizer's state alive then (+ every gradient, if op k is part of an optimizer step or comes
+    after one, before the next forward; + every parameter the program made while remat was on, such as
+    vector_to_parameters' views, once an optimizer step has written it in place)
     + bytes of the other storages op k reads and writes
 
-must be in memory, whatever was dropped before. The largest such sum over the program is a lower bound on every
+must be in memory, whatever was dropped before; and if op k's kernel allocates buffers of its own while it runs
+(convolution's backward, an RNN's workspace), its outputs count as the most it holds at once beyond what was
+allocated before it started, when that is more. The largest such sum over the program is a lower bound on every
 budget that can run it without a second tier, for every eviction policy (fragmentation only adds to it). Storages
 that existed before the measurement started (the model's parameters and buffers, the tensors passed as `outside`)
 are not counted: remat's arena does not hold them, and its peak does not count them either.
@@ -17,6 +21,10 @@ are not counted: remat's arena does not hold them, and its peak does not count t
         train_step()
     rb.required_bytes, rb.at_op, rb.pinned_at_max
     rb.op_bytes   # the largest op's own inputs and outputs: the bound when a second tier can take all the rest
+
+A kernel's own buffers are only seen through remat's arena: measure under `remat.enable(budget)` with a budget that
+never binds (every allocation then comes from the arena, nothing is evicted) to count them; without remat they
+count as nothing. Under remat it restarts the arena's peak at every op (remat.reset_peak()).
 
 The tests use it to tell a budget remat fails at from one that no drop-and-recompute policy can meet. It runs ops
 through a Python dispatch mode: it measures, it does not train fast.
@@ -55,10 +63,11 @@ def _storage_keys(t: torch.Tensor):
 class RequiredBytes(TorchDispatchMode):
     """Measures max over ops of (undroppable bytes + the op's other inputs and outputs); see the module docstring.
 
-    The undroppable set is kept by hooks rather than rescanned per op: the optimizer's state is rescanned when the
-    model's forward starts and after each optimizer step; the gradients join it when an optimizer step starts and
-    leave it when the next forward starts (zero_grad has dropped or zeroed them by then). State created inside a
-    step joins the set only after it, which can only make the bound lower, so it stays a lower bound.
+    The undroppable set is kept by hooks rather than rescanned per op: the optimizer's state (and, once a step has
+    run, its parameters) is rescanned when the model's forward starts and after each optimizer step; the gradients
+    join it when an optimizer step starts and leave it when the next forward starts (they were computed from the
+    parameters' old values; zero_grad has dropped or zeroed them by then). State created inside a step joins the set
+    only after it, which can only make the bound lower, so it stays a lower bound.
     """
 
     def __init__(self, model: torch.nn.Module, optimizer: Optional[torch.optim.Optimizer] = None,
@@ -68,12 +77,15 @@ class RequiredBytes(TorchDispatchMode):
         self._optimizer = optimizer
         self._outside = {ptr for t in [*model.parameters(), *model.buffers(), *outside] for ptr, _ in _storage_keys(t)}
         self._pinned: Dict[int, int] = {}
+        self._stepped = False  # an optimizer step has run: its parameters were written in place
         self._hooks = []
         self.required_bytes = 0
         self.at_op = ""           # the op at which the maximum was reached
         self.pinned_at_max = 0    # of required_bytes, the undroppable part
         self.op_bytes = 0         # max over ops of the bytes of the storages the op reads and writes
+        self.kernel_bytes_at_max = 0  # of required_bytes, what the kernel held beyond its outputs
         self.ops = 0
+        self._arena = False       # remat was enabled at __enter__: each op's kernel buffers are measured
 
     def _pin(self, t: Optional[torch.Tensor]) -> None:
         if isinstance(t, torch.Tensor):
@@ -86,10 +98,19 @@ class RequiredBytes(TorchDispatchMode):
         if self._optimizer is not None:
             for t in optimizer_state_tensors(self._optimizer):
                 self._pin(t)
+            if self._stepped:  # a parameter the program made under remat cannot be recomputed once stepped
+                for group in getattr(self._optimizer, "param_groups", []):
+                    for p in group["params"]:
+                        self._pin(p)
 
     def _pin_gradients(self, *_) -> None:
         for p in self._model.parameters():
             self._pin(p.grad)
+
+    def _after_step(self, *_) -> None:
+        self._stepped = True
+        self._pin_state()
+        self._pin_gradients()
 
     def __enter__(self):
         if not isinstance(self._model, torch.jit.ScriptModule):  # a ScriptModule takes no hooks; the step's suffice
@@ -97,12 +118,13 @@ class RequiredBytes(TorchDispatchMode):
         if self._optimizer is not None:
             try:
                 self._hooks.append(self._optimizer.register_step_pre_hook(self._pin_gradients))
-                self._hooks.append(self._optimizer.register_step_post_hook(self._pin_state))
+                self._hooks.append(self._optimizer.register_step_post_hook(self._after_step))
             except AttributeError:  # a wrapper that skips Optimizer.__init__ (opacus' DPOptimizer): its inner
                 # optimizer's step runs the hooks registered for every optimizer
                 self._hooks.append(register_optimizer_step_pre_hook(self._pin_gradients))
-                self._hooks.append(register_optimizer_step_post_hook(self._pin_state))
+                self._hooks.append(register_optimizer_step_post_hook(self._after_step))
         self._pin_state()
+        self._arena = bool(torch.ops.remat.is_enabled())
         return super().__enter__()
 
     def __exit__(self, *exc):
@@ -113,13 +135,30 @@ class RequiredBytes(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        if self._arena:
+            allocated_before = torch.ops.remat.stats()["allocated_bytes"]
+            torch.ops.remat.reset_peak()
         out = func(*args, **kwargs)
+        # the most the op held at once beyond what existed before it: outputs and the kernel's own buffers
+        held = torch.ops.remat.stats()["peak_allocated_bytes"] - allocated_before if self._arena else 0
         self.ops += 1
         pinned = sum(self._pinned.values())
-        extra = 0
-        own = 0
         seen = set()
-        for t in tree_flatten((args, kwargs, out))[0]:
+        own_in, extra_in = self._bytes_of((args, kwargs), seen)
+        own_out, extra_out = self._bytes_of(out, seen)
+        self.op_bytes = max(self.op_bytes, own_in + max(own_out, held))
+        required = pinned + extra_in + max(extra_out, held)
+        if required > self.required_bytes:
+            self.required_bytes = required
+            self.at_op = str(func)
+            self.pinned_at_max = pinned
+            self.kernel_bytes_at_max = max(0, held - extra_out)
+        return out
+
+    def _bytes_of(self, tree, seen):
+        """(bytes of the storages of tree's tensors not yet seen and not outside, of those the ones not pinned)."""
+        own = extra = 0
+        for t in tree_flatten(tree)[0]:
             if isinstance(t, torch.Tensor) and t.device.type != "meta":
                 for ptr, nbytes in _storage_keys(t):
                     if ptr in seen or ptr in self._outside:
@@ -128,9 +167,4 @@ class RequiredBytes(TorchDispatchMode):
                     own += nbytes
                     if ptr not in self._pinned:
                         extra += nbytes
-        self.op_bytes = max(self.op_bytes, own)
-        if pinned + extra > self.required_bytes:
-            self.required_bytes = pinned + extra
-            self.at_op = str(func)
-            self.pinned_at_max = pinned
-        return out
+        return own, extra

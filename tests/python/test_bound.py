@@ -1,0 +1,88 @@
+"""remat.bound.RequiredBytes, the lower bound the tests use to tell a budget remat fails at from one no
+drop-and-recompute runtime can meet: what it must count (the module's docstring says why each is undroppable)."""
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import remat
+from remat.bound import RequiredBytes
+
+HUGE = 4 << 30
+
+
+def nbytes(tensors):
+    return sum(t.untyped_storage().nbytes() for t in tensors)
+
+
+def mlp():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(256, 512), nn.Tanh(), nn.Linear(512, 256))
+
+
+def test_gradients_stay_undroppable_after_the_step_until_the_next_forward():
+    # After optimizer.step() the gradients were computed from the parameters' old values: an op between the step
+    # and the next forward (here a flattened copy of the parameters) runs with every gradient resident.
+    model = mlp()
+    opt = torch.optim.SGD(model.parameters(), 0.01)
+    x = torch.randn(64, 256)
+    with RequiredBytes(model, opt, outside=[x]) as bound:
+        for _ in range(2):
+            opt.zero_grad()
+            model(x).pow(2).mean().backward()
+            opt.step()
+            with torch.no_grad():
+                flat = torch.nn.utils.parameters_to_vector(model.parameters())
+                scaled = flat * 0.5
+            del flat, scaled
+    params = nbytes(model.parameters())
+    assert bound.required_bytes >= 3 * params, (bound.required_bytes, params, bound.at_op)  # gradients, flat, scaled
+
+
+def test_parameters_the_program_made_count_once_stepped():
+    # vector_to_parameters makes the parameters views of a vector made while measuring: once the optimizer wrote them
+    # in place, nothing can recompute them, so every later op runs with them resident.
+    model = mlp()
+    opt = torch.optim.SGD(model.parameters(), 0.01)
+    x = torch.randn(64, 256)
+    with torch.no_grad():
+        base = torch.nn.utils.parameters_to_vector(model.parameters()).clone()
+    with RequiredBytes(model, opt, outside=[x, base]) as bound:
+        with torch.no_grad():
+            torch.nn.utils.vector_to_parameters(base * 1.0, model.parameters())  # parameters in a new storage
+        for _ in range(2):
+            opt.zero_grad()
+            model(x).pow(2).mean().backward()
+            opt.step()
+    params = nbytes([base])
+    # At the second backward: the parameters (one storage, stepped) and each weight gradient the op writes.
+    assert bound.pinned_at_max >= params, (bound.pinned_at_max, params, bound.at_op)
+
+
+def conv_net():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Conv2d(3, 32, 3, padding=1), nn.ReLU(), nn.Conv2d(32, 32, 3, padding=1), nn.ReLU(),
+                         nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(32, 10))
+
+
+def conv_bound():
+    model = conv_net()
+    opt = torch.optim.SGD(model.parameters(), 0.01, momentum=0.9)
+    x, y = torch.randn(16, 3, 32, 32), torch.randint(0, 10, (16,))
+    with RequiredBytes(model, opt, outside=[x, y]) as bound:
+        for _ in range(2):
+            opt.zero_grad()
+            F.cross_entropy(model(x), y).backward()
+            opt.step()
+    return bound
+
+
+def test_a_kernels_own_buffers_count_when_measured_under_remat():
+    # Convolution's backward allocates buffers of its own while it runs: only remat's arena sees them, so under a
+    # budget that never binds the bound counts them, and without remat it cannot.
+    plain = conv_bound()
+    with remat.enable(HUGE, costs="estimated"):
+        measured = conv_bound()
+    assert plain.kernel_bytes_at_max == 0
+    assert measured.kernel_bytes_at_max > 0, measured.at_op
+    assert measured.required_bytes >= plain.required_bytes + measured.kernel_bytes_at_max // 2, (
+        plain.required_bytes, measured.required_bytes, measured.kernel_bytes_at_max, measured.at_op)
