@@ -63,6 +63,7 @@ std::vector<c10::intrusive_ptr<c10::StorageImpl>> EngineBridge::HeldStorages() {
 
 void EngineBridge::MarkStep() {
   std::lock_guard<EngineLock> lock(lock_);
+  const EngineLock::LendPause pause(lock_);  // called from inside an op's kernel: no borrower meanwhile
   if (plan_ == nullptr || retired_.load(std::memory_order_acquire)) return;
   // Kept alive while they are declared.
   const std::vector<c10::intrusive_ptr<c10::StorageImpl>> held = HeldStoragesLocked();

@@ -149,6 +149,7 @@ void EngineBridge::ReleaseIfDead(Entry& entry) {
 
 bool EngineBridge::PinState(c10::StorageImpl* impl) {
   std::lock_guard<EngineLock> lock(lock_);
+  const EngineLock::LendPause pause(lock_);  // called from inside an op's kernel: no borrower meanwhile
   Entry* entry = entries_.Find(impl);
   if (entry == nullptr || entry->pinned || entry->released) return false;
   PinEntry(*entry);

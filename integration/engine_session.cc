@@ -6,11 +6,14 @@
 #include <pthread.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdlib>
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <thread>
 #include <utility>
+#include <vector>
 
 #include "integration/cpu_allocator.h"
 #include "integration/cpu_device_memory.h"
@@ -34,6 +37,11 @@ std::vector<DeviceEngine> g_engines;
 // Every router made since the first enable (the observer with more than one engine; device_router.h): an op that
 // loaded an older one may still be inside it, so they all live until disable.
 std::vector<DeviceRouter*> g_routers;
+// API calls in flight on a bridge (ApiCall). They find their bridges under g_mutex but call them after releasing it:
+// a bridge's lock may be held by an op in flight whose kernel itself calls the API (a Python dispatch mode's handler
+// reading a storage, which needs g_mutex to find the bridge), so waiting for that lock while holding g_mutex
+// deadlocked. DisableRematEngine deletes bridges only once no API call is in flight.
+std::atomic<int> g_api_calls{0};
 OpObserver* g_tracker = nullptr;  // the session's tracker, every bridge's `next`
 bool g_on_cpu = true;             // g_engines is the CPU arena's one
 std::vector<DeviceEngineStats> g_last_stats;
@@ -73,6 +81,32 @@ void InstallObserverLocked() {
   g_routers.push_back(router);
   SetObserver(router);
   SetHeldReferences(router);
+}
+
+// Counts an API call in flight on the bridges it found; made while g_mutex is held (so that a disable that has
+// cleared g_engines under g_mutex sees every call that found a bridge), destroyed after the call.
+class ApiCall {
+ public:
+  ApiCall() { g_api_calls.fetch_add(1, std::memory_order_seq_cst); }
+  ~ApiCall() { g_api_calls.fetch_sub(1, std::memory_order_release); }
+  ApiCall(const ApiCall&) = delete;
+  ApiCall& operator=(const ApiCall&) = delete;
+};
+
+void WaitForApiCalls() {
+  while (g_api_calls.load(std::memory_order_acquire) != 0) std::this_thread::yield();
+}
+
+// Every engine's bridge, with an ApiCall that keeps them alive after g_mutex is released (empty: not enabled).
+struct Bridges {
+  std::vector<EngineBridge*> bridges;
+  std::optional<ApiCall> call;
+};
+
+void FindAllBridges(Bridges& out) {
+  std::lock_guard<std::mutex> lock(g_mutex);
+  for (const DeviceEngine& engine : g_engines) out.bridges.push_back(engine.bridge);
+  if (!out.bridges.empty()) out.call.emplace();
 }
 
 // The bridge that tracks `storage`: the one engine's, else the engine of its device (nullptr: none). Holds g_mutex.
@@ -230,13 +264,14 @@ absl::Status DisableRematEngine() {
   for (const DeviceEngine& engine : engines) engine.memory->SetPressureHandler(nullptr);  // none inside MakeRoom
   std::vector<DeviceRouter*> routers;
   {
-    std::lock_guard<std::mutex> lock(g_mutex);  // nor any API call (they hold g_mutex while they use them)
+    std::lock_guard<std::mutex> lock(g_mutex);  // no API call finds them from here (WaitForApiCalls below)
     g_last_stats.clear();
     for (const DeviceEngine& engine : engines) g_last_stats.push_back({engine.device, engine.bridge->Stats()});
     g_engines.clear();
     routers.swap(g_routers);
     g_tracker = nullptr;
   }
+  WaitForApiCalls();  // calls that found a bridge before it left g_engines have returned
   for (DeviceRouter* router : routers) delete router;
   for (const DeviceEngine& engine : engines) delete engine.bridge;
   keep_alive.clear();
@@ -245,31 +280,47 @@ absl::Status DisableRematEngine() {
 }
 
 absl::StatusOr<int> PinRematState(const std::vector<at::Tensor>& tensors) {
-  std::lock_guard<std::mutex> lock(g_mutex);
-  if (g_engines.empty()) return absl::FailedPreconditionError("remat: not enabled");
-  int pinned = 0;
-  for (const at::Tensor& t : tensors) {
-    if (!t.defined() || !t.has_storage()) continue;
-    c10::StorageImpl* impl = t.storage().unsafeGetStorageImpl();
-    if (EngineBridge* bridge = BridgeOfLocked(*impl)) pinned += bridge->PinState(impl);
+  std::vector<std::pair<EngineBridge*, c10::StorageImpl*>> targets;
+  std::optional<ApiCall> call;
+  {
+    std::lock_guard<std::mutex> lock(g_mutex);
+    if (g_engines.empty()) return absl::FailedPreconditionError("remat: not enabled");
+    for (const at::Tensor& t : tensors) {
+      if (!t.defined() || !t.has_storage()) continue;
+      c10::StorageImpl* impl = t.storage().unsafeGetStorageImpl();
+      if (EngineBridge* bridge = BridgeOfLocked(*impl)) targets.emplace_back(bridge, impl);
+    }
+    call.emplace();
   }
+  int pinned = 0;
+  for (const auto& [bridge, impl] : targets) pinned += bridge->PinState(impl);
   return pinned;
 }
 
 absl::Status MakeResident(const at::Tensor& tensor, bool writable) {
   if (!tensor.defined() || !tensor.has_storage()) return absl::OkStatus();
-  std::lock_guard<std::mutex> lock(g_mutex);
   c10::StorageImpl* impl = tensor.storage().unsafeGetStorageImpl();
-  EngineBridge* bridge = BridgeOfLocked(*impl);
-  if (bridge == nullptr) return absl::OkStatus();
+  EngineBridge* bridge = nullptr;
+  std::optional<ApiCall> call;
+  {
+    std::lock_guard<std::mutex> lock(g_mutex);
+    bridge = BridgeOfLocked(*impl);
+    if (bridge == nullptr) return absl::OkStatus();
+    call.emplace();
+  }
   return bridge->MakeResident(impl, writable);
 }
 
 absl::Status StorageWillChange(const c10::Storage& storage) {
   if (!storage) return absl::OkStatus();
-  std::lock_guard<std::mutex> lock(g_mutex);
-  EngineBridge* bridge = BridgeOfLocked(*storage.unsafeGetStorageImpl());
-  if (bridge == nullptr) return absl::OkStatus();
+  EngineBridge* bridge = nullptr;
+  std::optional<ApiCall> call;
+  {
+    std::lock_guard<std::mutex> lock(g_mutex);
+    bridge = BridgeOfLocked(*storage.unsafeGetStorageImpl());
+    if (bridge == nullptr) return absl::OkStatus();
+    call.emplace();
+  }
   return bridge->StorageWillChange(storage.unsafeGetStorageImpl());
 }
 
@@ -321,15 +372,17 @@ std::vector<int> RematEngineDevices() {
 }
 
 void MarkRematStep() {
-  std::lock_guard<std::mutex> lock(g_mutex);
-  for (const DeviceEngine& engine : g_engines) engine.bridge->MarkStep();
+  Bridges all;
+  FindAllBridges(all);
+  for (EngineBridge* bridge : all.bridges) bridge->MarkStep();
 }
 
 std::vector<c10::intrusive_ptr<c10::StorageImpl>> RematHeldStorages() {
-  std::lock_guard<std::mutex> lock(g_mutex);
+  Bridges all;
+  FindAllBridges(all);
   std::vector<c10::intrusive_ptr<c10::StorageImpl>> held;
-  for (const DeviceEngine& engine : g_engines) {
-    for (auto& storage : engine.bridge->HeldStorages()) held.push_back(std::move(storage));
+  for (EngineBridge* bridge : all.bridges) {
+    for (auto& storage : bridge->HeldStorages()) held.push_back(std::move(storage));
   }
   return held;
 }
@@ -350,15 +403,22 @@ TraceRecorder::CountsAgainstBudget RematBudgetedMemory() {
 }
 
 std::string RematPlannedTrace() {
-  std::lock_guard<std::mutex> lock(g_mutex);
-  return g_engines.empty() ? std::string() : g_engines.front().bridge->PlannedTrace();
+  Bridges all;
+  FindAllBridges(all);
+  return all.bridges.empty() ? std::string() : all.bridges.front()->PlannedTrace();
 }
 
 std::vector<DeviceEngineStats> GetAllEngineStats() {
-  std::lock_guard<std::mutex> lock(g_mutex);
-  if (g_engines.empty()) return g_last_stats;
+  std::vector<std::pair<int, EngineBridge*>> engines;
+  std::optional<ApiCall> call;
+  {
+    std::lock_guard<std::mutex> lock(g_mutex);
+    if (g_engines.empty()) return g_last_stats;
+    for (const DeviceEngine& engine : g_engines) engines.emplace_back(engine.device, engine.bridge);
+    call.emplace();
+  }
   std::vector<DeviceEngineStats> out;
-  for (const DeviceEngine& engine : g_engines) out.push_back({engine.device, engine.bridge->Stats()});
+  for (const auto& [device, bridge] : engines) out.push_back({device, bridge->Stats()});
   return out;
 }
 

@@ -6,6 +6,8 @@
 - disable() then enable() between steps trains wherever the uninterrupted run does.
 - torch.set_num_threads(2) under pressure: intra-op workers that allocate get eviction too.
 - A DataLoader with two fork workers under REMAT_BUDGET: workers start with no lock held and train identically.
+- A dispatch mode reading storages inside the ops remat records, and a thread reading storages outside any op, do not
+  deadlock.
 - Memory a thread remat does not record holds in the arena is counted as unknown (remat.stats()), until a recorded
   op reads it.
 
@@ -237,6 +239,69 @@ def test_a_dataloader_with_fork_workers_under_REMAT_BUDGET(tmp_path):
         got = run(tmp_path / f"remat{round_}.pt", True)
         for r, g in zip(reference, got):
             assert oracle.same_bytes(r, g), f"round {round_}"
+
+
+# One thread under a dispatch mode that reads the storages of what every op takes and returns (a memory tracker):
+# the mode's handler runs inside the op remat records (its thread holds the engine's lock), and reading a storage
+# calls into remat, which found the engine under its session mutex. Another thread reading storages outside any op
+# held that mutex while it waited for the engine's lock, which the first held while it waited for the mutex: a
+# deadlock (torch.jit.fork's tasks under remat.bound.RequiredBytes hung so). The script runs in a subprocess with a
+# timeout: a deadlock fails, not hangs.
+MODE_THREADS_SCRIPT = r"""
+import sys, threading, torch, remat
+from torch.utils._python_dispatch import TorchDispatchMode
+class ReadsStorages(TorchDispatchMode):
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in [*args, *(out if isinstance(out, (tuple, list)) else [out])]:
+            if isinstance(t, torch.Tensor):
+                t.untyped_storage()
+        return out
+torch.set_num_threads(1)
+torch.manual_seed(0)
+weights = [torch.randn(128, 128) * 0.1 for _ in range(4)]
+x = torch.randn(64, 128)
+def work():
+    h = x
+    with ReadsStorages():
+        for _ in range(300):
+            for w in weights:
+                h = torch.tanh(h @ w)
+    return h
+reference = work()
+remat.enable(64 << 20)
+done = threading.Event()
+def reader():
+    held = [torch.randn(64, 64) + 1 for _ in range(4)]  # remat's storages
+    while not done.is_set():
+        for t in held:
+            t.untyped_storage()
+            t.data_ptr()
+other = threading.Thread(target=reader)
+other.start()
+try:
+    got = work()
+finally:
+    done.set()
+    other.join()
+remat.disable()
+assert torch.equal(reference, got)
+print("ok")
+"""
+
+
+def test_a_storage_reading_dispatch_mode_and_a_thread_reading_storages_do_not_deadlock(tmp_path):
+    script = tmp_path / "mode_threads.py"
+    script.write_text(MODE_THREADS_SCRIPT)
+    cwd = str(Path(remat.__file__).resolve().parents[1])
+    env = {k: v for k, v in os.environ.items() if not k.startswith("REMAT_BUDGET")}
+    for round_ in range(3):
+        try:
+            done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120, env=env,
+                                  cwd=cwd)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"round {round_}: a mode and a thread reading storages hung (a deadlock)")
+        assert done.returncode == 0 and "ok" in done.stdout, done.stderr[-3000:]
 
 
 def test_memory_an_untracked_thread_holds_is_unknown_to_remat_until_an_op_reads_it():
