@@ -1,7 +1,8 @@
 """The ecosystem probe: training programs from outside the test matrix (tests/python/ecosystem/: training loops,
 layers with side effects, extension points, every optimizer, Hugging Face models beyond the zoo, front ends such as
 TorchScript and dispatch modes, timm, peft, opacus, einops, torchvision's detection, segmentation, video and flow
-models) train under remat drop-only and are compared byte for byte (oracle.py) with the same program without remat.
+models, training patterns across steps: retries after errors, distillation, SWA, MAML, MoCo, adversarial training)
+train under remat drop-only and are compared byte for byte (oracle.py) with the same program without remat.
 
 Per program: its peak (a run with a budget that never binds) and RequiredBytes (remat.bound), then runs at 0.7 and 0.5
 of the peak, each raised to 1.25x RequiredBytes when below it (a budget no drop-and-recompute runtime could meet
