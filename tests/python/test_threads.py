@@ -221,16 +221,20 @@ print("ok")
 """
 
 
-def test_a_dataloader_with_fork_workers_under_REMAT_BUDGET(tmp_path):
-    script = tmp_path / "loader.py"
-    script.write_text(DATALOADER_SCRIPT)
+def run_script(path, text, args=(), extra_env=None, timeout=300):
+    """Runs `text` as a Python script at `path` in a fresh process (REMAT_BUDGET unset unless `extra_env` sets it),
+    from the directory that holds the remat package; returns the finished process."""
+    path.write_text(text)
     cwd = str(Path(remat.__file__).resolve().parents[1])
     env = {k: v for k, v in os.environ.items() if not k.startswith("REMAT_BUDGET")}
+    return subprocess.run([sys.executable, str(path), *map(str, args)], capture_output=True, text=True,
+                          timeout=timeout, env={**env, **(extra_env or {})}, cwd=cwd)
 
+
+def test_a_dataloader_with_fork_workers_under_REMAT_BUDGET(tmp_path):
     def run(out, with_remat):
         extra = {"WITH_REMAT": "1", "REMAT_BUDGET": "2MiB"} if with_remat else {}
-        done = subprocess.run([sys.executable, str(script), str(out)], capture_output=True, text=True, timeout=300,
-                              env={**env, **extra}, cwd=cwd)
+        done = run_script(tmp_path / "loader.py", DATALOADER_SCRIPT, [out], extra)
         assert done.returncode == 0, done.stderr[-3000:]
         return torch.load(out)
 
@@ -291,14 +295,9 @@ print("ok")
 
 
 def test_a_storage_reading_dispatch_mode_and_a_thread_reading_storages_do_not_deadlock(tmp_path):
-    script = tmp_path / "mode_threads.py"
-    script.write_text(MODE_THREADS_SCRIPT)
-    cwd = str(Path(remat.__file__).resolve().parents[1])
-    env = {k: v for k, v in os.environ.items() if not k.startswith("REMAT_BUDGET")}
     for round_ in range(3):
         try:
-            done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120, env=env,
-                                  cwd=cwd)
+            done = run_script(tmp_path / "mode_threads.py", MODE_THREADS_SCRIPT, timeout=120)
         except subprocess.TimeoutExpired:
             raise AssertionError(f"round {round_}: a mode and a thread reading storages hung (a deadlock)")
         assert done.returncode == 0 and "ok" in done.stdout, done.stderr[-3000:]
