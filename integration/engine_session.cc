@@ -164,13 +164,19 @@ absl::Status EnableLocked(const EngineSessionOptions& options, std::unique_ptr<D
 }
 
 // fork(): every lock remat's state depends on is taken before (in an order no thread takes them in reverse: the
-// engines' in ascending device order, as the router does) and released after, so a child never starts with one held
-// by a thread it does not have. The child keeps the engines with no budget: torch's own allocator serves it (on the
-// CPU), and storages evicted at the fork are rematerialized when read.
+// engines' in ascending device order, as the router does, then g_mutex, which an op's kernel may ask for while its
+// thread holds its engine's lock) and released after, so a child never starts with one held by a thread it does
+// not have. The child keeps the engines with no budget: torch's own allocator serves it (on the CPU), and storages
+// evicted at the fork are rematerialized when read. g_lifecycle_mutex keeps g_engines as it is meanwhile.
 void PrepareFork() {
   g_lifecycle_mutex.lock();
+  std::vector<EngineBridge*> bridges;
+  {
+    std::lock_guard<std::mutex> lock(g_mutex);
+    for (const DeviceEngine& engine : g_engines) bridges.push_back(engine.bridge);
+  }
+  for (EngineBridge* bridge : bridges) bridge->LockForFork();  // each waits for its op running now
   g_mutex.lock();
-  for (const DeviceEngine& engine : g_engines) engine.bridge->LockForFork();  // each waits for its op running now
   SessionPrepareFork();
   HookPrepareFork();
   CpuArenaPrepareFork();

@@ -1,7 +1,8 @@
 // Engine bridge and threads (engine_lock.h; integration/README.md, "Threads"): a kernel whose worker thread
 // allocates under pressure gets room (it borrows the lock its op lends while the kernel runs), an unrelated thread
-// allocating while another thread runs ops gets room, disable from another thread while ops run is safe, and a
-// forked child starts with no lock held and reads what the parent had evicted.
+// allocating while another thread runs ops gets room, disable from another thread while ops run is safe, a
+// forked child starts with no lock held and reads what the parent had evicted, and a fork while another thread's
+// kernel calls into remat does not deadlock.
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/core/dispatch/Dispatcher.h>
@@ -22,6 +23,7 @@
 #include <thread>
 #include <vector>
 
+#include "integration/dispatch_hook.h"
 #include "integration/engine_session.h"
 #include "integration/same_bytes.h"
 #include "tests/integration/chain_workload.h"
@@ -37,12 +39,34 @@ at::Tensor WorkerAllocates(const at::Tensor& x) {
   return x.clone();  // nested op: part of this one
 }
 
-TORCH_LIBRARY(remat_threads_test, m) { m.def("worker_allocates(Tensor x) -> Tensor"); }
-TORCH_LIBRARY_IMPL(remat_threads_test, CPU, m) { m.impl("worker_allocates", &WorkerAllocates); }
+// A kernel that reads its input's bytes through an export, as C++ code must (engine_session.h, MakeResident), a
+// little while after it started: the export asks for the session's mutex while its thread holds the engine lock.
+at::Tensor ExportsInside(const at::Tensor& x) {
+  std::this_thread::sleep_for(std::chrono::microseconds(200));
+  const absl::Status status = remat::integration::MakeResident(x, /*writable=*/false);
+  TORCH_CHECK(status.ok(), std::string(status.message()));
+  return x.clone();
+}
+
+TORCH_LIBRARY(remat_threads_test, m) {
+  m.def("worker_allocates(Tensor x) -> Tensor");
+  m.def("exports_inside(Tensor x) -> Tensor");
+}
+TORCH_LIBRARY_IMPL(remat_threads_test, CPU, m) {
+  m.impl("worker_allocates", &WorkerAllocates);
+  m.impl("exports_inside", &ExportsInside);
+}
 
 at::Tensor CallWorkerAllocates(const at::Tensor& x) {
   static const auto op = c10::Dispatcher::singleton()
                              .findSchemaOrThrow("remat_threads_test::worker_allocates", "")
+                             .typed<at::Tensor(const at::Tensor&)>();
+  return op.call(x);
+}
+
+at::Tensor CallExportsInside(const at::Tensor& x) {
+  static const auto op = c10::Dispatcher::singleton()
+                             .findSchemaOrThrow("remat_threads_test::exports_inside", "")
                              .typed<at::Tensor(const at::Tensor&)>();
   return op.call(x);
 }
@@ -161,6 +185,36 @@ TEST(EngineThreads, AForkedChildStartsWithNoLockHeldAndReadsWhatTheParentEvicted
   ASSERT_EQ(waitpid(child, &status, 0), child);
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "child status " << status;
   for (std::size_t i = 0; i < ys.size(); ++i) EXPECT_TRUE(SameBytes(ys[i], reference[i])) << i;
+}
+
+// fork()'s handlers take every engine lock, then the session's mutex: an op whose kernel exports (and so asks for
+// the mutex while its thread holds the engine lock) finishes first. They took the mutex first, and the two waited
+// for each other. A deadlock ends the test by SIGALRM instead of hanging it.
+TEST(EngineThreads, AForkWhileAnotherThreadsKernelExportsDoesNotDeadlock) {
+  const at::Tensor x = at::randn({64, 64});
+  EngineGuard guard(EngineSessionOptions{64 << 20, "dtr-eq"});
+  (void)CallExportsInside(x);  // set up before the fork (see the test above)
+  std::atomic<bool> stop{false};
+  std::atomic<int> calls{0};
+  std::thread busy([&] {
+    const ScopedHook hook;  // a C++ thread's ops are recorded once it switches the hook on
+    while (!stop.load()) {
+      (void)CallExportsInside(x);
+      calls.fetch_add(1);
+    }
+  });
+  alarm(60);
+  for (int i = 0; i < 50; ++i) {
+    const pid_t child = fork();
+    if (child == 0) _exit(0);
+    int status = 0;
+    ASSERT_EQ(waitpid(child, &status, 0), child);
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "child status " << status;
+  }
+  stop = true;
+  busy.join();
+  alarm(0);
+  EXPECT_GT(calls.load(), 0);
 }
 
 }  // namespace

@@ -250,7 +250,8 @@ def test_a_dataloader_with_fork_workers_under_REMAT_BUDGET(tmp_path):
 # calls into remat, which found the engine under its session mutex. Another thread reading storages outside any op
 # held that mutex while it waited for the engine's lock, which the first held while it waited for the mutex: a
 # deadlock (torch.jit.fork's tasks under remat.bound.RequiredBytes hung so). The script runs in a subprocess with a
-# timeout: a deadlock fails, not hangs.
+# timeout: a deadlock fails, not hangs. (A fork meanwhile is engine_threads_test's; from Python it still hangs: the
+# fork holds the GIL while it waits for the op, whose Python handler waits for the GIL.)
 MODE_THREADS_SCRIPT = r"""
 import sys, threading, torch, remat
 from torch.utils._python_dispatch import TorchDispatchMode
