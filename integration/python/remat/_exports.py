@@ -49,6 +49,13 @@ def make_resident(tensor: torch.Tensor, writable: bool = True) -> None:
 _TRACING_KEYS = [torch._C.DispatchKey.Python, torch._C.DispatchKey.Functionalize]
 
 
+def storage_identity(tensor: torch.Tensor) -> torch.UntypedStorage:
+    """`tensor`'s storage object without exporting it: for remat's own bookkeeping (remat.bound), which reads its
+    address as an identity and its size, never its bytes. (An export would fix the storage for as long as it lives,
+    and from inside an op it waits for the op's end.)"""
+    return getattr(torch.Tensor.untyped_storage, "__remat_original__", torch.Tensor.untyped_storage)(tensor)
+
+
 def _traced(keys) -> bool:
     return any(keys.has(key) for key in _TRACING_KEYS)
 

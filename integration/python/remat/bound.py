@@ -24,7 +24,9 @@ are not counted: remat's arena does not hold them, and its peak does not count t
 
 A kernel's own buffers are only seen through remat's arena: measure under `remat.enable(budget)` with a budget that
 never binds (every allocation then comes from the arena, nothing is evicted) to count them; without remat they
-count as nothing. Under remat it restarts the arena's peak at every op (remat.reset_peak()).
+count as nothing. Under remat it restarts the arena's peak at every op (remat.reset_peak()). The arena is the
+process's: while other threads allocate (torch.jit.fork's tasks), their bytes count towards the op that runs then,
+so for such a program the bound may be a little high, and vary from run to run.
 
 The tests use it to tell a budget remat fails at from one that no drop-and-recompute policy can meet. It runs ops
 through a Python dispatch mode: it measures, it does not train fast.
@@ -40,6 +42,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 from ._engine import optimizer_state_tensors
+from ._exports import storage_identity
 
 __all__ = ["RequiredBytes"]
 
@@ -56,7 +59,7 @@ def _storage_keys(t: torch.Tensor):
         return [*_storage_keys(compressed), *_storage_keys(plain), *_storage_keys(t.values())]
     if t.is_nested or t._is_zerotensor():
         return []
-    storage = t.untyped_storage()
+    storage = storage_identity(t)  # not an export: its address is an identity here, its bytes are never read
     return [(storage.data_ptr(), storage.nbytes())]
 
 
