@@ -286,6 +286,14 @@ absl::Status EngineBridge::FixEntry(Entry& entry) {
   return absl::OkStatus();
 }
 
+namespace {
+
+absl::Status UntrackedEvictedError() {
+  return absl::FailedPreconditionError("remat: an evicted storage remat no longer tracks cannot be brought back");
+}
+
+}  // namespace
+
 absl::Status EngineBridge::MakeResident(c10::StorageImpl* impl, bool writable) {
   std::lock_guard<EngineLock> lock(lock_);
   const Export kind = writable ? Export::kWritable : Export::kRead;
@@ -303,7 +311,7 @@ absl::Status EngineBridge::ExportLocked(c10::StorageImpl* impl, Export kind) {
   Entry* found = entries_.Find(impl);
   if (found == nullptr || found->released) {
     if (kind != Export::kWillChange && IsEvicted(*impl)) {
-      return absl::FailedPreconditionError("remat: an evicted storage remat no longer tracks cannot be brought back");
+      return UntrackedEvictedError();
     }
     return absl::OkStatus();  // not remat's: a constant made outside its view keeps its memory anyway
   }
@@ -335,7 +343,7 @@ absl::Status EngineBridge::ExportInsideOp(c10::StorageImpl* impl, Export kind) {
                                                found) != current_.input_entries.end();
   if (of_the_op) {
     if (!tracked && kind != Export::kWillChange && IsEvicted(*impl)) {
-      return absl::FailedPreconditionError("remat: an evicted storage remat no longer tracks cannot be brought back");
+      return UntrackedEvictedError();
     }
     current_.exports_inside.emplace_back(c10::intrusive_ptr<c10::StorageImpl>::reclaim_copy(impl), kind);
     return absl::OkStatus();

@@ -97,16 +97,16 @@ void WaitForApiCalls() {
   while (g_api_calls.load(std::memory_order_acquire) != 0) std::this_thread::yield();
 }
 
-// Every engine's bridge, with an ApiCall that keeps them alive after g_mutex is released (empty: not enabled).
-struct Bridges {
-  std::vector<EngineBridge*> bridges;
+// Every engine, with an ApiCall that keeps their bridges alive after g_mutex is released (empty: not enabled).
+struct Engines {
+  std::vector<DeviceEngine> engines;
   std::optional<ApiCall> call;
 };
 
-void FindAllBridges(Bridges& out) {
+void FindAllEngines(Engines& out) {
   std::lock_guard<std::mutex> lock(g_mutex);
-  for (const DeviceEngine& engine : g_engines) out.bridges.push_back(engine.bridge);
-  if (!out.bridges.empty()) out.call.emplace();
+  out.engines = g_engines;
+  if (!out.engines.empty()) out.call.emplace();
 }
 
 // The bridge that tracks `storage`: the one engine's, else the engine of its device (nullptr: none). Holds g_mutex.
@@ -115,6 +115,14 @@ EngineBridge* BridgeOfLocked(c10::StorageImpl& storage) {
   if (g_engines.size() == 1) return g_engines.front().bridge;
   const int e = g_routers.back()->EngineOf(storage);
   return e < 0 ? nullptr : g_engines[static_cast<std::size_t>(e)].bridge;
+}
+
+// BridgeOfLocked under g_mutex, with `call` counting this API call on the bridge found (none when nullptr).
+EngineBridge* FindBridge(c10::StorageImpl& storage, std::optional<ApiCall>& call) {
+  std::lock_guard<std::mutex> lock(g_mutex);
+  EngineBridge* bridge = BridgeOfLocked(storage);
+  if (bridge != nullptr) call.emplace();
+  return bridge;
 }
 
 // The first engine enables the hook (EnableRemat, with the CPU arena or without); later ones (other devices) add a
@@ -306,28 +314,17 @@ absl::StatusOr<int> PinRematState(const std::vector<at::Tensor>& tensors) {
 absl::Status MakeResident(const at::Tensor& tensor, bool writable) {
   if (!tensor.defined() || !tensor.has_storage()) return absl::OkStatus();
   c10::StorageImpl* impl = tensor.storage().unsafeGetStorageImpl();
-  EngineBridge* bridge = nullptr;
   std::optional<ApiCall> call;
-  {
-    std::lock_guard<std::mutex> lock(g_mutex);
-    bridge = BridgeOfLocked(*impl);
-    if (bridge == nullptr) return absl::OkStatus();
-    call.emplace();
-  }
-  return bridge->MakeResident(impl, writable);
+  EngineBridge* bridge = FindBridge(*impl, call);
+  return bridge == nullptr ? absl::OkStatus() : bridge->MakeResident(impl, writable);
 }
 
 absl::Status StorageWillChange(const c10::Storage& storage) {
   if (!storage) return absl::OkStatus();
-  EngineBridge* bridge = nullptr;
+  c10::StorageImpl* impl = storage.unsafeGetStorageImpl();
   std::optional<ApiCall> call;
-  {
-    std::lock_guard<std::mutex> lock(g_mutex);
-    bridge = BridgeOfLocked(*storage.unsafeGetStorageImpl());
-    if (bridge == nullptr) return absl::OkStatus();
-    call.emplace();
-  }
-  return bridge->StorageWillChange(storage.unsafeGetStorageImpl());
+  EngineBridge* bridge = FindBridge(*impl, call);
+  return bridge == nullptr ? absl::OkStatus() : bridge->StorageWillChange(impl);
 }
 
 absl::StatusOr<PagingSetting> ResolvePaging(const std::optional<std::string>& offload,
@@ -378,17 +375,17 @@ std::vector<int> RematEngineDevices() {
 }
 
 void MarkRematStep() {
-  Bridges all;
-  FindAllBridges(all);
-  for (EngineBridge* bridge : all.bridges) bridge->MarkStep();
+  Engines all;
+  FindAllEngines(all);
+  for (const DeviceEngine& engine : all.engines) engine.bridge->MarkStep();
 }
 
 std::vector<c10::intrusive_ptr<c10::StorageImpl>> RematHeldStorages() {
-  Bridges all;
-  FindAllBridges(all);
+  Engines all;
+  FindAllEngines(all);
   std::vector<c10::intrusive_ptr<c10::StorageImpl>> held;
-  for (EngineBridge* bridge : all.bridges) {
-    for (auto& storage : bridge->HeldStorages()) held.push_back(std::move(storage));
+  for (const DeviceEngine& engine : all.engines) {
+    for (auto& storage : engine.bridge->HeldStorages()) held.push_back(std::move(storage));
   }
   return held;
 }
@@ -409,22 +406,20 @@ TraceRecorder::CountsAgainstBudget RematBudgetedMemory() {
 }
 
 std::string RematPlannedTrace() {
-  Bridges all;
-  FindAllBridges(all);
-  return all.bridges.empty() ? std::string() : all.bridges.front()->PlannedTrace();
+  Engines all;
+  FindAllEngines(all);
+  return all.engines.empty() ? std::string() : all.engines.front().bridge->PlannedTrace();
 }
 
 std::vector<DeviceEngineStats> GetAllEngineStats() {
-  std::vector<std::pair<int, EngineBridge*>> engines;
-  std::optional<ApiCall> call;
-  {
+  Engines all;
+  FindAllEngines(all);
+  if (all.engines.empty()) {
     std::lock_guard<std::mutex> lock(g_mutex);
-    if (g_engines.empty()) return g_last_stats;
-    for (const DeviceEngine& engine : g_engines) engines.emplace_back(engine.device, engine.bridge);
-    call.emplace();
+    return g_last_stats;
   }
   std::vector<DeviceEngineStats> out;
-  for (const auto& [device, bridge] : engines) out.push_back({device, bridge->Stats()});
+  for (const DeviceEngine& engine : all.engines) out.push_back({engine.device, engine.bridge->Stats()});
   return out;
 }
 
