@@ -8,6 +8,7 @@
 // raw_deleter() is truthful) and goes back to that allocator's raw deleter.
 #include "integration/cpu_allocator.h"
 
+#include <ATen/MapAllocator.h>
 #include <c10/core/CPUAllocator.h>
 #include <c10/util/Exception.h>
 
@@ -404,6 +405,16 @@ bool AllocatedByRematArena(const c10::DataPtr& data) {
     if (address >= live->low && address < live->high) return true;
   }
   return false;
+}
+
+bool BorrowedCpuMemory(const c10::DataPtr& data) {
+  if (data.get() == nullptr) return false;
+  const c10::DeleterFnPtr deleter = data.get_deleter();
+  if (deleter == &Delete || deleter == g_previous_raw_deleter.load(std::memory_order_acquire) ||
+      deleter == c10::GetDefaultCPUAllocator()->raw_deleter()) {
+    return false;
+  }
+  return at::MapAllocator::fromDataPtr(data) == nullptr && at::RefcountedMapAllocator::fromDataPtr(data) == nullptr;
 }
 
 std::size_t LiveCpuArenaCount() {

@@ -113,6 +113,11 @@ Arena* InstalledCpuArena();
 // Memory from torch's own allocator (also when remat forwarded the request to it), numpy or from_blob is not.
 bool AllocatedByRematArena(const c10::DataPtr& data);
 
+// True when `data` is host memory torch borrowed (DeviceMemory::Borrowed): not from remat's allocator (arena blocks
+// and forwarded requests), nor from the CPU allocator remat replaced, nor torch's shared memory (at::MapAllocator,
+// at::RefcountedMapAllocator). An empty DataPtr is not borrowed.
+bool BorrowedCpuMemory(const c10::DataPtr& data);
+
 // Arenas not yet deleted: the installed one and retired ones that still hold tensors.
 std::size_t LiveCpuArenaCount();
 

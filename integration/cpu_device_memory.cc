@@ -11,6 +11,8 @@ namespace remat::integration {
 
 bool CpuDeviceMemory::Owns(const c10::DataPtr& data) const { return AllocatedByRematArena(data); }
 
+bool CpuDeviceMemory::Borrowed(const c10::DataPtr& data) const { return BorrowedCpuMemory(data); }
+
 c10::intrusive_ptr<c10::StorageImpl> CpuDeviceMemory::NewStorage(std::size_t nbytes) {
   c10::Allocator* allocator = c10::GetCPUAllocator();
   return c10::make_intrusive<c10::StorageImpl>(c10::StorageImpl::use_byte_size_t(), nbytes,

@@ -15,6 +15,7 @@ class CpuDeviceMemory final : public DeviceMemory {
   c10::DeviceType device_type() const override { return c10::DeviceType::CPU; }
   Arena* arena() override { return arena_; }
   bool Owns(const c10::DataPtr& data) const override;
+  bool Borrowed(const c10::DataPtr& data) const override;
   c10::intrusive_ptr<c10::StorageImpl> NewStorage(std::size_t nbytes) override;
   c10::DataPtr TryAllocate(std::size_t bytes, Placement placement) override;
   absl::Status Slide(c10::StorageImpl& storage, std::uintptr_t to) override;

@@ -9,6 +9,10 @@
 // Contract for implementations:
 //   - Owns(data) is true only for blocks of this memory's arena: memory remat may evict. Memory from any other
 //     allocator (torch's own, numpy, from_blob, another device) is not.
+//   - Borrowed(data) is true for memory torch did not allocate for this device (numpy's under torch.from_numpy,
+//     from_blob's, a DLPack capsule's, a Python buffer's under torch.frombuffer): its owner may write the bytes
+//     between ops without a torch op. Neither this arena's blocks nor the device allocator's (torch's own, the one
+//     remat replaced) nor torch's shared memory (share_memory_(), DataLoader workers' batches) are borrowed.
 //   - NewStorage allocates through the allocator torch uses for this device now, so that a request that does not
 //     fit goes through the arena's pressure handler (the engine) and, failing that, throws c10::OutOfMemoryError.
 //   - TryAllocate never calls the pressure handler (the engine uses it while it makes room).
@@ -68,6 +72,8 @@ class DeviceMemory {
   virtual Arena* arena() = 0;
   // A block of this memory's arena: remat may evict it.
   virtual bool Owns(const c10::DataPtr& data) const = 0;
+  // Memory torch borrowed from another owner, who may write it behind torch's back (see the contract).
+  virtual bool Borrowed(const c10::DataPtr& data) const = 0;
   // A new resizable storage of `nbytes` uninitialized bytes from the allocator torch uses for this device now.
   virtual c10::intrusive_ptr<c10::StorageImpl> NewStorage(std::size_t nbytes) = 0;
   // A block placed as `placement` says, without asking the pressure handler; an empty DataPtr when nothing fits or

@@ -36,6 +36,9 @@ EngineBridge::Entry& EngineBridge::EntryFor(c10::StorageImpl* impl) {
   Entry& entry = entries_.Add(strong);
   entry.root = t;
   entry.pinned = true;
+  // Memory torch borrowed (torch.from_numpy, DLPack, frombuffer): its owner may rewrite it between ops, so ops
+  // that read it are not replayed, as after a writable export.
+  entry.exported = memory_->Borrowed(impl->_mutable_data_ptr_no_checks());
   executor_.SetHome(engine_->StorageOf(t), strong);
   links_.SetOwner(engine_->StorageOf(t), impl);
   ++stats_.constants;

@@ -9,6 +9,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "integration/cpu_allocator.h"
 #include "integration/memory_events.h"
 
 namespace remat::integration {
@@ -63,6 +64,12 @@ c10::Device CudaDeviceMemory::DataPtrDevice() const {
 bool CudaDeviceMemory::Owns(const c10::DataPtr& data) const {
   return data.get() != nullptr && data.get_deleter() == allocator_->raw_deleter() &&
          allocator_->Device(device_).Owns(reinterpret_cast<std::uintptr_t>(data.get()));
+}
+
+bool CudaDeviceMemory::Borrowed(const c10::DataPtr& data) const {
+  if (data.get() == nullptr || data.get_deleter() == allocator_->raw_deleter()) return false;
+  // The test double's tensors are CPU tensors: torch's CPU allocator's memory is torch's own there.
+  return tensor_device_ == c10::DeviceType::CUDA || BorrowedCpuMemory(data);
 }
 
 bool CudaDeviceMemory::OnThisDevice(c10::StorageImpl& storage) const {

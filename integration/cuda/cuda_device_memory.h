@@ -59,6 +59,7 @@ class CudaDeviceMemory final : public DeviceMemory, private DevicePager {
   c10::DeviceType device_type() const override { return tensor_device_; }
   Arena* arena() override { return arena_; }
   bool Owns(const c10::DataPtr& data) const override;
+  bool Borrowed(const c10::DataPtr& data) const override;
   c10::intrusive_ptr<c10::StorageImpl> NewStorage(std::size_t nbytes) override;
   c10::DataPtr TryAllocate(std::size_t bytes, Placement placement) override;
   absl::Status Slide(c10::StorageImpl& storage, std::uintptr_t to) override;

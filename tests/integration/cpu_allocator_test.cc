@@ -2,6 +2,7 @@
 // stats, the pressure handler, and memory that crosses an install boundary going back to whoever allocated it.
 #include "integration/cpu_allocator.h"
 
+#include <ATen/MapAllocator.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/from_blob.h>
@@ -208,6 +209,27 @@ TEST_F(CpuAllocatorTest, RawInterfaceAndZeroBytes) {
   at::Tensor empty = at::empty({0});
   EXPECT_EQ(GetCpuArenaStats()->allocated_bytes, 0u);
   EXPECT_TRUE(allocator->is_simple_data_ptr(allocator->allocate(8)));
+}
+
+TEST_F(CpuAllocatorTest, BorrowedMemoryIsMemoryTorchDidNotAllocate) {
+  at::Tensor before = at::ones({1000});  // torch's allocator, before remat's
+  ASSERT_TRUE(InstallCpuArena(16 * kMiB).ok());
+  at::Tensor during = at::ones({1000});
+  float outside[4] = {1, 2, 3, 4};
+  at::Tensor blob = at::from_blob(outside, {4});  // torch.from_numpy, DLPack and frombuffer borrow so
+  at::Tensor owned_blob = at::from_blob(outside, {4}, [](void*) {});
+  EXPECT_FALSE(BorrowedCpuMemory(before.storage().data_ptr()));
+  EXPECT_FALSE(BorrowedCpuMemory(during.storage().data_ptr()));
+  EXPECT_TRUE(BorrowedCpuMemory(blob.storage().data_ptr()));
+  EXPECT_TRUE(BorrowedCpuMemory(owned_blob.storage().data_ptr()));
+  EXPECT_FALSE(BorrowedCpuMemory(at::empty({0}).storage().data_ptr())) << "no bytes, nothing to rewrite";
+  // torch's shared memory (share_memory_(), a DataLoader worker's batch) is torch's own.
+  at::DataPtr shared = at::MapAllocator::makeDataPtr(at::NewProcessWideShmHandle(), at::ALLOCATOR_MAPPED_SHAREDMEM |
+                                                                                       at::ALLOCATOR_MAPPED_EXCLUSIVE,
+                                                     4096, nullptr);
+  EXPECT_FALSE(BorrowedCpuMemory(shared));
+  before.reset();
+  during.reset();
 }
 
 TEST_F(CpuAllocatorTest, RepeatedInstallsWithTensorsCrossingThem) {
