@@ -316,7 +316,14 @@ absl::Status EngineBridge::ExportLocked(c10::StorageImpl* impl, Export kind) {
     if (kind != Export::kWillChange && IsEvicted(*impl)) {
       return UntrackedEvictedError();
     }
-    return absl::OkStatus();  // not remat's: a constant made outside its view keeps its memory anyway
+    // Not remat's: a constant made outside its view keeps its memory anyway. Written through the export (a parameter
+    // made before enable, exported before any op read it), it is tracked from now on as exported, so that the ops
+    // that read it later are not replayed.
+    if (kind == Export::kWritable && found == nullptr && impl->device_type() == memory_->device_type() &&
+        !impl->sym_nbytes().is_heap_allocated() && impl->nbytes() > 0) {
+      EntryFor(impl).exported = true;
+    }
+    return absl::OkStatus();
   }
   Entry& entry = *found;
   if (absl::Status status = FixEntry(entry); !status.ok()) return status;

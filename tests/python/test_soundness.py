@@ -589,10 +589,12 @@ def test_dlpack_data_ptr_tolist_and_storage_bring_an_evicted_tensor_back():
             assert oracle.same_bytes(t, e)
 
 
-def train_from_a_rewritten_numpy_buffer(budget=None, policy="dtr-eq"):
-    """An environment-style loop: every step numpy writes new observations into one buffer the model reads through
-    torch.from_numpy (no torch op sees the write), and a target computed from the observations of one step is used
-    in the next. Returns (snapshot, stats)."""
+def train_from_a_rewritten_numpy_buffer(budget=None, policy="dtr-eq", source="from_numpy"):
+    """An environment-style loop: every step numpy writes new observations into one buffer the model reads (no torch
+    op sees the write), and a target computed from the observations of one step is used in the next. The buffer is
+    numpy's, read through torch.from_numpy (`source` "from_numpy"), or a torch tensor's exported with .numpy()
+    before remat is enabled ("export_before_enable") or after it, before any op read the tensor
+    ("export_after_enable"). Returns (snapshot, stats)."""
     torch.manual_seed(0)
     layers = []
     for i in range(6):
@@ -600,12 +602,19 @@ def train_from_a_rewritten_numpy_buffer(budget=None, policy="dtr-eq"):
     model = torch.nn.Sequential(*layers, torch.nn.Linear(512, 128))
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     rng = np.random.default_rng(0)
-    buffer = np.zeros((1024, 128), dtype=np.float32)
-    observations = torch.from_numpy(buffer)
+    if source == "from_numpy":
+        buffer = np.zeros((1024, 128), dtype=np.float32)
+        observations = torch.from_numpy(buffer)
+    else:
+        observations = torch.zeros(1024, 128)
+        if source == "export_before_enable":
+            buffer = observations.numpy()
     losses, stats, target = [], None, None
     if budget is not None:
         remat.enable(budget, policy=policy, costs="estimated")
     try:
+        if source == "export_after_enable":
+            buffer = observations.numpy()
         for _ in range(4):
             buffer[:] = rng.standard_normal((1024, 128), dtype=np.float32)
             features = model(observations)
@@ -625,16 +634,18 @@ def train_from_a_rewritten_numpy_buffer(budget=None, policy="dtr-eq"):
     return oracle.capture(model, opt, losses), stats
 
 
-def test_a_model_reading_a_numpy_buffer_the_program_rewrites_trains_as_without_remat():
-    """Memory torch borrowed (torch.from_numpy) may change between ops without a torch op: an op that read it is
-    not replayed (a replay would read the new observations), so every budget trains identically or runs out."""
-    expected, _ = train_from_a_rewritten_numpy_buffer()
-    _, unconstrained = train_from_a_rewritten_numpy_buffer(HUGE)
+@pytest.mark.parametrize("source", ["from_numpy", "export_before_enable", "export_after_enable"])
+def test_a_model_reading_a_numpy_buffer_the_program_rewrites_trains_as_without_remat(source):
+    """Memory torch borrowed (torch.from_numpy), and a tensor exported writable with .numpy() (before remat is on,
+    or before any op read it), may change between ops without a torch op: an op that read it is not replayed (a
+    replay would read the new observations), so every budget trains identically or runs out."""
+    expected, _ = train_from_a_rewritten_numpy_buffer(source=source)
+    _, unconstrained = train_from_a_rewritten_numpy_buffer(HUGE, source=source)
     peak = unconstrained["peak_allocated_bytes"]
     recomputed = 0
     for fraction in (0.95, 0.9, 0.85, 0.8):
         try:
-            got, stats = train_from_a_rewritten_numpy_buffer(int(peak * fraction))
+            got, stats = train_from_a_rewritten_numpy_buffer(int(peak * fraction), source=source)
         except torch.OutOfMemoryError:
             continue
         oracle.assert_identical(expected, got, f"numpy buffer at {fraction} of the peak")

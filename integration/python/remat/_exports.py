@@ -17,21 +17,44 @@ EngineBridge::MakeResident):
 first (``torch.ops.remat.storage_will_change``) and pins what was computed from them. ``pin_memory()`` is an op
 and needs nothing here. C++ code calls remat::integration::MakeResident (engine_session.h) itself.
 
-Installed once at import; each wrapper costs one Python call and a flag test while remat is off.
+Installed once at import; each wrapper costs one Python call and a flag test while remat is off, and a writable
+export then also remembers its tensor (weakly): its holder may write the bytes once remat is on, so enable() exports
+the ones still alive again.
 """
 
 from __future__ import annotations
 
 import functools
+import weakref
 
 import torch
 
 _active = False  # remat is enabled (set by remat.enable / disable): a fast path for the wrappers
 
 
+# Tensors exported writable while remat was off (numpy(), DLPack) and still alive: an array keeps its tensor alive,
+# so its holder may still write the bytes when remat is enabled; enable() exports them again (see set_active).
+_exported_while_off: "weakref.WeakSet[torch.Tensor]" = weakref.WeakSet()
+
+
 def set_active(active: bool) -> None:
+    """Called by enable() once the engine runs (True) and by disable() (False). On enable, the storages exported
+    writable before are exported again, so that the ops that read them under remat are not replayed."""
     global _active
     _active = active
+    if active:
+        exported = list(_exported_while_off)
+        _exported_while_off.clear()
+        for tensor in exported:
+            make_resident(tensor, True)
+
+
+def _remember_export(tensor) -> None:
+    if isinstance(tensor, torch.Tensor):
+        try:
+            _exported_while_off.add(tensor)
+        except TypeError:
+            pass  # a tensor type without weak references: nothing to remember it by
 
 
 def make_resident(tensor: torch.Tensor, writable: bool = True) -> None:
@@ -71,6 +94,8 @@ def _wrap_method(owner, name: str, writable: bool):
     def wrapper(self, *args, **kwargs):
         if _active:
             make_resident(self, writable)
+        elif writable:
+            _remember_export(self)
         return original(self, *args, **kwargs)
 
     wrapper.__remat_original__ = original
@@ -86,6 +111,8 @@ def _wrap_function(module, name: str, writable_of):
     def wrapper(tensor, *args, **kwargs):
         if _active:
             make_resident(tensor, writable_of(kwargs))
+        elif writable_of(kwargs):
+            _remember_export(tensor)
         return original(tensor, *args, **kwargs)
 
     wrapper.__remat_original__ = original

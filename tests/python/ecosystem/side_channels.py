@@ -1,0 +1,163 @@
+"""Programs whose state reaches a step by a side channel: random layers that write their noise into a tensor
+(RReLU) or draw their own samples (fractional max pooling), batch norm's cumulative average (momentum=None, which
+reads num_batches_tracked on the host), ops writing into buffers the program keeps across steps (out=), the
+autograd profiler with memory profiling, features kept in Python between steps, a loss computed from numpy on the
+host, and a model reading an observation buffer numpy rewrites."""
+import numpy as np
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from .harness import std_step
+
+
+def ce_loss(model, data):
+    return F.cross_entropy(model(data[0]), data[1])
+
+
+def image_data(batch=16, side=32, classes=10):
+    return (torch.randn(batch, 3, side, side), torch.randint(0, classes, (batch,)))
+
+
+# 1. RReLU in training (rrelu_with_noise writes the slopes it drew into a noise tensor its backward reads) and
+#    fractional max pooling (samples drawn inside the op)
+class RandomLayers(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.c1 = nn.Conv2d(3, 32, 3, padding=1)
+        self.act = nn.RReLU()
+        self.pool = nn.FractionalMaxPool2d(2, output_ratio=0.6)
+        self.c2 = nn.Conv2d(32, 32, 3, padding=1)
+        self.head = nn.Linear(32, 10)
+
+    def forward(self, x):
+        h = self.pool(self.act(self.c1(x)))
+        h = self.act(self.c2(h))
+        return self.head(h.mean((2, 3)))
+
+
+def random_layers_build():
+    m = RandomLayers()
+    return m, torch.optim.SGD(m.parameters(), 0.05, momentum=0.9), image_data()
+
+
+# 2. batch norm with momentum=None: a cumulative average whose factor comes from num_batches_tracked on the host
+def cumulative_bn_build():
+    m = nn.Sequential(nn.Conv2d(3, 32, 3, padding=1), nn.BatchNorm2d(32, momentum=None), nn.ReLU(),
+                      nn.Conv2d(32, 32, 3, padding=1), nn.BatchNorm2d(32, momentum=None), nn.ReLU(),
+                      nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(32, 10))
+    return m, torch.optim.SGD(m.parameters(), 0.05), image_data()
+
+
+# 3. ops writing into buffers kept across steps (out=): a projection workspace and a running feature sum
+class OutBuffers(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w1 = nn.Linear(64, 256)
+        self.w2 = nn.Linear(256, 10)
+        self.register_buffer("workspace", torch.zeros(1024, 256))
+        self.register_buffer("feature_sum", torch.zeros(256))
+
+    def forward(self, x):
+        with torch.no_grad():
+            torch.matmul(x, self.w1.weight.t(), out=self.workspace)  # a side computation into a kept buffer
+            torch.add(self.feature_sum, self.workspace.sum(0), out=self.feature_sum)
+        h = torch.tanh(self.w1(x) + 1e-3 * self.feature_sum)
+        return self.w2(h)
+
+
+def out_buffers_build():
+    m = OutBuffers()
+    return m, torch.optim.Adam(m.parameters(), 1e-3), (torch.randn(1024, 64), torch.randint(0, 10, (1024,)))
+
+
+# 4. the autograd profiler with memory profiling around every step (its allocation reports come through remat's
+#    allocator)
+def profiled_step(model, opt, data, i):
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True,
+                                record_shapes=True) as prof:
+        loss = std_step(ce_loss)(model, opt, data, i)
+    assert len(prof.key_averages()) > 0
+    return loss
+
+
+def profiled_build():
+    m = nn.Sequential(nn.Conv2d(3, 32, 3, padding=1), nn.ReLU(), nn.Conv2d(32, 32, 3, padding=1), nn.ReLU(),
+                      nn.Conv2d(32, 32, 3, padding=1), nn.ReLU(), nn.Conv2d(32, 32, 3, padding=1), nn.ReLU(),
+                      nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(32, 10))
+    return m, torch.optim.SGD(m.parameters(), 0.05), image_data()
+
+
+# 5. features kept in a Python list across steps (a memory bank of detached embeddings, read by a contrastive loss)
+class Bank(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.enc = nn.Sequential(nn.Linear(64, 512), nn.ReLU(), nn.Linear(512, 512), nn.ReLU(), nn.Linear(512, 128))
+        self.bank = []
+
+    def forward(self, x):
+        z = F.normalize(self.enc(x), dim=1)
+        loss = -(z * z.roll(1, 0)).sum(1).mean()
+        for old in self.bank:
+            loss = loss + (z @ old.t()).logsumexp(1).mean() * 0.1
+        self.bank = (self.bank + [z.detach()])[-3:]
+        return loss
+
+
+def bank_build():
+    m = Bank()
+    return m, torch.optim.Adam(m.parameters(), 1e-3), (torch.randn(256, 64),)
+
+
+# 6. a loss weight computed on the host with numpy from the model's outputs every step (.detach().numpy())
+def host_weight_loss(model, data):
+    out = model(data[0])
+    probs = torch.softmax(out, 1).detach().numpy()
+    weights = torch.from_numpy((1.0 - probs.max(1)).astype(np.float32))  # harder samples count more
+    return (F.cross_entropy(out, data[1], reduction="none") * weights).mean()
+
+
+def host_weight_build():
+    m = nn.Sequential(nn.Linear(64, 512), nn.ReLU(), nn.Linear(512, 512), nn.ReLU(), nn.Linear(512, 10))
+    return m, torch.optim.SGD(m.parameters(), 0.05), (torch.randn(256, 64), torch.randint(0, 10, (256,)))
+
+
+# 7. an environment loop: numpy writes each step's observations into one buffer the model reads via from_numpy, and
+#    the previous step's value estimate (computed from the previous observations) is the target of this step's
+#    (a replay of the previous estimate would read the new observations)
+class ValueNet(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.body = nn.Sequential(nn.Linear(32, 512), nn.Tanh(), nn.Linear(512, 512), nn.Tanh(), nn.Linear(512, 1))
+        self.buffer = np.zeros((2048, 32), dtype=np.float32)
+        self.obs = torch.from_numpy(self.buffer)
+        self.previous = None
+
+
+def env_step(model, opt, data, i):
+    model.buffer[:] = np.random.default_rng(i).standard_normal((2048, 32), dtype=np.float32)
+    value = model.body(model.obs)
+    loss = value.pow(2).mean()
+    if model.previous is not None:
+        loss = loss + (value - 0.9 * model.previous).pow(2).mean()
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+    model.previous = value.detach()
+    return loss
+
+
+def env_build():
+    m = ValueNet()
+    return m, torch.optim.Adam(m.parameters(), 1e-3), ()
+
+
+PROGRAMS = {
+    "rrelu_fractional_pool": (random_layers_build, std_step(ce_loss)),
+    "batch_norm_cumulative": (cumulative_bn_build, std_step(ce_loss)),
+    "out_buffers_across_steps": (out_buffers_build, std_step(ce_loss)),
+    "profiler_memory": (profiled_build, profiled_step),
+    "feature_bank": (bank_build, std_step(lambda m, d: m(d[0]))),
+    "host_numpy_weights": (host_weight_build, std_step(host_weight_loss)),
+    "numpy_observation_buffer": (env_build, env_step),
+}
