@@ -2,7 +2,8 @@
 (RReLU) or draw their own samples (fractional max pooling), batch norm's cumulative average (momentum=None, which
 reads num_batches_tracked on the host), ops writing into buffers the program keeps across steps (out=), the
 autograd profiler with memory profiling, features kept in Python between steps, a loss computed from numpy on the
-host, and a model reading an observation buffer numpy rewrites."""
+host, a model reading an observation buffer numpy rewrites, saved-tensor hooks through numpy, and a gradient hook
+writing through numpy under a cached parametrization."""
 import numpy as np
 import torch
 import torch.nn as nn
@@ -152,6 +153,53 @@ def env_build():
     return m, torch.optim.Adam(m.parameters(), 1e-3), ()
 
 
+# 8. saved-tensor hooks that pack activations into numpy arrays and unpack them with torch.from_numpy (a user's own
+#    offloading: the unpacked tensors are borrowed memory)
+def numpy_hooks_step(model, opt, data, i):
+    def pack(t):
+        return t.detach().numpy().copy() if t.dtype == torch.float32 and t.dim() > 1 else t
+
+    def unpack(saved):
+        return torch.from_numpy(saved) if isinstance(saved, np.ndarray) else saved
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, unpack):
+        loss = ce_loss(model, data)
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+    return loss
+
+
+def numpy_hooks_build():
+    m = nn.Sequential(nn.Linear(64, 512), nn.Tanh(), nn.Linear(512, 512), nn.Tanh(), nn.Linear(512, 10))
+    return m, torch.optim.SGD(m.parameters(), 0.05, momentum=0.9), (torch.randn(512, 64),
+                                                                     torch.randint(0, 10, (512,)))
+
+
+# 9. gradient hooks that scale a gradient in place through numpy, and a parametrization cached for the step
+class Orthogonal(nn.Module):
+    def forward(self, w):
+        return torch.linalg.qr(w)[0]
+
+
+def grad_numpy_build():
+    from torch.nn.utils import parametrize
+    m = nn.Sequential(nn.Linear(64, 256), nn.Tanh(), nn.Linear(256, 256), nn.Tanh(), nn.Linear(256, 10))
+    parametrize.register_parametrization(m[2], "weight", Orthogonal())
+
+    def halve(grad):
+        grad.numpy()[...] *= 0.5  # written through the export
+        return grad
+    m[0].weight.register_hook(halve)
+    return m, torch.optim.Adam(m.parameters(), 1e-3), (torch.randn(512, 64), torch.randint(0, 10, (512,)))
+
+
+def cached_parametrization_step(model, opt, data, i):
+    from torch.nn.utils import parametrize
+    with parametrize.cached():
+        return std_step(ce_loss)(model, opt, data, i)
+
+
 PROGRAMS = {
     "rrelu_fractional_pool": (random_layers_build, std_step(ce_loss)),
     "batch_norm_cumulative": (cumulative_bn_build, std_step(ce_loss)),
@@ -160,4 +208,6 @@ PROGRAMS = {
     "feature_bank": (bank_build, std_step(lambda m, d: m(d[0]))),
     "host_numpy_weights": (host_weight_build, std_step(host_weight_loss)),
     "numpy_observation_buffer": (env_build, env_step),
+    "numpy_saved_tensor_hooks": (numpy_hooks_build, numpy_hooks_step),
+    "numpy_grad_hook_cached_parametrization": (grad_numpy_build, cached_parametrization_step),
 }
