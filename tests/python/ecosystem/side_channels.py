@@ -3,7 +3,8 @@
 reads num_batches_tracked on the host), ops writing into buffers the program keeps across steps (out=), the
 autograd profiler with memory profiling, features kept in Python between steps, a loss computed from numpy on the
 host, a model reading an observation buffer numpy rewrites, saved-tensor hooks through numpy, and a gradient hook
-writing through numpy under a cached parametrization."""
+writing through numpy under a cached parametrization, PPO over a rollout buffer written in place, and a
+diffusion-style step (random timesteps and noise, guidance dropout, an EMA of the weights)."""
 import numpy as np
 import torch
 import torch.nn as nn
@@ -200,6 +201,112 @@ def cached_parametrization_step(model, opt, data, i):
         return std_step(ce_loss)(model, opt, data, i)
 
 
+# 10. PPO-style: a rollout buffer (tensors the program keeps) written row by row in place under no_grad from the
+#     policy's own outputs, advantages computed backwards in time, then two epochs of shuffled minibatch updates of a
+#     clipped surrogate over the buffer
+class ActorCritic(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.body = nn.Sequential(nn.Linear(24, 512), nn.Tanh(), nn.Linear(512, 512), nn.Tanh())
+        self.pi = nn.Linear(512, 6)
+        self.v = nn.Linear(512, 1)
+        self.obs = torch.zeros(16, 256, 24)
+        self.actions = torch.zeros(16, 256, dtype=torch.long)
+        self.logp = torch.zeros(16, 256)
+        self.values = torch.zeros(16, 256)
+        self.rewards = torch.zeros(16, 256)
+
+    def forward(self, obs):
+        h = self.body(obs)
+        return self.pi(h), self.v(h).squeeze(-1)
+
+
+def ppo_step(model, opt, data, i):
+    generator = torch.Generator().manual_seed(100 + i)
+    with torch.no_grad():
+        obs = torch.randn(256, 24, generator=generator)
+        for t in range(16):
+            logits, value = model(obs)
+            dist = torch.distributions.Categorical(logits=logits)
+            action = dist.sample()
+            model.obs[t] = obs
+            model.actions[t] = action
+            model.logp[t] = dist.log_prob(action)
+            model.values[t] = value
+            model.rewards[t] = (action == 2).float() - 0.01 * obs.pow(2).mean(1)
+            obs = 0.9 * obs + 0.1 * torch.randn(256, 24, generator=generator)
+        advantages = torch.zeros_like(model.rewards)
+        running = torch.zeros(256)
+        for t in reversed(range(16)):
+            running = model.rewards[t] - model.values[t] + 0.99 * running
+            advantages[t] = running
+        returns = advantages + model.values
+    flat = lambda t: t.reshape(16 * 256, *t.shape[2:])  # noqa: E731
+    obs_b, act_b, logp_b, adv_b, ret_b = map(flat, (model.obs, model.actions, model.logp, advantages, returns))
+    loss = None
+    for epoch in range(2):
+        order = torch.randperm(16 * 256, generator=generator)
+        for start in range(0, 16 * 256, 1024):
+            idx = order[start:start + 1024]
+            logits, value = model(obs_b[idx])
+            logp = torch.distributions.Categorical(logits=logits).log_prob(act_b[idx])
+            ratio = (logp - logp_b[idx]).exp()
+            surrogate = torch.min(ratio * adv_b[idx], ratio.clamp(0.8, 1.2) * adv_b[idx])
+            loss = -surrogate.mean() + 0.5 * (value - ret_b[idx]).pow(2).mean()
+            opt.zero_grad()
+            loss.backward()
+            nn.utils.clip_grad_norm_(model.parameters(), 0.5)
+            opt.step()
+    return loss
+
+
+def ppo_build():
+    m = ActorCritic()
+    return m, torch.optim.Adam(m.parameters(), 3e-4), ()
+
+
+# 11. diffusion-style: random timesteps per sample, noise drawn in the step, classifier-free guidance dropout of the
+#     condition by a random mask, sinusoidal time embeddings, and an EMA of the weights updated after every step
+class TinyDenoiser(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.time = nn.Sequential(nn.Linear(64, 128), nn.SiLU(), nn.Linear(128, 128))
+        self.cond = nn.Embedding(11, 128)
+        self.inp = nn.Conv2d(3, 64, 3, padding=1)
+        self.mid = nn.Sequential(nn.GroupNorm(8, 64), nn.SiLU(), nn.Conv2d(64, 64, 3, padding=1), nn.GroupNorm(8, 64),
+                                 nn.SiLU(), nn.Conv2d(64, 64, 3, padding=1))
+        self.out = nn.Conv2d(64, 3, 3, padding=1)
+
+    def forward(self, x, t, c):
+        freqs = torch.exp(-torch.arange(32) * (9.2 / 32))
+        emb = torch.cat([torch.sin(t[:, None] * freqs), torch.cos(t[:, None] * freqs)], 1)
+        scale = (self.time(emb) + self.cond(c))[:, :64, None, None]
+        h = self.inp(x)
+        return self.out(h + self.mid(h * (1 + scale)))
+
+
+def diffusion_step(model, opt, data, i):
+    x0, c = data
+    t = torch.randint(0, 1000, (x0.shape[0],)).float()
+    alpha = torch.cos(t / 1000 * 1.5707963)[:, None, None, None]
+    noise = torch.randn_like(x0)
+    c = torch.where(torch.rand(c.shape) < 0.1, torch.full_like(c, 10), c)  # drop the condition for guidance
+    loss = F.mse_loss(model(alpha * x0 + (1 - alpha ** 2).sqrt() * noise, t, c), noise)
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+    with torch.no_grad():
+        for e, p in zip(model.ema, model.parameters()):
+            e.lerp_(p, 0.01)
+    return loss
+
+
+def diffusion_build():
+    m = TinyDenoiser()
+    m.ema = [p.detach().clone() for p in m.parameters()]
+    return m, torch.optim.AdamW(m.parameters(), 1e-3), (torch.randn(16, 3, 32, 32), torch.randint(0, 10, (16,)))
+
+
 PROGRAMS = {
     "rrelu_fractional_pool": (random_layers_build, std_step(ce_loss)),
     "batch_norm_cumulative": (cumulative_bn_build, std_step(ce_loss)),
@@ -210,4 +317,6 @@ PROGRAMS = {
     "numpy_observation_buffer": (env_build, env_step),
     "numpy_saved_tensor_hooks": (numpy_hooks_build, numpy_hooks_step),
     "numpy_grad_hook_cached_parametrization": (grad_numpy_build, cached_parametrization_step),
+    "ppo_rollout_buffer": (ppo_build, ppo_step),
+    "diffusion_cfg_ema": (diffusion_build, diffusion_step),
 }
