@@ -428,6 +428,8 @@ void CpuArenaPrepareFork() { g_registry_mutex.lock(); }
 
 void CpuArenaParentAfterFork() { g_registry_mutex.unlock(); }
 
+bool InForkedChildOfCpuArena() { return g_forked_child.load(std::memory_order_relaxed); }
+
 void CpuArenaChildAfterFork() {
   g_forked_child.store(true, std::memory_order_relaxed);
   g_active = nullptr;  // torch's own allocator serves the child (our allocator forwards to it)

@@ -84,6 +84,8 @@ void SetCpuPressureHandler(PressureHandler* handler);
 void CpuArenaPrepareFork();
 void CpuArenaParentAfterFork();
 void CpuArenaChildAfterFork();
+// True in a forked child: no arena may be touched there (CpuDeviceMemory then has none).
+bool InForkedChildOfCpuArena();
 
 // Which end of a free block this thread's next CPU allocations take (Coop's cheap-tensor partitioning: the
 // runtime sets kLow around costly ops). Default kLow.

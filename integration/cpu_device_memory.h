@@ -3,6 +3,7 @@
 // are memcpy, and the arena operations go to the installed arena.
 #pragma once
 
+#include "integration/cpu_allocator.h"
 #include "integration/device_memory.h"
 
 namespace remat::integration {
@@ -13,7 +14,9 @@ class CpuDeviceMemory final : public DeviceMemory {
   explicit CpuDeviceMemory(Arena* arena) : arena_(arena) {}
 
   c10::DeviceType device_type() const override { return c10::DeviceType::CPU; }
-  Arena* arena() override { return arena_; }
+  // None in a forked child: the arena's lock may have been held by a parent thread that does not exist there (a
+  // rematerialization in a DataLoader worker naming its block's owner waited for it forever).
+  Arena* arena() override { return InForkedChildOfCpuArena() ? nullptr : arena_; }
   bool Owns(const c10::DataPtr& data) const override;
   bool Borrowed(const c10::DataPtr& data) const override;
   c10::intrusive_ptr<c10::StorageImpl> NewStorage(std::size_t nbytes) override;

@@ -173,6 +173,7 @@ TEST(EngineThreads, AForkedChildStartsWithNoLockHeldAndReadsWhatTheParentEvicted
   });
   const pid_t child = fork();
   if (child == 0) {
+    alarm(30);               // a hung child ends too (an alarm is not inherited)
     at::set_num_threads(1);  // GNU OpenMP does not survive fork(); DataLoader workers do the same
     int bad = 0;
     for (std::size_t i = 0; i < ys.size(); ++i) bad += !SameBytes(ys[i], reference[i]);  // rematerialized here
@@ -185,6 +186,43 @@ TEST(EngineThreads, AForkedChildStartsWithNoLockHeldAndReadsWhatTheParentEvicted
   ASSERT_EQ(waitpid(child, &status, 0), child);
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "child status " << status;
   for (std::size_t i = 0; i < ys.size(); ++i) EXPECT_TRUE(SameBytes(ys[i], reference[i])) << i;
+}
+
+// A thread that frees arena blocks holds the arena's lock outside every lock fork()'s handlers take, so a child may
+// start with that lock held by a thread it does not have: the child must never touch the arena. Its rematerializations
+// named their blocks' owners in it (TorchExecutor::SetOwner) and waited forever, now and then. Many forks while a
+// thread allocates and frees make the window likely; a hang ends the test by SIGALRM.
+TEST(EngineThreads, ForkedChildrenRematerializeWhileAnotherThreadFreesArenaBlocks) {
+  const at::Tensor x = at::randn({128, 128});
+  at::manual_seed(3);
+  const std::vector<at::Tensor> reference = Chain(x, 20);
+  EngineGuard guard(EngineSessionOptions{512 * kKiB, "dtr-eq"});
+  at::manual_seed(3);
+  std::vector<at::Tensor> ys = Chain(x, 20);
+  ASSERT_GT(GetEngineStats()->engine.evictions, 0);
+  (void)at::empty({1024});  // set up before the fork (see the test above)
+  at::set_num_threads(at::get_num_threads());
+  std::atomic<bool> stop{false};
+  std::thread busy([&] {
+    while (!stop.load()) (void)at::empty({1024});  // an arena Allocate and Free, over and over
+  });
+  alarm(120);
+  for (int round = 0; round < 40; ++round) {
+    const pid_t child = fork();
+    if (child == 0) {
+      alarm(30);  // a hung child ends too (an alarm is not inherited), so no orphan holds the test's output open
+      at::set_num_threads(1);
+      int bad = 0;
+      for (std::size_t i = 0; i < ys.size(); ++i) bad += !SameBytes(ys[i], reference[i]);  // rematerialized here
+      _exit(bad == 0 ? 0 : 1);
+    }
+    int status = 0;
+    ASSERT_EQ(waitpid(child, &status, 0), child);
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "round " << round << ", child status " << status;
+  }
+  alarm(0);
+  stop = true;
+  busy.join();
 }
 
 // fork()'s handlers take every engine lock, then the session's mutex: an op whose kernel exports (and so asks for
