@@ -154,13 +154,29 @@ TEST(EngineThreads, DisableFromAnotherThreadWhileOpsRunIsSafe) {
   }
 }
 
-TEST(EngineThreads, AForkedChildStartsWithNoLockHeldAndReadsWhatTheParentEvicted) {
+// Chain(x, 20) without remat (`reference`), then the same under a 512 KiB budget (`ys`: most of them evicted), with
+// remat on for as long as it lives.
+struct EvictedChain {
+  static std::vector<at::Tensor> Seeded(const at::Tensor& x) {
+    at::manual_seed(3);
+    return Chain(x, 20);
+  }
+  // How many of ys differ from the reference; reading them rematerializes them.
+  int Wrong() const {
+    int bad = 0;
+    for (std::size_t i = 0; i < ys.size(); ++i) bad += !SameBytes(ys[i], reference[i]);
+    return bad;
+  }
+
   const at::Tensor x = at::randn({128, 128});
-  at::manual_seed(3);
-  const std::vector<at::Tensor> reference = Chain(x, 20);
-  EngineGuard guard(EngineSessionOptions{512 * kKiB, "dtr-eq"});
-  at::manual_seed(3);
-  std::vector<at::Tensor> ys = Chain(x, 20);  // most of them evicted now
+  const std::vector<at::Tensor> reference = Seeded(x);
+  EngineGuard engine{EngineSessionOptions{512 * kKiB, "dtr-eq"}};
+  const std::vector<at::Tensor> ys = Seeded(x);
+};
+
+TEST(EngineThreads, AForkedChildStartsWithNoLockHeldAndReadsWhatTheParentEvicted) {
+  const EvictedChain chain;
+  const at::Tensor& x = chain.x;
   ASSERT_GT(GetEngineStats()->engine.evictions, 0);
   // What the busy thread and the child run is set up once before the fork: a first use registers static destructors
   // (__cxa_atexit, under a libc lock), and a fork while the busy thread held that lock left the child waiting for it
@@ -175,8 +191,7 @@ TEST(EngineThreads, AForkedChildStartsWithNoLockHeldAndReadsWhatTheParentEvicted
   if (child == 0) {
     alarm(30);               // a hung child ends too (an alarm is not inherited)
     at::set_num_threads(1);  // GNU OpenMP does not survive fork(); DataLoader workers do the same
-    int bad = 0;
-    for (std::size_t i = 0; i < ys.size(); ++i) bad += !SameBytes(ys[i], reference[i]);  // rematerialized here
+    const int bad = chain.Wrong();  // rematerialized here
     const at::Tensor big = at::empty({1 << 20});  // 4 MiB: more than the budget; the child has no budget
     _exit(bad == 0 && big.numel() == (1 << 20) ? 0 : 1);
   }
@@ -185,7 +200,7 @@ TEST(EngineThreads, AForkedChildStartsWithNoLockHeldAndReadsWhatTheParentEvicted
   int status = 0;
   ASSERT_EQ(waitpid(child, &status, 0), child);
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "child status " << status;
-  for (std::size_t i = 0; i < ys.size(); ++i) EXPECT_TRUE(SameBytes(ys[i], reference[i])) << i;
+  EXPECT_EQ(chain.Wrong(), 0);
 }
 
 // A thread that frees arena blocks holds the arena's lock outside every lock fork()'s handlers take, so a child may
@@ -193,12 +208,7 @@ TEST(EngineThreads, AForkedChildStartsWithNoLockHeldAndReadsWhatTheParentEvicted
 // named their blocks' owners in it (TorchExecutor::SetOwner) and waited forever, now and then. Many forks while a
 // thread allocates and frees make the window likely; a hang ends the test by SIGALRM.
 TEST(EngineThreads, ForkedChildrenRematerializeWhileAnotherThreadFreesArenaBlocks) {
-  const at::Tensor x = at::randn({128, 128});
-  at::manual_seed(3);
-  const std::vector<at::Tensor> reference = Chain(x, 20);
-  EngineGuard guard(EngineSessionOptions{512 * kKiB, "dtr-eq"});
-  at::manual_seed(3);
-  std::vector<at::Tensor> ys = Chain(x, 20);
+  const EvictedChain chain;
   ASSERT_GT(GetEngineStats()->engine.evictions, 0);
   (void)at::empty({1024});  // set up before the fork (see the test above)
   at::set_num_threads(at::get_num_threads());
@@ -212,9 +222,7 @@ TEST(EngineThreads, ForkedChildrenRematerializeWhileAnotherThreadFreesArenaBlock
     if (child == 0) {
       alarm(30);  // a hung child ends too (an alarm is not inherited), so no orphan holds the test's output open
       at::set_num_threads(1);
-      int bad = 0;
-      for (std::size_t i = 0; i < ys.size(); ++i) bad += !SameBytes(ys[i], reference[i]);  // rematerialized here
-      _exit(bad == 0 ? 0 : 1);
+      _exit(chain.Wrong() == 0 ? 0 : 1);  // rematerialized here
     }
     int status = 0;
     ASSERT_EQ(waitpid(child, &status, 0), child);
