@@ -9,6 +9,8 @@
 
 namespace remat::integration {
 
+Arena* CpuDeviceMemory::arena() { return InForkedChildOfCpuArena() ? nullptr : arena_; }
+
 bool CpuDeviceMemory::Owns(const c10::DataPtr& data) const { return AllocatedByRematArena(data); }
 
 bool CpuDeviceMemory::Borrowed(const c10::DataPtr& data) const { return BorrowedCpuMemory(data); }

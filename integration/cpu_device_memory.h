@@ -3,7 +3,6 @@
 // are memcpy, and the arena operations go to the installed arena.
 #pragma once
 
-#include "integration/cpu_allocator.h"
 #include "integration/device_memory.h"
 
 namespace remat::integration {
@@ -16,7 +15,7 @@ class CpuDeviceMemory final : public DeviceMemory {
   c10::DeviceType device_type() const override { return c10::DeviceType::CPU; }
   // None in a forked child: the arena's lock may have been held by a parent thread that does not exist there (a
   // rematerialization in a DataLoader worker naming its block's owner waited for it forever).
-  Arena* arena() override { return InForkedChildOfCpuArena() ? nullptr : arena_; }
+  Arena* arena() override;
   bool Owns(const c10::DataPtr& data) const override;
   bool Borrowed(const c10::DataPtr& data) const override;
   c10::intrusive_ptr<c10::StorageImpl> NewStorage(std::size_t nbytes) override;
