@@ -138,6 +138,13 @@ struct EngineOptions {
   // hole. Barriers: blocks the engine does not know (the running kernel's scratch and new outputs) and storages the
   // running kernel reads or writes.
   bool relocate = true;
+  // Arena mode with relocate: when the free bytes hold a request that no hole holds, compact before the policy
+  // evicts, if a run can be joined by moving at most this many times the request's bytes. A policy that evicts
+  // until a hole forms throws away (and later recomputes) many storages to save one copy; measured on the ecosystem
+  // probe's PPO at its peak: 2,489 evictions without, 166 with a limit of 2 (4 and 8 moved more and evicted more).
+  // Not for policies that search windows (Coop): their windows already count free blocks. 0: evict first (the DTR
+  // paper's configuration; compaction stays the last resort).
+  std::size_t compact_first_limit = 2;
 };
 
 struct OutputSpec {
@@ -457,8 +464,10 @@ class Engine final : public PressureHandler, private StorageView {
   absl::StatusOr<bool> PageLruConstant();
   // Relocation of idle unevictable storages (EngineOptions::relocate); true when something moved.
   absl::StatusOr<bool> RelocateIdle(Arena& arena, std::size_t bytes);
-  // Compaction (EngineOptions::relocate) of the cheapest run that can hold `bytes`; true when something moved.
-  absl::StatusOr<bool> Compact(Arena& arena, std::size_t bytes);
+  // Compaction (EngineOptions::relocate) of the cheapest run that can hold `bytes`, if it moves at most
+  // `max_moved` bytes; true when something moved.
+  absl::StatusOr<bool> Compact(Arena& arena, std::size_t bytes,
+                               std::size_t max_moved = std::numeric_limits<std::size_t>::max());
   // Whether s is an input or a resident output of the kernel running now (a replay inside Execute, or the op
   // between BeginOp and EndOp/AbortOp): its memory must not move.
   bool UsedByRunningKernel(StorageIndex s) const;

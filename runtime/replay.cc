@@ -417,6 +417,7 @@ ReplayResult Replayer::Run(const ReplayOptions& options) {
   eo.free_dead = product;
   eo.free_released_constants = product;
   eo.arena = arena.get();
+  eo.compact_first_limit = product ? options.compact_first_limit : 0;
   eo.paging.mode = options.offload;
   eo.paging.bandwidth_bytes_per_s = options.bandwidth_bytes_per_s;
   eo.paging.latency_ns = options.link_latency_ns;

@@ -85,6 +85,9 @@ struct ReplayOptions {
   EngineConfig engine = EngineConfig::kProduct;  // see the contract above
   bool cheap_tensor_partitioning = true;  // arena mode: costly ops' outputs low, others high
   std::int64_t arena_alignment = 512;  // arena mode only
+  // Arena mode: EngineOptions::compact_first_limit (times the request; 0 evicts first). The DTR paper's
+  // configuration always evicts first.
+  std::size_t compact_first_limit = EngineOptions{}.compact_first_limit;
   // Arena mode: a stitching arena with granules of this many bytes (issue 18; ArenaOptions::granule): the budget
   // counts mapped granules, address space is not limited, and window policies rank by cost alone. 0: no stitching.
   std::int64_t stitch_granule = 0;

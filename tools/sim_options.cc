@@ -295,6 +295,16 @@ void DefineFlags(CLI::App& app, SimOptions& o, const Vocabulary& vocabulary) {
                "instead of what remat runs under PyTorch (runtime/replay.h); parity needs it");
   app.add_flag_callback("--no-partition", [&o] { o.cheap_tensor_partitioning = false; },
                         "arena mode: no cheap-tensor partitioning (all blocks placed low)");
+  value("--compact-first", "N",
+        "arena mode: when the free bytes hold a request but no hole does, first slide\n"
+        "blocks together if that moves at most N times the request (default 2;\n"
+        "0: evict until a hole forms, compact only as the last resort)",
+        [&](const std::string& t) {
+          return absl::SimpleAtoi(t, &o.compact_first_limit) && !absl::StartsWith(t, "-") &&
+                         o.compact_first_limit <= 1024
+                     ? absl::OkStatus()
+                     : Bad("--compact-first", absl::StrCat("'", t, "' is not an integer in [0, 1024]"));
+        });
   value("--offload", "M,...",
         "paging to a second (host) tier: off, auto (page or drop, whichever the cost\n"
         "model prefers), always (page whenever the host tier has room); a comma list\n"

@@ -82,6 +82,7 @@ struct SimOptions {
   bool ignore_small = false;
   bool dtr_paper = false;              // the DTR paper's engine configuration instead of the product's
   bool cheap_tensor_partitioning = true;
+  std::size_t compact_first_limit = 2;  // --compact-first (ReplayOptions::compact_first_limit; 2 is its default)
   std::uint64_t granule_bytes = std::uint64_t{2} << 20;  // --mode stitch: the granule (CUDA's VMM granularity)
   // Paging (runtime/replay.h ReplayOptions). Names as given (validated against ParseOffloadMode).
   std::vector<std::string> offload = {"off"};

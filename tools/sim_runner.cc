@@ -57,6 +57,7 @@ ReplayOptions MakeReplayOptions(const SimOptions& options, AccountingMode mode, 
   replay.seed = options.seed;
   replay.engine = options.dtr_paper ? EngineConfig::kDtrPaper : EngineConfig::kProduct;
   replay.cheap_tensor_partitioning = options.cheap_tensor_partitioning;
+  replay.compact_first_limit = options.compact_first_limit;
   if (options.mode == kStitchMode) replay.stitch_granule = static_cast<std::int64_t>(options.granule_bytes);
   // The names were validated by ParseSimOptions; an unknown one cannot get here.
   replay.offload = ParseOffloadMode(job.offload).value_or(OffloadMode::kOff);

@@ -1,6 +1,7 @@
 // Tests for the engine's relocation (EngineOptions::relocate: Executor::Relocate, compaction with Executor::Slide,
 // Engine::MakeHoleForRetry) in arena mode, and for what Engine::Hold keeps in place, through the simulator's executor.
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -14,9 +15,10 @@
 namespace remat {
 namespace {
 
-// An engine (dtr-eq) over a fresh 1024-byte arena (64-byte units) with nothing in it.
+// An engine (dtr-eq) over a fresh 1024-byte arena (64-byte units) with nothing in it. Compacting first
+// (EngineOptions::compact_first_limit) is off unless asked for: most tests here pin the last resort's steps.
 struct Empty {
-  explicit Empty(bool relocate = true) {
+  explicit Empty(bool relocate = true, std::size_t compact_first_limit = 0) {
     arena = *Arena::Create(MakeVirtualProvider(), ArenaOptions{.capacity = 1024, .alignment = 64});
     policy = *MakePolicy("dtr-eq");
     executor = std::make_unique<SimExecutor>(arena.get(), /*cheap_tensor_partitioning=*/false);
@@ -26,6 +28,7 @@ struct Empty {
     o.policy = policy.get();
     o.arena = arena.get();
     o.relocate = relocate;
+    o.compact_first_limit = compact_first_limit;
     engine = std::make_unique<Engine>(o, executor.get());
     arena->SetPressureHandler(engine.get());
     arena->ForEachBlock([&](const BlockInfo& block) { base = base == 0 ? block.address : base; });
@@ -127,6 +130,48 @@ TEST(RelocateTest, InputsLockedWhileAnotherInputReplaysMayMove) {
 
 // Holes of 64 and 192 bytes around a 256-byte constant: moving it out needs a hole of 256 that does not exist, but
 // sliding it down joins the holes. Layout: c0 [0,64), hole [64,128), c1 [128,384), hole [384,576), c2 [576,1024).
+// Compacting first: c0, then six 128-byte activations and a 64-byte constant fill 896 bytes; with a1 and a3 released,
+// 384 bytes are free in three 128-byte holes. A 256-byte request slides a2 (128 bytes, within twice the request)
+// onto a1's hole and evicts nothing; evicting first, the policy evicts until a hole forms.
+struct ActivationsBetweenHoles : Empty {
+  explicit ActivationsBetweenHoles(std::size_t compact_first_limit) : Empty(true, compact_first_limit) {
+    c0 = *engine->Constant(64);
+    const std::vector<TensorId> from_c0 = {c0};
+    const std::vector<OutputSpec> spec128 = {{128, -1}};
+    for (int i = 0; i < 6; ++i) a.push_back((*engine->Call(from_c0, spec128, 10, "act"))[0]);
+    (void)*engine->Constant(64);
+    engine->Release(a[1]);
+    engine->Release(a[3]);
+  }
+  absl::StatusOr<std::span<const TensorId>> Request() {
+    const std::vector<TensorId> in = {c0};
+    const std::vector<OutputSpec> spec256 = {{256, -1}};
+    return engine->Call(in, spec256, 10, "big");
+  }
+  TensorId c0 = 0;
+  std::vector<TensorId> a;
+};
+
+TEST(RelocateTest, CompactingFirstSlidesInsteadOfEvicting) {
+  ActivationsBetweenHoles f(/*compact_first_limit=*/2);
+  ASSERT_EQ(f.arena->Stats().free_bytes, 384u);
+  ASSERT_EQ(f.arena->Stats().largest_free_block, 128u);
+  auto result = f.Request();
+  ASSERT_TRUE(result.ok()) << result.status();
+  EXPECT_EQ(f.engine->stats().evictions, 0);
+  EXPECT_EQ(f.engine->stats().compactions, 1);
+  EXPECT_EQ(f.engine->stats().compacted_bytes, 128);
+  for (int i : {0, 2, 4, 5}) EXPECT_TRUE(f.engine->Resident(f.engine->StorageOf(f.a[i]))) << "a" << i;
+}
+
+TEST(RelocateTest, EvictingFirstEvictsUntilAHoleForms) {
+  ActivationsBetweenHoles f(/*compact_first_limit=*/0);
+  auto result = f.Request();
+  ASSERT_TRUE(result.ok()) << result.status();
+  EXPECT_GE(f.engine->stats().evictions, 1);
+  EXPECT_EQ(f.engine->stats().compactions, 0);
+}
+
 TEST(RelocateTest, CompactionSlidesWhatNoHoleCanTake) {
   Empty e;
   const TensorId c0 = *e.engine->Constant(64);
