@@ -697,6 +697,7 @@ absl::StatusOr<c10::Stack> ReplayWith(const OpRecord& record, c10::Stack argumen
     AutocastDtypeGuard autocast_cuda(c10::DeviceType::CUDA, record.autocast_cuda_dtype);
     SuspendHook suspend;
     c10::AutoGradMode grad_mode(record.grad_enabled);
+    KernelSettingsScope settings(record.kernel_settings);
     at::AutoDispatchBelowADInplaceOrView below_autograd;
     std::optional<LentGeneratorState> lent;
     if (default_generator.has_value()) lent.emplace(*default_generator, *record.rng);

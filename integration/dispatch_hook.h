@@ -73,6 +73,7 @@
 #include "absl/container/inlined_vector.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "integration/kernel_settings.h"
 
 namespace remat::integration {
 
@@ -143,6 +144,9 @@ struct OpTraits {
   // Its outputs are uninitialized memory (aten::empty and friends: op_effects.h ProducesUninitializedMemory),
   // decided once here rather than by name on every op.
   bool uninitialized = false;
+  // A matrix product, convolution, recurrent layer or attention (policies/costly_ops.h): its kernel may compute at
+  // a reduced float32 precision (TF32, oneDNN bf16), which its record captures (KernelSettings::Capture).
+  bool reads_float32_precision = false;
 };
 
 const OpTraits& TraitsOf(const c10::OperatorHandle& op);
@@ -184,7 +188,8 @@ struct OpRecord {
       : op(std::move(handle)),
         traits(&op_traits),
         tls_keys(c10::impl::tls_local_dispatch_key_set()),
-        grad_enabled(c10::GradMode::is_enabled()) {}
+        grad_enabled(c10::GradMode::is_enabled()),
+        kernel_settings(KernelSettings::Capture(op_traits.reads_float32_precision)) {}
 
   c10::OperatorHandle op;
   const OpTraits* traits;
@@ -211,6 +216,9 @@ struct OpRecord {
   // Grad mode at capture, restored for a replay: some kernels return more when it is on (mkldnn_rnn_layer's
   // workspace), and replays run from backward, where it is off.
   bool grad_enabled;
+  // The process-wide settings that choose what a kernel computes (default dtype, thread count, backend flags),
+  // restored for a replay (kernel_settings.h).
+  KernelSettings kernel_settings;
   // The autocast dtypes in effect at capture, for the devices whose autocast was on; restored for a replay.
   std::optional<c10::ScalarType> autocast_cpu_dtype;
   std::optional<c10::ScalarType> autocast_cuda_dtype;

@@ -7,6 +7,7 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/match.h"
 #include "integration/op_capture.h"
+#include "policies/costly_ops.h"
 #include "integration/op_effects.h"
 
 namespace remat::integration {
@@ -64,6 +65,7 @@ std::unique_ptr<OpTraits> ComputeTraits(const c10::FunctionSchema& schema) {
   traits->tracked = !absl::StartsWith(schema.name(), "remat::");
   traits->replayable = !HasExternalEffects(schema.name());
   traits->uninitialized = ProducesUninitializedMemory(traits->name);
+  traits->reads_float32_precision = IsCostlyOp(traits->name);
   const auto& arguments = schema.arguments();
   std::vector<std::vector<c10::Symbol>> argument_sets(arguments.size());
   for (std::size_t i = 0; i < arguments.size(); ++i) {
