@@ -95,16 +95,19 @@ KernelSettings KernelSettings::Capture(bool with_precisions) {
   KernelSettings s;
   s.default_dtype = static_cast<std::int8_t>(c10::get_default_dtype_as_scalartype());
   s.num_threads = static_cast<std::int16_t>(at::get_num_threads());
-  for (std::size_t i = 0; i < kFlags.size(); ++i) s.flags |= static_cast<std::uint32_t>((context.*kFlags[i].first)()) << i;
+  for (std::size_t i = 0; i < kFlags.size(); ++i) {
+    s.flags |= static_cast<std::uint32_t>((context.*kFlags[i].first)()) << i;
+  }
   s.flags |= static_cast<std::uint32_t>(context.deterministicAlgorithms()) << kDeterministicBit;
   s.flags |= static_cast<std::uint32_t>(context.deterministicAlgorithmsWarnOnly()) << kWarnOnlyBit;
   s.has_precisions = with_precisions;
   for (std::size_t i = 0; with_precisions && i < kPrecisions.size(); ++i) {
-    const auto precision = static_cast<std::uint32_t>(context.float32Precision(kPrecisions[i].first, kPrecisions[i].second));
-    s.precisions |= (precision & 0xfu) << (4 * i);
+    const at::Float32Precision precision = context.float32Precision(kPrecisions[i].first, kPrecisions[i].second);
+    s.precisions |= (static_cast<std::uint32_t>(precision) & 0xfu) << (4 * i);
   }
-  s.cublas_reductions = static_cast<std::uint8_t>((static_cast<unsigned>(context.allowFP16ReductionCuBLAS()) & 3u) |
-                                                  (static_cast<unsigned>(context.allowBF16ReductionCuBLAS()) & 3u) << 2);
+  const auto fp16 = static_cast<unsigned>(context.allowFP16ReductionCuBLAS()) & 3u;
+  const auto bf16 = static_cast<unsigned>(context.allowBF16ReductionCuBLAS()) & 3u;
+  s.cublas_reductions = static_cast<std::uint8_t>(fp16 | bf16 << 2);
   return s;
 }
 
