@@ -494,6 +494,10 @@ absl::StatusOr<bool> TorchExecutor::Slide(Engine& engine, std::uint32_t s, std::
   if (!holder || IsEvicted(*holder) || !EvictableMemory(*memory_, *holder) || InUse(holder.get())) return false;
   const MemoryEventScope history("remat: compact", /*op=*/false);
   const absl::Status slid = memory_->Slide(*holder, to);
+  // The engine planned the slide from a listing of the arena taken before it; another thread allocating without
+  // the engine (no pressure) may have taken part of the run since. The arena refuses such a move before touching
+  // anything: not a failure, the run just cannot be joined now (Engine::Compact stops there).
+  if (absl::IsInvalidArgument(slid)) return false;
   if (!slid.ok() && !absl::IsDataLoss(slid)) return slid;
   engine.SetAddress(s, to);  // DataLoss: the block moved without (all of) its bytes; the op fails with the error
   if (!slid.ok()) return slid;
