@@ -47,6 +47,7 @@ std::vector<LiveArena*> g_live;            // every arena not yet deleted; guard
 // The allocator we replaced and its raw deleter; set at install, kept after uninstall.
 std::atomic<c10::Allocator*> g_previous{nullptr};
 std::atomic<c10::DeleterFnPtr> g_previous_raw_deleter{nullptr};
+std::atomic<c10::DeleterFnPtr> g_storage_slice_deleter{nullptr};  // LearnStorageSliceDeleter
 std::uint8_t g_priority = 0;
 std::optional<CpuArenaStats> g_last_stats;  // guarded by g_registry_mutex
 std::atomic<PressureHandler*> g_pressure_handler{nullptr};
@@ -414,7 +415,21 @@ bool BorrowedCpuMemory(const c10::DataPtr& data) {
       deleter == c10::GetDefaultCPUAllocator()->raw_deleter()) {
     return false;
   }
+  if (deleter == g_storage_slice_deleter.load(std::memory_order_acquire)) {
+    // A slice: its bytes are its parent's. A parent in an arena may be evicted or moved under the slice's pointer,
+    // so ops reading the slice are not replayed (as for borrowed memory).
+    const auto* parent = static_cast<const c10::StorageImpl*>(data.get_context());
+    if (parent == nullptr) return true;
+    const c10::DataPtr& parent_data = parent->data_ptr();
+    return AllocatedByRematArena(parent_data) || BorrowedCpuMemory(parent_data);
+  }
   return at::MapAllocator::fromDataPtr(data) == nullptr && at::RefcountedMapAllocator::fromDataPtr(data) == nullptr;
+}
+
+void LearnStorageSliceDeleter(const c10::DataPtr& slice) {
+  TORCH_CHECK(slice.get_deleter() != nullptr && slice.get_context() != nullptr,
+              "remat: learn_storage_slice wants a tensor over a slice of an UntypedStorage (storage[a:b])");
+  g_storage_slice_deleter.store(slice.get_deleter(), std::memory_order_release);
 }
 
 std::size_t LiveCpuArenaCount() {

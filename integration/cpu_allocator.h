@@ -117,8 +117,16 @@ bool AllocatedByRematArena(const c10::DataPtr& data);
 
 // True when `data` is host memory torch borrowed (DeviceMemory::Borrowed): not from remat's allocator (arena blocks
 // and forwarded requests), nor from the CPU allocator remat replaced, nor torch's shared memory (at::MapAllocator,
-// at::RefcountedMapAllocator). An empty DataPtr is not borrowed.
+// at::RefcountedMapAllocator), nor a slice of a storage that is none of these (see LearnStorageSliceDeleter). An
+// empty DataPtr is not borrowed.
 bool BorrowedCpuMemory(const c10::DataPtr& data);
+
+// Teaches BorrowedCpuMemory the deleter of a storage slice (torch.UntypedStorage.__getitem__ with a slice: a
+// StorageImpl over part of another's bytes, whose DataPtr's context is that parent StorageImpl). torch.load(mmap=True)
+// and safetensors give every tensor such a slice of one mapped file, so without it the weights of a model loaded
+// that way count as borrowed and no op reading them is replayed. `slice` is any such DataPtr (the Python package
+// makes one at import); the deleter is a lambda inside torch_python, so it cannot be named from C++.
+void LearnStorageSliceDeleter(const c10::DataPtr& slice);
 
 // Arenas not yet deleted: the installed one and retired ones that still hold tensors.
 std::size_t LiveCpuArenaCount();

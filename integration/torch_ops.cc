@@ -105,6 +105,8 @@ void OpaqueCallBegin(const std::vector<at::Tensor>& written, const std::vector<a
 void OpaqueCallEnd(const std::vector<at::Tensor>& outputs) { EndOpaqueCall(outputs); }
 void OpaqueCallFailedOp() { OpaqueCallFailed(); }
 
+void LearnStorageSlice(const at::Tensor& slice) { LearnStorageSliceDeleter(slice.storage().data_ptr()); }
+
 std::string HookKeyName() {
   absl::StatusOr<c10::DispatchKey> key = InstallHook();
   ThrowIfError(key.status());
@@ -127,6 +129,7 @@ TORCH_LIBRARY(remat, m) {
   m.def("record_stop() -> int", &RecordStop);
   m.def("torch_version() -> str", &TorchVersion);
   m.def("hook_key() -> str", &HookKeyName);
+  m.def("learn_storage_slice(Tensor slice) -> ()", &LearnStorageSlice);
   m.def("opaque_call_begin(Tensor[] written, Tensor[] read, int graph, Tensor[] snapshot) -> ()", &OpaqueCallBegin);
   m.def("opaque_call_end(Tensor[] outputs) -> ()", &OpaqueCallEnd);
   m.def("opaque_call_failed() -> ()", &OpaqueCallFailedOp);

@@ -87,6 +87,9 @@ def _load() -> Path:
             f"If it was built against another torch version (this is torch {torch.__version__}), rebuild remat."
         ) from error
     _check_torch_version(torch.ops.remat.torch_version(), torch.__version__)
+    # A slice of an UntypedStorage (what torch.load(mmap=True) and safetensors give each tensor) shows remat the
+    # deleter such slices carry: their bytes are their parent's, not borrowed memory (cpu_allocator.h).
+    torch.ops.remat.learn_storage_slice(torch.empty(0, dtype=torch.uint8).set_(torch.UntypedStorage(8)[0:4]))
     return path
 
 
