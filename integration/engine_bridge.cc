@@ -287,8 +287,14 @@ void EngineBridge::AfterOp(OpRecord&& record) {
     entry.root = t;
     links_.SetOwner(s, impl.get());
     executor_.SetHome(s, impl);
-    if (entry.pinned) continue;  // a constant written in place stays a constant (the engine pinned it)
-    if (replayable && EvictableMemory(*memory_, *impl)) {
+    if (entry.pinned) {  // a constant written in place stays a constant (the engine pinned it)
+      if (current_.Resized(record, k)) {  // t is a fresh value (PlanOutputs): in other memory, of another size
+        engine_->Pin(t);
+        executor_.SetOwner(AddressOf(*impl), s, /*evictable=*/false);
+      }
+      continue;
+    }
+    if (replayable && EvictableMemory(*memory_, *impl) && !current_.Resized(record, k)) {
       executor_.SetOwner(AddressOf(*impl), s, /*evictable=*/true);
       in_place.emplace_back(k, s);
       keep = true;

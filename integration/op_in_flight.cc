@@ -59,6 +59,7 @@ void OpInFlight::NoteWrites(const OpRecord& record) {
   written_returned.assign(n, false);
   overwrite.assign(n, false);
   covered.assign(n, false);
+  written_bytes.assign(n, 0);
   exports_inside.clear();
   // The schema's written arguments, then the writes it does not declare (never returned: written on the side).
   const std::size_t annotated = traits.written_arguments.size();
@@ -74,6 +75,7 @@ void OpInFlight::NoteWrites(const OpRecord& record) {
       for (std::size_t k = 0; k < n; ++k) {
         if (record.input_storages[k].get() != t.storage().unsafeGetStorageImpl()) continue;
         written[k] = true;
+        written_bytes[k] = static_cast<std::int64_t>(record.input_storages[k]->nbytes());
         written_returned[k] = written_returned[k] || returned;
         covered[k] = covered[k] || (overwrites && returned && CoversStorage(t));
       }
@@ -154,7 +156,12 @@ void OpInFlight::PlanOutputs(const OpRecord& record, const StorageEntries& entri
   for (std::size_t k = 0; k < n; ++k) {
     if (!written_returned[k] || engine_position[k] < 0) continue;
     OutputSpec spec;
-    spec.in_place_of = engine_position[k];
+    if (Resized(record, k)) {
+      spec.bytes = static_cast<std::int64_t>(record.input_storages[k]->nbytes());
+      spec.address = AddressOf(*record.input_storages[k]);
+    } else {
+      spec.in_place_of = engine_position[k];
+    }
     specs.push_back(spec);
     spec_output.push_back(-1 - static_cast<int>(k));
     spec_impl.push_back(record.input_storages[k]);

@@ -65,6 +65,9 @@ struct OpInFlight {
   std::vector<std::uint8_t> written_returned;
   std::vector<std::uint8_t> overwrite;  // a blank storage this op overwrites entirely
   std::vector<std::uint8_t> covered;    // the op overwrites all of it (NoteWrites)
+  // Per input storage the op writes: its size before the kernel (NoteWrites), to see a resize (an out= argument of
+  // another shape, resize_): the kernel gave the StorageImpl other memory of another size.
+  std::vector<std::int64_t> written_bytes;
   std::vector<TensorId> engine_inputs;  // GatherEngineInputs' result
   std::vector<StorageEntries::Entry*> input_entries;  // per record.input_storages: its entry (stable addresses)
   std::vector<StorageIndex> written_constants;  // GatherEngineInputs: constants this op writes
@@ -87,13 +90,18 @@ struct OpInFlight {
   // What the op writes (op_effects.h): per input storage, written, written and returned, and whether the op
   // overwrites all of it (covered: a fill or out= argument covering the storage). Resets the rest for the op.
   void NoteWrites(const OpRecord& record);
+  // After the kernel: input storage k was written and its size changed (see written_bytes). Its new value is a
+  // fresh value of the new size (PlanOutputs), kept as a constant: a replay would have to resize again.
+  bool Resized(const OpRecord& record, std::size_t k) const {
+    return written[k] && static_cast<std::int64_t>(record.input_storages[k]->nbytes()) != written_bytes[k];
+  }
   // An op whose generator state was captured (random ops, opaque calls) replays with it; any other replayable op
   // is watched: if it moves the default generator it is not replayable.
   void WatchGenerator(const OpRecord& record);
   bool GeneratorMoved() const;
   // Fills plan: the op's fresh output storages (not tracked in `entries` yet), the blank storages it overwrote
   // (fresh values in old StorageImpls) and its in-place writes of engine inputs, each with the StorageImpl that
-  // holds it.
+  // holds it; an engine input the op resized is a fresh value (its size and address now), not an in-place one.
   void PlanOutputs(const OpRecord& record, const StorageEntries& entries);
 };
 

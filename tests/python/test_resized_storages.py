@@ -1,0 +1,71 @@
+"""An op that resizes a storage it writes (an out= argument of another shape, resize_): the kernel gives the
+StorageImpl other memory of another size. Its new value is a fresh value of the new size, kept as a constant
+(integration/op_in_flight.h, OpInFlight::Resized); before, remat counted it in place at the old size and a later
+restore failed ("restore source holds 262144 bytes, the evicted storage held 65536").
+Each program runs without remat and under budgets down to where it runs out; every run that finishes must match
+the first byte for byte, and some budget must recompute.
+"""
+import pytest
+import torch
+
+import oracle
+import remat
+
+# torch warns that resizing a non-empty out= argument is deprecated; programs still do it.
+pytestmark = pytest.mark.filterwarnings("ignore:An output with one or more elements was resized")
+
+
+def _mm_out(y):
+    torch.mm(torch.randn(256, 64), torch.randn(64, 256), out=y)  # 64x256 to 256x256
+
+
+def _cat_out(y):
+    torch.cat([y * 1, y * 2, y.sin(), y.cos()], 0, out=y)
+
+
+def _resize_and_fill(y):
+    y.resize_(256, 256)
+    y[64:].fill_(0.5)
+
+
+def _shrink(y):
+    y.resize_(32, 256)  # a storage keeps its bytes when a tensor shrinks
+
+
+def program(resize, budget=None):
+    torch.manual_seed(0)
+    a = torch.randn(64, 64, requires_grad=True)
+    b = torch.randn(64, 256)
+    session = remat.enable(budget, costs="estimated") if budget else None
+    try:
+        h = torch.mm(a, b).tanh()
+        with torch.no_grad():
+            y = h.detach() * 3  # recomputable, then resized
+            resize(y)
+        z = (h.sum(0) * y.sum(0)).sin()
+        pressure = [torch.randn(256, 256).exp() for _ in range(8)]
+        loss = (y * 2).sum() + z.sum() + sum(p.sum() for p in pressure)
+        loss.backward()
+        results = [y.clone(), z.detach().clone(), loss.detach().clone(), a.grad.clone()]
+        stats = remat.stats() if session else None
+    finally:
+        if session:
+            remat.disable()
+    return results, stats
+
+
+@pytest.mark.parametrize("resize", [_mm_out, _cat_out, _resize_and_fill, _shrink],
+                         ids=["mm_out", "cat_out", "resize_and_fill", "shrink"])
+def test_a_resized_storage_keeps_its_new_size(resize):
+    expected, _ = program(resize)
+    recomputed, trained = 0, []
+    for mib in (2, 1.2, 1.0, 0.8, 0.7):
+        try:
+            got, stats = program(resize, int(mib * (1 << 20)))
+        except torch.OutOfMemoryError:
+            continue
+        for k, (want, have) in enumerate(zip(expected, got)):
+            assert oracle.same_bytes(want, have), f"result {k} differs at {mib} MiB"
+        recomputed += stats["rematerializations"]
+        trained.append(mib)
+    assert len(trained) >= 3 and recomputed > 0, f"trained at {trained}, {recomputed} recomputations: shows nothing"
