@@ -1,10 +1,11 @@
-"""Programs whose storages change behind ops or come from outside the allocator, and a generate-then-train loop:
-an out= buffer that an op resizes (a storage that grows in place, step after step), weights loaded from a memory-
-mapped checkpoint (torch.load(mmap=True), load_state_dict(assign=True): storages no allocator made, written by the
-optimizer; the same from safetensors), parameters and gradients as views of two flat buffers (ZeRO-style), and
-language models that sample with a key/value cache under no_grad and then train on what they sampled
-(the loop of RLHF and self-training; a tiny one of our own with a static cache, and GPT-2 through transformers'
-generate). Flex attention has no backward on the CPU in torch 2.14: not here."""
+"""Programs whose storages change behind ops, come from outside the allocator or are seen through other dtypes, and
+generate-then-train loops: an out= buffer that an op resizes (a storage that grows in place, step after step),
+weights loaded from a memory-mapped checkpoint (torch.load(mmap=True), load_state_dict(assign=True): storages no
+allocator made, written by the optimizer; the same from safetensors), parameters and gradients as views of two flat
+buffers (ZeRO-style), LLaMA's rotary embedding through view_as_complex and a torch.polar buffer, an update rounded
+stochastically through the float32 bits seen as int32, and language models that sample with a key/value cache under
+no_grad and then train on what they sampled (the loop of RLHF and self-training; a tiny one of our own with a static
+cache, and GPT-2 through transformers' generate). Flex attention has no backward on the CPU in torch 2.14: not here."""
 import os
 import tempfile
 
@@ -192,6 +193,62 @@ def flat_grads_step(model, opt, data, i):
     return loss
 
 
+class RotaryComplex(nn.Module):
+    """LLaMA's reference rotary embedding: queries and keys seen as complex numbers (view_as_complex of a float
+    reshape), multiplied by a complex64 buffer made with torch.polar, and seen as floats again (view_as_real)."""
+
+    def __init__(self, width=64, heads=4, seq=64):
+        super().__init__()
+        self.heads = heads
+        self.qkv = nn.Linear(width, 3 * width)
+        self.out = nn.Linear(width, width)
+        self.mlp = nn.Sequential(nn.Linear(width, 4 * width), nn.GELU(), nn.Linear(4 * width, 4 * width), nn.GELU(),
+                                 nn.Linear(4 * width, width))
+        self.head = nn.Linear(width, 10)
+        half = width // heads // 2
+        angles = torch.outer(torch.arange(seq).float(), 1.0 / (10000 ** (torch.arange(half).float() / half)))
+        self.register_buffer("freqs_cis", torch.polar(torch.ones_like(angles), angles), persistent=False)
+
+    def rotate(self, x):
+        xc = torch.view_as_complex(x.float().reshape(*x.shape[:-1], -1, 2))
+        return torch.view_as_real(xc * self.freqs_cis[:x.shape[1]].unsqueeze(1)).flatten(3).type_as(x)
+
+    def forward(self, x):
+        b, s, w = x.shape
+        q, k, v = self.qkv(x).view(b, s, 3, self.heads, w // self.heads).unbind(2)
+        q, k = self.rotate(q), self.rotate(k)
+        att = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True)
+        h = x + self.out(att.transpose(1, 2).reshape(b, s, w))
+        return self.head((h + self.mlp(h)).mean(1))
+
+
+def rotary_build():
+    m = RotaryComplex()
+    return m, torch.optim.AdamW(m.parameters(), 1e-3), (torch.randn(32, 64, 64), torch.randint(0, 10, (32,)))
+
+
+def stochastic_rounding_step(model, opt, data, i):
+    """SGD whose update is rounded to bfloat16 stochastically through the float32 bits (x.view(torch.int32)), as
+    low-precision optimizers do, with the random bits drawn from a generator of its own."""
+    generator = torch.Generator().manual_seed(7 + i)
+    model.zero_grad()
+    loss = ce_loss(model, data)
+    loss.backward()
+    with torch.no_grad():
+        for p in model.parameters():
+            updated = p - 0.05 * p.grad
+            bits = updated.view(torch.int32)
+            noise = torch.randint(0, 1 << 16, bits.shape, dtype=torch.int32, generator=generator)
+            rounded = (bits + noise).bitwise_and_(-65536)
+            p.copy_(rounded.view(torch.float32))
+    return loss
+
+
+def stochastic_rounding_build():
+    m = nn.Sequential(nn.Linear(128, 512), nn.GELU(), nn.Linear(512, 512), nn.GELU(), nn.Linear(512, 10))
+    return m, None, (torch.randn(1024, 128), torch.randint(0, 10, (1024,)))
+
+
 PROGRAMS = {
     "out_buffer_resized": (resize_build, std_step(resize_loss)),
     "mmap_loaded_weights": (mmap_build, std_step(ce_loss)),
@@ -199,4 +256,6 @@ PROGRAMS = {
     "hf_generate_then_train": (hf_generate_build, hf_generate_step),
     "safetensors_loaded_weights": (safetensors_build, std_step(ce_loss)),
     "flat_grad_buffers": (flat_grads_build, flat_grads_step),
+    "rotary_view_as_complex": (rotary_build, std_step(ce_loss)),
+    "stochastic_rounding_int_view": (stochastic_rounding_build, stochastic_rounding_step),
 }
