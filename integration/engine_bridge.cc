@@ -27,6 +27,13 @@ using bridge_internal::AddressOf;
 using bridge_internal::ForEachTensor;
 using bridge_internal::Throw;
 
+namespace {
+
+// An in-place chain longer than this makes the storage a constant (StorageEntries::Entry::in_place_writes): a
+// restore would replay every write since the storage was made, each needing what it wrote.
+constexpr std::uint32_t kLongestReplayedInPlaceChain = 8;
+
+}  // namespace
 
 absl::StatusOr<std::unique_ptr<EngineBridge>> EngineBridge::Create(const BridgeOptions& options) {
   absl::StatusOr<std::unique_ptr<Policy>> policy = MakePolicy(options.policy);
@@ -294,7 +301,9 @@ void EngineBridge::AfterOp(OpRecord&& record) {
       }
       continue;
     }
-    if (replayable && EvictableMemory(*memory_, *impl) && !current_.Resized(record, k)) {
+    ++entry.in_place_writes;
+    if (replayable && EvictableMemory(*memory_, *impl) && !current_.Resized(record, k) &&
+        entry.in_place_writes <= kLongestReplayedInPlaceChain) {
       executor_.SetOwner(AddressOf(*impl), s, /*evictable=*/true);
       in_place.emplace_back(k, s);
       keep = true;
@@ -304,6 +313,7 @@ void EngineBridge::AfterOp(OpRecord&& record) {
       NotePinned(impl.get());
       entry.pinned = true;
       executor_.SetOwner(AddressOf(*impl), s, /*evictable=*/false);
+      ++stats_.pinned_outputs;
     }
   }
   if (!record.hidden_copies.empty()) AdoptRemainingCopies(record);

@@ -158,7 +158,7 @@ struct BridgeStats {
   ExecutorStats executor;
   std::int64_t ops = 0;             // ops given to the engine
   std::int64_t constants = 0;       // storages adopted as constants
-  std::int64_t pinned_outputs = 0;  // outputs made constants (not replayable, not arena memory, ...)
+  std::int64_t pinned_outputs = 0;  // outputs and in-place writes made constants (not replayable, not arena, ...)
   std::int64_t generations = 0;     // constants overwritten or freed while records read them
   std::int64_t released = 0;        // storages whose last user reference died
   std::int64_t kept_constant_bytes = 0;  // small dead constants kept because records read them
