@@ -111,6 +111,7 @@ void EngineBridge::BeforeOp(OpRecord& record) {
     // From here the kernel may read its inputs: their memory must not move (until now, while BeginOp replayed
     // what they need, it could).
     executor_.SetRunningOp(&record);
+    current_.NoteWrittenSizes(record);  // its inputs are resident now
     current_.op = *op;
     current_.active = true;
     if (policy_->UsesWindows()) {

@@ -75,11 +75,16 @@ void OpInFlight::NoteWrites(const OpRecord& record) {
       for (std::size_t k = 0; k < n; ++k) {
         if (record.input_storages[k].get() != t.storage().unsafeGetStorageImpl()) continue;
         written[k] = true;
-        written_bytes[k] = static_cast<std::int64_t>(record.input_storages[k]->nbytes());
         written_returned[k] = written_returned[k] || returned;
         covered[k] = covered[k] || (overwrites && returned && CoversStorage(t));
       }
     });
+  }
+}
+
+void OpInFlight::NoteWrittenSizes(const OpRecord& record) {
+  for (std::size_t k = 0; k < written.size(); ++k) {
+    if (written[k]) written_bytes[k] = static_cast<std::int64_t>(record.input_storages[k]->nbytes());
   }
 }
 

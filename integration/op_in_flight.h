@@ -65,8 +65,8 @@ struct OpInFlight {
   std::vector<std::uint8_t> written_returned;
   std::vector<std::uint8_t> overwrite;  // a blank storage this op overwrites entirely
   std::vector<std::uint8_t> covered;    // the op overwrites all of it (NoteWrites)
-  // Per input storage the op writes: its size before the kernel (NoteWrites), to see a resize (an out= argument of
-  // another shape, resize_): the kernel gave the StorageImpl other memory of another size.
+  // Per input storage the op writes: its size before the kernel, inputs resident (NoteWrittenSizes), to see a
+  // resize (an out= argument of another shape, resize_): the kernel gave the StorageImpl other memory of another size.
   std::vector<std::int64_t> written_bytes;
   std::vector<TensorId> engine_inputs;  // GatherEngineInputs' result
   std::vector<StorageEntries::Entry*> input_entries;  // per record.input_storages: its entry (stable addresses)
@@ -90,10 +90,15 @@ struct OpInFlight {
   // What the op writes (op_effects.h): per input storage, written, written and returned, and whether the op
   // overwrites all of it (covered: a fill or out= argument covering the storage). Resets the rest for the op.
   void NoteWrites(const OpRecord& record);
-  // After the kernel: input storage k was written and its size changed (see written_bytes). Its new value is a
-  // fresh value of the new size (PlanOutputs), kept as a constant: a replay would have to resize again.
+  // The sizes of the storages the op writes, once its inputs are resident (an evicted storage's size reads 0) and
+  // before its kernel runs.
+  void NoteWrittenSizes(const OpRecord& record);
+  // After the kernel: input storage k was written in place (not a blank it overwrote, which is a fresh value anyway)
+  // and its size changed (see written_bytes). Its new value is a fresh value of the new size (PlanOutputs), kept as a
+  // constant: a replay would have to resize again.
   bool Resized(const OpRecord& record, std::size_t k) const {
-    return written[k] && static_cast<std::int64_t>(record.input_storages[k]->nbytes()) != written_bytes[k];
+    return written[k] && !overwrite[k] &&
+           static_cast<std::int64_t>(record.input_storages[k]->nbytes()) != written_bytes[k];
   }
   // An op whose generator state was captured (random ops, opaque calls) replays with it; any other replayable op
   // is watched: if it moves the default generator it is not replayable.

@@ -69,3 +69,33 @@ def test_a_resized_storage_keeps_its_new_size(resize):
         recomputed += stats["rematerializations"]
         trained.append(mib)
     assert len(trained) >= 3 and recomputed > 0, f"trained at {trained}, {recomputed} recomputations: shows nothing"
+
+
+def test_an_in_place_write_of_an_evicted_storage_is_not_a_resize():
+    """An evicted storage's size reads 0 until remat brings it back for the op: the write keeps it evictable (the
+    first version of the check took the size before the restore, pinned the value, and a later replay of
+    torchvision's DeepLabV3 failed with 'replay of aten::hardswish_: input 0 is not resident')."""
+    torch.manual_seed(0)
+    with remat.enable(3 << 20, costs="estimated"):
+        x = torch.randn(256, 1024).tanh()  # 1 MiB, recomputable
+        evictions = remat.stats()["evictions"]
+        filler = torch.empty(5 << 19, dtype=torch.uint8)  # 2.5 MiB, uninitialized: a constant, so x must go
+        assert remat.stats()["evictions"] > evictions
+        del filler
+        pinned = remat.stats()["pinned_outputs"]
+        x.relu_()
+        assert remat.stats()["pinned_outputs"] == pinned
+        got = x.clone()
+    torch.manual_seed(0)
+    assert oracle.same_bytes(torch.randn(256, 1024).tanh().relu_(), got)
+
+
+def test_an_out_argument_made_empty_stays_recomputable():
+    """torch's advice for out= (an empty tensor, resized by the op) gives a fresh value, evictable like any other
+    output: only a resize of a value that already was one is kept."""
+    with remat.enable(1 << 30, costs="estimated"):
+        a, b = torch.randn(64, 64).tanh(), torch.randn(64, 64).tanh()
+        out = torch.empty(0)
+        pinned = remat.stats()["pinned_outputs"]
+        torch.mm(a, b, out=out)
+        assert remat.stats()["pinned_outputs"] == pinned
