@@ -302,7 +302,7 @@ void EngineBridge::AfterOp(OpRecord&& record) {
       }
       continue;
     }
-    ++entry.in_place_writes;
+    entry.in_place_writes = current_.overwrite[k] ? 0 : entry.in_place_writes + 1;  // an overwrite starts afresh
     if (replayable && EvictableMemory(*memory_, *impl) && !current_.Resized(record, k) &&
         entry.in_place_writes <= kLongestReplayedInPlaceChain) {
       executor_.SetOwner(AddressOf(*impl), s, /*evictable=*/true);
