@@ -358,6 +358,23 @@ void EngineBridge::OpFailed(OpRecord& record) noexcept {
       links_.SetOwner(engine_->StorageOf(entry.root), &impl);
       executor_.SetHome(engine_->StorageOf(entry.root), record.input_storages[k]);
     }
+    // A storage the kernel resized before it failed (an out= argument of an index_select with a bad index) holds
+    // other memory of another size: its old value has no home any more, and what it holds now is a constant.
+    for (std::size_t k = 0; k < current_.written.size(); ++k) {
+      if (!current_.Resized(record, k)) continue;
+      c10::StorageImpl& impl = *record.input_storages[k];
+      Entry& entry = entries_.At(&impl);
+      const StorageIndex old = engine_->StorageOf(entry.root);
+      executor_.ClearHome(old);
+      links_.ClearOwner(old);
+      engine_->Release(entry.root);
+      entry.root = engine_->AdoptConstant(static_cast<std::int64_t>(impl.nbytes()), AddressOf(impl), "constant");
+      entry.pinned = true;
+      const StorageIndex now = engine_->StorageOf(entry.root);
+      links_.SetOwner(now, &impl);
+      executor_.SetHome(now, record.input_storages[k]);
+      executor_.SetOwner(AddressOf(impl), now, /*evictable=*/false);
+    }
   }
   ReleaseSideHolds();
   current_.exports_inside.clear();  // the op's outputs are gone; its inputs are as before it
