@@ -358,12 +358,15 @@ void EngineBridge::OpFailed(OpRecord& record) noexcept {
       links_.SetOwner(engine_->StorageOf(entry.root), &impl);
       executor_.SetHome(engine_->StorageOf(entry.root), record.input_storages[k]);
     }
-    // A storage the kernel resized before it failed (an out= argument of an index_select with a bad index) holds
-    // other memory of another size: its old value has no home any more, and what it holds now is a constant.
+    // A storage the kernel wrote before it failed holds what the kernel left there: part of its writes (scatter_ or
+    // index_put_ with an out-of-range index write the elements before it), or other memory of another size (an out=
+    // argument that index_select resized before it checked its indices). A replay could reproduce neither: the old
+    // value loses its home and what the storage holds now is a constant.
     for (std::size_t k = 0; k < current_.written.size(); ++k) {
-      if (!current_.Resized(record, k)) continue;
+      if (!current_.written[k] || current_.overwrite[k]) continue;
       c10::StorageImpl& impl = *record.input_storages[k];
       Entry& entry = entries_.At(&impl);
+      if (entry.pinned && !current_.Resized(record, k)) continue;  // a constant of the same size: as the engine has it
       const StorageIndex old = engine_->StorageOf(entry.root);
       executor_.ClearHome(old);
       links_.ClearOwner(old);

@@ -1,7 +1,10 @@
-"""An op that resizes a storage it writes (an out= argument of another shape, resize_): the kernel gives the
-StorageImpl other memory of another size. Its new value is a fresh value of the new size, kept as a constant
-(integration/op_in_flight.h, OpInFlight::Resized); before, remat counted it in place at the old size and a later
-restore failed ("restore source holds 262144 bytes, the evicted storage held 65536").
+"""Storages an op changes in ways an in-place write does not: it resizes one it writes (an out= argument of another
+shape, resize_: the kernel gives the StorageImpl other memory of another size), or it writes part of one and then
+fails. The new value of a resized storage is a fresh value of the new size, kept as a constant
+(integration/op_in_flight.h, OpInFlight::Resized); a storage a failed op wrote keeps what the kernel left in it, as a
+constant (EngineBridge::OpFailed). Before, remat counted a resize in place at the old size and a later restore failed
+("restore source holds 262144 bytes, the evicted storage held 65536"), and a failed resize left the old value over
+other memory (other bytes, or a segmentation fault).
 Each program runs without remat and under budgets down to where it runs out; every run that finishes must match
 the first byte for byte, and some budget must recompute.
 """
@@ -137,3 +140,42 @@ def test_a_storage_resized_by_an_op_that_then_failed_keeps_its_new_size():
             assert oracle.same_bytes(want, have), f"result {k} differs at {kib} KiB"
         trained.append((kib, stats["evictions"]))
     assert len(trained) >= 2 and any(evictions > 0 for _, evictions in trained), trained
+
+
+@pytest.mark.parametrize("write", ["scatter_", "index_put_", "index_fill_"])
+def test_a_storage_an_op_wrote_before_it_failed_keeps_what_it_holds(write):
+    """scatter_, index_put_ and index_fill_ with an out-of-range index write the elements before it, then fail: a
+    program that catches the error goes on with those writes in the tensor; remat must not bring back the value from
+    before the op when it evicts the tensor and needs it again."""
+    index = torch.tensor([0, 1, 99, 3])
+
+    def run(budget=None):
+        torch.manual_seed(0)
+        session = remat.enable(budget, costs="estimated") if budget else None
+        try:
+            y = torch.randn(512, 512).tanh()  # recomputable, 1 MiB
+            flat = y.view(-1)
+            try:
+                if write == "scatter_":
+                    flat.scatter_(0, index, torch.full((4,), 7.0))
+                elif write == "index_put_":
+                    flat.index_put_((index,), torch.full((4,), 7.0))
+                else:
+                    flat.index_fill_(0, index, 7.0)
+            except (IndexError, RuntimeError):
+                pass
+            evictions = remat.stats()["evictions"] if session else 0
+            filler = torch.empty(2 << 20, dtype=torch.uint8)  # uninitialized, a constant: only y can make room
+            filler.fill_(1)
+            evicted = (remat.stats()["evictions"] - evictions) if session else 0
+            del filler
+            result = [y.clone(), y.sin()]
+        finally:
+            if session:
+                remat.disable()
+        return result, evicted
+    expected, _ = run()
+    assert expected[0].view(-1)[0].item() == 7.0, "the op wrote before it failed (as torch 2.14 does)"
+    got, evicted = run(int(2.5 * (1 << 20)))
+    for k, (want, have) in enumerate(zip(expected, got)):
+        assert oracle.same_bytes(want, have), f"result {k} differs (y evicted: {evicted} eviction(s))"
