@@ -89,7 +89,8 @@ def _load() -> Path:
     _check_torch_version(torch.ops.remat.torch_version(), torch.__version__)
     # A slice of an UntypedStorage (what torch.load(mmap=True) and safetensors give each tensor) shows remat the
     # deleter such slices carry: their bytes are their parent's, not borrowed memory (cpu_allocator.h).
-    torch.ops.remat.learn_storage_slice(torch.empty(0, dtype=torch.uint8).set_(torch.UntypedStorage(8)[0:4]))
+    slice_of_a_storage = torch.UntypedStorage(8, device="cpu")[0:4]
+    torch.ops.remat.learn_storage_slice(torch.empty(0, dtype=torch.uint8, device="cpu").set_(slice_of_a_storage))
     return path
 
 
