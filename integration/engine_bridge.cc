@@ -348,35 +348,26 @@ void EngineBridge::OpFailed(OpRecord& record) noexcept {
   if (current_.active) {
     engine_->AbortOp(current_.op);
     current_.active = false;
-    // A blank storage the op was to overwrite left the engine in BeforeOp: it is a constant again.
-    for (std::size_t k = 0; k < current_.overwrite.size(); ++k) {
-      if (!current_.overwrite[k]) continue;
-      c10::StorageImpl& impl = *record.input_storages[k];
-      Entry& entry = entries_.At(&impl);
-      entry.root = engine_->AdoptConstant(static_cast<std::int64_t>(impl.nbytes()), AddressOf(impl), "constant");
-      entry.pinned = true;
-      links_.SetOwner(engine_->StorageOf(entry.root), &impl);
-      executor_.SetHome(engine_->StorageOf(entry.root), record.input_storages[k]);
-    }
-    // A storage the kernel wrote before it failed holds what the kernel left there: part of its writes (scatter_ or
-    // index_put_ with an out-of-range index write the elements before it), or other memory of another size (an out=
-    // argument that index_select resized before it checked its indices). A replay could reproduce neither: the old
-    // value loses its home and what the storage holds now is a constant.
     for (std::size_t k = 0; k < current_.written.size(); ++k) {
-      if (!current_.written[k] || current_.overwrite[k]) continue;
-      c10::StorageImpl& impl = *record.input_storages[k];
-      Entry& entry = entries_.At(&impl);
+      if (!current_.written[k]) continue;
+      const c10::intrusive_ptr<c10::StorageImpl>& impl = record.input_storages[k];
+      Entry& entry = entries_.At(impl.get());
+      // A blank storage the op was to overwrite left the engine in BeforeOp: it is a constant again.
+      if (current_.overwrite[k]) {
+        AdoptAsConstant(entry, impl);
+        continue;
+      }
+      // Any other storage the kernel wrote before it failed holds what the kernel left there: part of its writes
+      // (scatter_ or index_put_ with an out-of-range index write the elements before it), or other memory of another
+      // size (an out= argument that index_select resized before it checked its indices). A replay could reproduce
+      // neither: the old value loses its home and what the storage holds now is a constant.
       if (entry.pinned && !current_.Resized(record, k)) continue;  // a constant of the same size: as the engine has it
       const StorageIndex old = engine_->StorageOf(entry.root);
       executor_.ClearHome(old);
       links_.ClearOwner(old);
       engine_->Release(entry.root);
-      entry.root = engine_->AdoptConstant(static_cast<std::int64_t>(impl.nbytes()), AddressOf(impl), "constant");
-      entry.pinned = true;
-      const StorageIndex now = engine_->StorageOf(entry.root);
-      links_.SetOwner(now, &impl);
-      executor_.SetHome(now, record.input_storages[k]);
-      executor_.SetOwner(AddressOf(impl), now, /*evictable=*/false);
+      AdoptAsConstant(entry, impl);
+      executor_.SetOwner(AddressOf(*impl), engine_->StorageOf(entry.root), /*evictable=*/false);
     }
   }
   ReleaseSideHolds();
@@ -384,6 +375,13 @@ void EngineBridge::OpFailed(OpRecord& record) noexcept {
   if (policy_->UsesWindows()) memory_->SetPlacementForThisThread(Placement::kLow);
   if (options_.next != nullptr) options_.next->OpFailed(record);
   Unlock();
+}
+
+void EngineBridge::AdoptAsConstant(Entry& entry, const c10::intrusive_ptr<c10::StorageImpl>& impl) {
+  entry.root = engine_->AdoptConstant(static_cast<std::int64_t>(impl->nbytes()), AddressOf(*impl), "constant");
+  entry.pinned = true;
+  links_.SetOwner(engine_->StorageOf(entry.root), impl.get());
+  executor_.SetHome(engine_->StorageOf(entry.root), impl);
 }
 
 bool EngineBridge::RetryAfterOutOfMemory(OpRecord& record) {

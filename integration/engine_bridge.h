@@ -275,6 +275,9 @@ class EngineBridge final : public OpObserver, public PressureHandler, public Hel
   bool AdoptHiddenCopy(OpRecord& record, int k, TensorId old);
   // AfterOp: the hidden copies AdoptHiddenCopy did not take become constants (known, so movable and pageable).
   void AdoptRemainingCopies(OpRecord& record);
+  // entry's storage, with its size and address now, becomes a new engine constant (its old engine tensor, if any,
+  // is the caller's to release first).
+  void AdoptAsConstant(Entry& entry, const c10::intrusive_ptr<c10::StorageImpl>& impl);
   void PinDependents(StorageIndex start);
   void PinEntry(Entry& entry);
   // Brings entry's storage back if evicted or paged, pins it and fixes it in place (Engine::Fix): for storages whose

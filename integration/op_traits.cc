@@ -7,8 +7,8 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/match.h"
 #include "integration/op_capture.h"
-#include "policies/costly_ops.h"
 #include "integration/op_effects.h"
+#include "policies/costly_ops.h"
 
 namespace remat::integration {
 namespace {

@@ -11,7 +11,6 @@ peak and must match the run without remat byte for byte (or run out of memory), 
 import pytest
 import torch
 
-import oracle
 from ecosystem import harness
 from ecosystem.kernel_settings import PROGRAMS
 
@@ -25,18 +24,8 @@ def train(name, budget=None):
 
 @pytest.mark.parametrize("name", CASES)
 def test_a_replay_runs_under_the_settings_its_op_ran_under(name):
-    expected, _ = train(name)
-    _, unconstrained = train(name, harness.HUGE)
-    peak = unconstrained["peak_allocated_bytes"]
-    recomputed, trained = 0, []
-    for fraction in (1.2, 1.1, 1.0, 0.95, 0.9, 0.8, 0.7):
-        try:
-            got, stats = train(name, int(peak * fraction))
-        except torch.OutOfMemoryError:
-            continue
-        oracle.assert_identical(expected, got, f"{name} at {fraction} of the peak")
-        recomputed += stats["rematerializations"]
-        trained.append(fraction)
+    build, step = PROGRAMS[name]
+    trained, recomputed = harness.train_under_budgets(build, step, (1.2, 1.1, 1.0, 0.95, 0.9, 0.8, 0.7), name)
     assert recomputed > 0, f"no budget made remat recompute anything (trained at {trained}): the test shows nothing"
 
 

@@ -92,3 +92,22 @@ def required_bytes(build: Callable, step: Callable) -> int:
                 loss = step(model, opt, data, i)
                 del loss
     return bound.required_bytes
+
+
+def train_under_budgets(build: Callable, step: Callable, fractions, label: str) -> Tuple[list, int]:
+    """Trains the program at each fraction of its peak (measured under a budget that never binds); every run that
+    finishes must match the run without remat byte for byte. Returns the fractions that trained (a run that ran out
+    of memory is left out) and the rematerializations of all of them."""
+    expected, _ = run(build, step)
+    _, unconstrained = run(build, step, HUGE)
+    peak = unconstrained["peak_allocated_bytes"]
+    trained, recomputed = [], 0
+    for fraction in fractions:
+        try:
+            got, stats = run(build, step, int(peak * fraction))
+        except torch.OutOfMemoryError:
+            continue
+        oracle.assert_identical(expected, got, f"{label} at {fraction} of the peak")
+        trained.append(fraction)
+        recomputed += stats["rematerializations"]
+    return trained, recomputed
