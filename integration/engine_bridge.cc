@@ -403,6 +403,12 @@ absl::StatusOr<bool> EngineBridge::MakeRoom(Arena& arena, std::size_t bytes) {
   EngineLock::RoomAccess access(lock_);  // waits unless this thread holds the lock or may borrow it (header)
   if (retired_.load(std::memory_order_acquire)) return false;
   stats_.borrowed_room += access.borrowed_from_another_thread();
+  // The onset of pressure: storages that died since the last sweep of the unheld list are gone from the arena, but
+  // the engine still counts them; it learns now, so that its choice is among the living (a dead victim frees
+  // nothing, and the arena gives up after rounds that free nothing). Safe in any state of the engine, a replay's
+  // included: no kept record reads an unheld storage, so no replay needs one.
+  if (ops_since_unheld_sweep_ > 0) SweepUnheld();
+  room_made_since_unheld_sweep_ = true;  // the next op sweeps both lists: pressure goes on, as a rule
   return engine_->MakeRoom(arena, bytes);
 }
 

@@ -25,8 +25,9 @@
 //
 // Last references. The records keep strong references to the StorageImpls they read (so that replays can restore
 // into them), so a storage's death is observed as "its use count is no more than the references remat's records
-// hold". BeforeOp checks every live storage (O(live storages) per op) and Releases those in the engine: an
-// evictable storage is evicted at once (still recomputable); a constant's memory is freed.
+// hold". BeforeOp checks every live storage records hold (O(such storages) per op), the others before the engine
+// chooses victims (EngineBridge::Sweep), and Releases the dead in the engine: an evictable storage is evicted at once
+// (still recomputable); a constant's memory is freed.
 //
 // Writes to constants (optimizer steps, zero_ of a gradient, fills of an aten::empty result): a replay after the
 // write would read the new value. So before such a write every live storage whose replay could read the old value
@@ -261,11 +262,16 @@ class EngineBridge final : public OpObserver, public PressureHandler, public Hel
   using Entry = StorageEntries::Entry;
   EngineBridge(const BridgeOptions& options, std::unique_ptr<Policy> policy, std::unique_ptr<HostTier> tier);
   Entry& EntryFor(c10::StorageImpl* impl);
-  // Releases the entries whose storage no user holds any more (header: "Last references"; StorageEntries::Sweep).
-  // Every live entry, every op: a storage that records read keeps its bytes until it is released, so a late release
-  // would raise the peak (a rotating partial sweep was tried: the unconstrained peak of examples/cpp/train_mlp rose
-  // from 9.4 to 15.0 MB).
+  // Releases the entries whose storage no user holds any more (header: "Last references"; StorageEntries). The
+  // storages records hold, every op: they keep their bytes until released, so a late release would raise the peak
+  // (a rotating partial sweep of all entries was tried: the unconstrained peak of examples/cpp/train_mlp rose from
+  // 9.4 to 15.0 MB). The others gave their memory back when they died, and the engine only needs to hear of it
+  // before it chooses victims: SweepUnheld runs every kUnheldSweepEvery ops, at the op after one that made room
+  // (so under pressure every op, as before), in MakeRoom (the onset of pressure) and every op while memory history
+  // is recorded (its release events carry the storage's address, which a later allocation may reuse).
   void Sweep();
+  void SweepUnheld();
+  static constexpr std::int64_t kUnheldSweepEvery = 64;
   // HeldStorages with the bridge's lock held.
   std::vector<c10::intrusive_ptr<c10::StorageImpl>> HeldStoragesLocked();
   void ReleaseIfDead(Entry& entry);
@@ -325,7 +331,9 @@ class EngineBridge final : public OpObserver, public PressureHandler, public Hel
   EngineLock lock_;
   std::atomic<bool> retired_{false};
   // The parts that own the bridge's state (each file states its contract).
-  StorageEntries entries_;  // storage_entries.h: the tracked StorageImpls, their live list and the sweep
+  StorageEntries entries_;  // storage_entries.h: the tracked StorageImpls, their live lists and the sweeps
+  std::int64_t ops_since_unheld_sweep_ = 0;  // Sweep
+  bool room_made_since_unheld_sweep_ = false;
   StorageLinks links_;      // storage_links.h: per engine storage, its owner and the kept records reading it
   RecordStore records_;     // record_store.h: which ops have kept records, pruning's cadence, spare ReplayOps
   OpInFlight current_;  // op_in_flight.h: the op between BeforeOp and AfterOp

@@ -48,11 +48,11 @@ void EngineBridge::NotePlannedOp(std::string_view name, std::span<const OutputSp
 
 std::vector<c10::intrusive_ptr<c10::StorageImpl>> EngineBridge::HeldStoragesLocked() {
   std::vector<c10::intrusive_ptr<c10::StorageImpl>> held;
-  for (const StorageEntries::Entry* entry : entries_.Live()) {
-    c10::intrusive_ptr<c10::StorageImpl> impl = entry->weak.lock();
-    if (!impl || !engine_->Resident(engine_->StorageOf(entry->root)) || !EvictableMemory(*memory_, *impl)) continue;
+  entries_.ForEachLive([&](const StorageEntries::Entry& entry) {
+    c10::intrusive_ptr<c10::StorageImpl> impl = entry.weak.lock();
+    if (!impl || !engine_->Resident(engine_->StorageOf(entry.root)) || !EvictableMemory(*memory_, *impl)) return;
     held.push_back(std::move(impl));
-  }
+  });
   return held;
 }
 

@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "integration/engine_bridge.h"
 #include "integration/engine_bridge_internal.h"
+#include "integration/memory_events.h"
 #include "integration/pin_listener.h"
 #include "integration/storage_eviction.h"
 
@@ -121,7 +122,16 @@ void EngineBridge::AdoptRemainingCopies(OpRecord& record) {
 }
 
 void EngineBridge::Sweep() {
-  entries_.Sweep([&](Entry& entry) { ReleaseIfDead(entry); });
+  entries_.SweepHeld([&](Entry& entry) { ReleaseIfDead(entry); });
+  if (room_made_since_unheld_sweep_ || ++ops_since_unheld_sweep_ >= kUnheldSweepEvery || MemoryHistoryEnabled()) {
+    SweepUnheld();
+  }
+}
+
+void EngineBridge::SweepUnheld() {
+  entries_.SweepUnheld([&](Entry& entry) { ReleaseIfDead(entry); });
+  ops_since_unheld_sweep_ = 0;
+  room_made_since_unheld_sweep_ = false;
 }
 
 void EngineBridge::ReleaseIfDead(Entry& entry) {
@@ -219,6 +229,7 @@ void EngineBridge::ReleaseRecordRefs(const ReplayOp& replay) {
 }
 
 void EngineBridge::Prune() {
+  SweepUnheld();  // a record whose outputs all died is dropped only once the engine knows
   engine_->CollectDead();
   DropInertRecords();
   entries_.EraseIf([&](Entry& entry) {
@@ -371,41 +382,42 @@ void EngineBridge::ApplyExportsFromInsideOp() {
 
 absl::Status EngineBridge::MaterializeLive() {
   std::lock_guard<EngineLock> lock(lock_);
-  Sweep();  // storages whose last reference died since the last op need no bytes
+  // Storages whose last reference died since the last op need no bytes.
+  Sweep();
+  SweepUnheld();
   // What comes back is pinned, and a pinned storage could be paged out again to make room for the next one (with
   // page_constants): nothing may leave the device from here on.
   const bool page_constants = engine_->page_constants();
   engine_->SetPageConstants(false);
   absl::Status result = absl::OkStatus();
-  for (Entry* live : entries_.Live()) {
-    Entry& entry = *live;
-    if (entry.released) continue;
+  entries_.ForEachLive([&](Entry& entry) {
+    if (entry.released) return;
     if (entry.pinned) {  // a paged constant comes back from its host copy
       if (engine_->Paged(engine_->StorageOf(entry.root))) {
         if (absl::Status status = engine_->Rematerialize(entry.root); !status.ok() && result.ok()) result = status;
       }
-      continue;
+      return;
     }
     // Pinned as it comes back, so that bringing back the next one cannot evict it again.
     if (!engine_->Defined(entry.root)) {
       if (absl::Status status = engine_->Rematerialize(entry.root); !status.ok()) {
         if (result.ok()) result = status;
-        continue;
+        return;
       }
     }
     engine_->Pin(entry.root);
     entry.pinned = true;
-  }
+  });
   engine_->SetPageConstants(page_constants);
   if (!result.ok()) return result;
   // Nothing may stay in the host tier, which dies with the bridge.
   std::int64_t paged_bytes = 0;
   int paged = 0;
-  for (const Entry* entry : entries_.Live()) {
-    if (entry->released || !engine_->Paged(engine_->StorageOf(entry->root))) continue;
+  entries_.ForEachLive([&](const Entry& entry) {
+    if (entry.released || !engine_->Paged(engine_->StorageOf(entry.root))) return;
     ++paged;
-    paged_bytes += static_cast<std::int64_t>(entry->key->nbytes());
-  }
+    paged_bytes += static_cast<std::int64_t>(entry.key->nbytes());
+  });
   if (paged > 0) {
     return absl::ResourceExhaustedError(absl::StrCat("remat: ", paged, " storages still held (", paged_bytes,
                                                      " bytes) are in the host tier and do not fit back in the budget"));
