@@ -14,6 +14,7 @@
 
 #include "absl/status/status.h"
 #include "integration/engine_session.h"
+#include "integration/session.h"
 #include "integration/host_tier.h"
 #include "runtime/config.h"
 #include "policies/registry.h"
@@ -202,7 +203,10 @@ c10::Dict<std::string, double> EngineStatsDict() {
   return out;
 }
 
-void MarkStep() { MarkRematStep(); }
+void MarkStep() {
+  ThrowIfError(TraceWriteStatus());  // a trace losing lines stops the run within a step (session.h)
+  MarkRematStep();
+}
 std::string PlannedTrace() { return RematPlannedTrace(); }
 
 // Plan mode in words: the state, the schedule in force, why the last plan left force or planning failed.

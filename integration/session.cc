@@ -48,6 +48,11 @@ class TrackingObserver final : public OpObserver, public PinListener {
     recording_.store(recorder_ != nullptr, std::memory_order_release);
     SetPinListener(recorder_ != nullptr ? this : nullptr);
   }
+  absl::Status WriteStatus() {
+    if (!recording_.load(std::memory_order_acquire)) return absl::OkStatus();
+    std::lock_guard<std::mutex> lock(recorder_mutex_);
+    return recorder_ != nullptr ? recorder_->WriteStatus() : absl::OkStatus();
+  }
   std::unique_ptr<TraceRecorder> TakeRecorder() {
     std::lock_guard<std::mutex> lock(recorder_mutex_);
     recording_.store(false, std::memory_order_release);
@@ -190,6 +195,8 @@ absl::StatusOr<std::uint64_t> StopTrace() {
   if (absl::Status closed = recorder->Close(); !closed.ok()) return closed;
   return recorder->ops_written();
 }
+
+absl::Status TraceWriteStatus() { return Tracker().WriteStatus(); }
 
 RematGuard::RematGuard(const RematOptions& options) {
   const absl::Status status = EnableRemat(options);

@@ -70,6 +70,10 @@ absl::Status StartTrace(const std::string& path, bool estimated_costs = false,
                         TraceRecorder::CountsAgainstBudget counts = nullptr);
 // Closes the trace; returns the number of ops written. FailedPrecondition when no trace is being written.
 absl::StatusOr<std::uint64_t> StopTrace();
+// OK, or why the trace being written lost lines (TraceRecorder::WriteStatus: a full disk). The recording goes on
+// (and StopTrace or DisableRemat returns the same error) until it is stopped; the Python API raises it from
+// remat.stats() and mark_step() (every optimizer step), so a lost trace stops the run within a step.
+absl::Status TraceWriteStatus();
 
 // Enables remat for its lifetime; throws c10::Error when EnableRemat fails.
 class RematGuard {

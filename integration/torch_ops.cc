@@ -36,6 +36,7 @@ void Disable() { ThrowIfError(DisableRemat()); }
 bool IsEnabled() { return RematEnabled(); }
 
 c10::Dict<std::string, int64_t> Stats() {
+  ThrowIfError(TraceWriteStatus());
   const RematStats s = GetRematStats();
   c10::Dict<std::string, int64_t> out;
   auto put = [&](const char* name, auto value) { out.insert(name, static_cast<int64_t>(value)); };

@@ -2,8 +2,11 @@
 #include "integration/trace_recorder.h"
 
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
 #include <utility>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "integration/held_references.h"
@@ -123,6 +126,23 @@ std::size_t TraceRecorder::BudgetedBytes(c10::StorageImpl& storage, std::size_t 
 void TraceRecorder::Declare(c10::StorageImpl& storage) {
   std::lock_guard<std::mutex> lock(mutex_);
   if (!closed_) (void)NameOfStorage(storage);
+  NoteWriteFailure();
+}
+
+void TraceRecorder::NoteWriteFailure() {
+  if (write_failed_ || in_memory_ || *stream_) return;
+  write_failed_ = true;
+  write_errno_ = errno;
+}
+
+absl::Status TraceRecorder::WriteError(int error_number) const {
+  return absl::DataLossError(absl::StrCat("remat: writing the trace ", path_, " failed (", std::strerror(error_number),
+                                          "); the trace is incomplete"));
+}
+
+absl::Status TraceRecorder::WriteStatus() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return write_failed_ ? WriteError(write_errno_) : absl::OkStatus();
 }
 
 void TraceRecorder::OnPinned(const c10::StorageImpl* storage) {
@@ -131,6 +151,7 @@ void TraceRecorder::OnPinned(const c10::StorageImpl* storage) {
   auto it = known_.find(storage);
   if (it == known_.end()) return;  // not in the trace yet: a CONSTANT when it first appears
   *stream_ << "{\"INSTRUCTION\":\"PIN\",\"NAME\":" << Quoted(it->second.names.front()) << "}\n";
+  NoteWriteFailure();
 }
 
 void TraceRecorder::OnBlankOverwritten(const c10::StorageImpl* storage) {
@@ -141,6 +162,7 @@ void TraceRecorder::OnBlankOverwritten(const c10::StorageImpl* storage) {
 void TraceRecorder::OnOp(const OpRecord& record) {
   std::lock_guard<std::mutex> lock(mutex_);
   if (closed_) return;
+  const absl::Cleanup note_failure = [this] { NoteWriteFailure(); };
   ReleaseDead();
   if (record.in_backward != in_backward_) {
     in_backward_ = record.in_backward;
@@ -261,16 +283,16 @@ absl::Status TraceRecorder::Close() {
   ReleaseDead();
   known_.clear();
   if (in_memory_) return absl::OkStatus();
+  if (write_failed_) {
+    out_.close();
+    return WriteError(write_errno_);
+  }
   out_.flush();
   bool ok = static_cast<bool>(out_);
   const int flush_errno = errno;
   out_.close();
   ok = ok && static_cast<bool>(out_);
-  if (!ok) {
-    return absl::DataLossError(absl::StrCat("remat: writing the trace ", path_, " failed (",
-                                            std::strerror(flush_errno != 0 ? flush_errno : errno),
-                                            "); the trace is incomplete"));
-  }
+  if (!ok) return WriteError(flush_errno != 0 ? flush_errno : errno);
   return absl::OkStatus();
 }
 

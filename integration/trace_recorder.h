@@ -73,6 +73,10 @@ class TraceRecorder {
   void OnPinned(const c10::StorageImpl* storage);
   // Writes the pending releases and closes the file; errors if any write failed. Idempotent.
   absl::Status Close();
+  // OK, or the error of the first write that failed (a full disk: DataLoss naming the file and the cause); a write
+  // fails when the stream's buffer goes to the file, so it is seen some kilobytes after the line that was lost. The
+  // session reports it at the next call that reads remat's state (session.h: TraceWriteStatus).
+  absl::Status WriteStatus() const;
   std::uint64_t ops_written() const;
   const std::string& path() const { return path_; }
 
@@ -84,6 +88,9 @@ class TraceRecorder {
 
   TraceRecorder(std::string path, std::ofstream out, bool estimated_costs);
   void ReleaseDead();
+  // After each write: notes the first failure (and errno then).
+  void NoteWriteFailure();
+  absl::Status WriteError(int error_number) const;
   const std::string& NameOf(const at::Tensor& tensor);
   const std::string& NameOfStorage(c10::StorageImpl& storage);
   // `bytes` when the budget counts `storage` (`counts`; always without it), else 0.
@@ -98,6 +105,8 @@ class TraceRecorder {
   std::ostream* stream_;       // out_ or memory_
   CountsAgainstBudget counts_;
   bool closed_ = false;
+  bool write_failed_ = false;
+  int write_errno_ = 0;  // errno when the first failure was seen
   const bool estimated_costs_;
   bool in_backward_ = false;  // the last op written ran in a backward pass
   std::uint64_t next_name_ = 0;

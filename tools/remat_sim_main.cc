@@ -79,7 +79,7 @@ bool WriteRows(const std::vector<SimRow>& rows, const std::string& path, OutForm
   }
   out.close();
   if (!out) {
-    *error = absl::StrCat("failed writing '", path, "'");
+    *error = absl::StrCat("failed writing '", path, "' (", std::strerror(errno), "); the results are incomplete");
     return false;
   }
   return true;

@@ -4,6 +4,7 @@ state, eval-mode outputs). Small models and inputs: the whole file runs in secon
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -217,6 +218,35 @@ def test_remat_trace_records_until_exit(tmp_path):
     assert result.returncode == 0, result.stderr
     text = trace.read_text()
     assert '"NAME":"aten::mul.Tensor"' in text and text.endswith("\n"), "the trace was not closed at exit"
+
+
+FULL_DISK_ERROR = "writing the trace /dev/full failed (No space left on device); the trace is incomplete"
+
+
+def test_a_trace_on_a_full_disk_stops_the_run_within_a_step_naming_the_cause():
+    # /dev/full takes every open and fails every write with ENOSPC, as a full disk does.
+    with remat.enable(budget="256MiB"):
+        remat.record("/dev/full")
+        with pytest.raises(RuntimeError, match=re.escape(FULL_DISK_ERROR)):
+            train(steps=20)  # the optimizer's step calls mark_step, which reports the lost lines
+        with pytest.raises(RuntimeError, match=re.escape(FULL_DISK_ERROR)):
+            remat.stats()
+        with pytest.raises(RuntimeError, match=re.escape(FULL_DISK_ERROR)):
+            remat.stop_recording()
+        assert remat.stats()["enabled"] == 1  # stopped: the error was the recording's, not the session's
+
+
+def test_remat_trace_on_a_full_disk_says_so_at_disable_and_at_exit():
+    with remat.enable(budget="256MiB"):
+        remat.record("/dev/full")
+        x = torch.ones(64, 64)
+        for _ in range(200):  # no stats() or optimizer step: the error waits for the end of the recording
+            x = torch.tanh(x)
+        with pytest.raises(RuntimeError, match=re.escape(FULL_DISK_ERROR)):
+            remat.disable()
+    code = "import remat, torch; x = torch.ones(64, 64)\nfor _ in range(200): x = torch.tanh(x)"
+    result = run_python(code, REMAT_BUDGET="16MiB", REMAT_TRACE="/dev/full")
+    assert FULL_DISK_ERROR in result.stderr, result.stderr
 
 
 def test_distributed_data_parallel_two_processes_bitwise_identical(tmp_path):

@@ -51,10 +51,11 @@ class RematSimTest : public ::testing::Test {
   }
 
   // Runs remat-sim with `args` (each single-quoted for the shell); fills out_ and err_, returns the exit status.
-  int Run(const std::vector<std::string>& args) {
+  // `stdout_path`: where its standard output goes (default: a file read into out_).
+  int Run(const std::vector<std::string>& args, const std::string& stdout_path = "") {
     std::string command = absl::StrCat("'", REMAT_SIM_BINARY, "'");
     for (const std::string& arg : args) absl::StrAppend(&command, " '", arg, "'");
-    absl::StrAppend(&command, " >'", File("stdout"), "' 2>'", File("stderr"), "'");
+    absl::StrAppend(&command, " >'", stdout_path.empty() ? File("stdout") : stdout_path, "' 2>'", File("stderr"), "'");
     const int status = std::system(command.c_str());
     out_ = ReadFile(File("stdout"));
     err_ = ReadFile(File("stderr"));
@@ -357,6 +358,18 @@ TEST_F(RematSimTest, CommandLineErrorsExitWithTwo) {
   EXPECT_EQ(Run({trace, "--host-budget", "0"}), 2);
   EXPECT_THAT(err_, HasSubstr("--host-budget"));
   EXPECT_THAT(out_, IsEmpty());
+}
+
+// /dev/full fails every write with ENOSPC, as a full disk does: the results are lost, and the run says so.
+TEST_F(RematSimTest, OutputOnAFullDiskExitsWithOneNamingTheCause) {
+  const std::string trace = Write("chain.log", kChain);
+  const std::string full_csv = File("full.csv");  // --out wants .csv or .json
+  std::filesystem::create_symlink("/dev/full", full_csv);
+  EXPECT_EQ(Run({trace, "--budgets", "4000", "--out", full_csv}), 1);
+  EXPECT_THAT(err_,
+              HasSubstr("failed writing '" + full_csv + "' (No space left on device); the results are incomplete"));
+  EXPECT_EQ(Run({trace, "--budgets", "4000"}, "/dev/full"), 1);
+  EXPECT_THAT(err_, HasSubstr("cannot write the table to standard output: No space left on device"));
 }
 
 TEST_F(RematSimTest, HelpListsTheEnginePolicies) {
