@@ -5,6 +5,7 @@
 
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/cat.h>
+#include <ATen/ops/cos.h>
 #include <ATen/ops/dropout.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/equal.h>
@@ -105,6 +106,29 @@ TEST(EngineBridge, UnknownPolicyListsTheRegisteredOnes) {
 
 namespace remat::integration {
 namespace {
+
+// A storage only kept records hold (y, which cos's record reads) keeps its bytes until the bridge releases it: that
+// happens at the next op, with a budget that never binds (a later release would raise the peak). A storage no record
+// holds (u) gives its bytes back through torch's own free the moment it dies (the engine hears of it later).
+TEST(EngineBridgeSweep, WhatOnlyRecordsHoldIsReleasedAtTheNextOp) {
+  const at::Tensor x = at::randn({128, 128});  // 64 KiB, made before remat: outside the arena
+  EngineGuard guard(EngineSessionOptions{64 * 1024 * kKiB, "dtr-eq"});
+  auto allocated = [] { return GetCpuArenaStats()->allocated_bytes; };
+  at::Tensor u = at::sin(x);
+  const std::size_t with_u = allocated();
+  u.reset();
+  EXPECT_EQ(allocated(), with_u - 64 * kKiB);
+  at::Tensor y = at::sin(x);
+  const at::Tensor z = at::cos(y);
+  const std::size_t with_y = allocated();
+  y.reset();
+  EXPECT_EQ(allocated(), with_y);  // the record still holds y's bytes
+  const at::Tensor w = at::tanh(z);
+  EXPECT_EQ(allocated(), with_y);  // w came (64 KiB), y went (64 KiB)
+  absl::StatusOr<BridgeStats> stats = GetEngineStats();
+  ASSERT_TRUE(stats.ok());
+  EXPECT_GE(stats->released, 1);
+}
 
 TEST(EngineBridgeRelocation, ConstantsMoveOutOfTheWayWithTheirBytes) {
   const at::Tensor small = at::randn({128, 128});  // 64 KiB, made before remat: outside the arena
