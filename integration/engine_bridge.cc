@@ -406,8 +406,9 @@ absl::StatusOr<bool> EngineBridge::MakeRoom(Arena& arena, std::size_t bytes) {
   // The onset of pressure: storages that died since the last sweep of the unheld list are gone from the arena, but
   // the engine still counts them; it learns now, so that its choice is among the living (a dead victim frees
   // nothing, and the arena gives up after rounds that free nothing). Safe in any state of the engine, a replay's
-  // included: no kept record reads an unheld storage, so no replay needs one.
-  if (ops_since_unheld_sweep_ > 0) SweepUnheld();
+  // included: no kept record reads an unheld storage, so no replay needs one. Not from inside a sweep (a release
+  // that brings a storage back to pin it may need room).
+  if (ops_since_unheld_sweep_ > 0 && !entries_.sweeping()) SweepUnheld();
   room_made_since_unheld_sweep_ = true;  // the next op sweeps both lists: pressure goes on, as a rule
   return engine_->MakeRoom(arena, bytes);
 }

@@ -382,7 +382,8 @@ void EngineBridge::ApplyExportsFromInsideOp() {
 
 absl::Status EngineBridge::MaterializeLive() {
   std::lock_guard<EngineLock> lock(lock_);
-  // Storages whose last reference died since the last op need no bytes.
+  // Storages whose last reference died since the last op need no bytes. (Nothing below sweeps again: MakeRoom
+  // sweeps only when an op ran since the last SweepUnheld, so the walks below see lists that stay put.)
   Sweep();
   SweepUnheld();
   // What comes back is pinned, and a pinned storage could be paged out again to make room for the next one (with

@@ -90,6 +90,8 @@ class StorageEntries {
   void SweepUnheld(Release release) {
     Sweep(unheld_, release);
   }
+  // A sweep's `release` is running (a nested sweep would change a list the outer one walks).
+  bool sweeping() const { return sweeping_; }
   // Calls visit(Entry&) for every live entry: the held list, then the unheld list, each in order (holes skipped).
   template <typename Visit>
   void ForEachLive(Visit visit) const;
