@@ -114,6 +114,13 @@ std::string HookKeyName() {
   return c10::toString(*key);
 }
 
+// The hook's key as its number: torch's Python enum has no name for it (remat/_higher_order_ops.py).
+int64_t HookKeyValue() {
+  absl::StatusOr<c10::DispatchKey> key = InstallHook();
+  ThrowIfError(key.status());
+  return static_cast<int64_t>(*key);
+}
+
 }  // namespace
 }  // namespace remat::integration
 
@@ -130,6 +137,7 @@ TORCH_LIBRARY(remat, m) {
   m.def("record_stop() -> int", &RecordStop);
   m.def("torch_version() -> str", &TorchVersion);
   m.def("hook_key() -> str", &HookKeyName);
+  m.def("hook_key_value() -> int", &HookKeyValue);
   m.def("learn_storage_slice(Tensor slice) -> ()", &LearnStorageSlice);
   m.def("opaque_call_begin(Tensor[] written, Tensor[] read, int graph, Tensor[] snapshot) -> ()", &OpaqueCallBegin);
   m.def("opaque_call_end(Tensor[] outputs) -> ()", &OpaqueCallEnd);

@@ -100,6 +100,7 @@ from . import _engine  # noqa: E402  (needs the library loaded)
 from . import _exports  # noqa: E402  (numpy(), data_ptr(), DLPack, torch.save: exports bring evicted bytes back)
 from ._exports import make_resident  # noqa: E402
 from . import _compile  # noqa: E402  (a call of a torch.compile'd graph is one op to remat)
+from . import _higher_order_ops  # noqa: E402  (torch.cond and the like fall through remat's key)
 from . import _threads  # noqa: E402  (threads started while remat is on are tracked)
 from ._threads import track_this_thread  # noqa: E402
 from ._history import dump_snapshot, memory_snapshot, record_memory_history, trace  # noqa: E402  (pictures of a run)
@@ -180,6 +181,7 @@ def enable(budget: Union[int, str], policy: Optional[str] = None, costs: str = "
     then never move, and remat.stats() shows granule, physical_bytes and peak_physical_bytes)."""
     nbytes = parse_size(budget)
     name = _engine.enable(nbytes, policy, costs, offload, host_budget, host_tier, page_constants, arena)
+    _higher_order_ops.let_through()
     _exports.set_active(True)
     _compile.set_active(True)
     _threads.track_new_threads(True)

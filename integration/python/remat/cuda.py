@@ -273,6 +273,8 @@ def install_cuda_allocator(budget: Union[int, float, str, None] = None, policy: 
                                        f"its engine could not start on "
                                        f"{'the current device' if device < 0 else f'device {device}'}: {message}")
             _installed = replace(_installed, devices=tuple(torch.ops.remat.engine_devices()))
+            from . import _higher_order_ops
+            _higher_order_ops.let_through()  # torch.cond and the like fall through remat's key, as on the CPU
         return _installed
 
 
