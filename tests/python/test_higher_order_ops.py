@@ -3,8 +3,9 @@ key, and raised "could not find kernel for HigherOrderOperator cond" at remat's 
 data-dependent branch failed at any budget, even one that never binds. It falls through the key now, and the ops
 its branches run reach the hook.
 
-Not yet (README, "Works with"): under a binding budget such a model runs out early (at 0.9 of its peak, most of its
-activations pinned), and remat.bound.RequiredBytes, a dispatch mode, does not handle higher-order operators.
+Not yet (README, "Works with"): under a binding budget such a model runs out early (at 0.9 of its peak: each cond
+call's operand and the buffers cond's backward writes in place are kept as constants), and remat.bound.RequiredBytes,
+a dispatch mode, does not handle higher-order operators.
 """
 import torch
 import torch.nn as nn
