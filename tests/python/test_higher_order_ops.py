@@ -45,3 +45,21 @@ def test_torch_cond_takes_the_branch_the_data_picks():
         up = torch.cond(x.sum() > 0, lambda t: t + 1, lambda t: t - 1, (x,))
         down = torch.cond(x.sum() < 0, lambda t: t + 1, lambda t: t - 1, (x,))
     assert torch.equal(up, x + 1) and torch.equal(down, x - 1)
+
+
+def test_while_loop_scan_and_map_give_the_values_they_give_without_remat():
+    from torch._higher_order_ops import while_loop
+    from torch._higher_order_ops.map import map as map_over
+    from torch._higher_order_ops.scan import scan
+
+    def run():
+        counted = while_loop(lambda i, x: i < 5, lambda i, x: (i + 1, x + i), (torch.tensor(0), torch.zeros(4)))[1]
+        carry, ys = scan(lambda c, x: (c + x, (c * 2).clone()), torch.zeros(3), torch.arange(12.0).reshape(4, 3))
+        mapped = map_over(lambda a: a.sin(), torch.arange(6.0).reshape(2, 3))
+        return [counted, carry, ys, mapped]
+
+    expected = run()
+    with remat.enable(64 << 20):
+        got = run()
+    for e, g in zip(expected, got):
+        assert e.shape == g.shape and e.numpy().tobytes() == g.numpy().tobytes()
