@@ -108,18 +108,16 @@ void OpaqueCallFailedOp() { OpaqueCallFailed(); }
 
 void LearnStorageSlice(const at::Tensor& slice) { LearnStorageSliceDeleter(slice.storage().data_ptr()); }
 
-std::string HookKeyName() {
+c10::DispatchKey HookKey() {
   absl::StatusOr<c10::DispatchKey> key = InstallHook();
   ThrowIfError(key.status());
-  return c10::toString(*key);
+  return *key;
 }
 
+std::string HookKeyName() { return c10::toString(HookKey()); }
+
 // The hook's key as its number: torch's Python enum has no name for it (remat/_higher_order_ops.py).
-int64_t HookKeyValue() {
-  absl::StatusOr<c10::DispatchKey> key = InstallHook();
-  ThrowIfError(key.status());
-  return static_cast<int64_t>(*key);
-}
+int64_t HookKeyValue() { return static_cast<int64_t>(HookKey()); }
 
 }  // namespace
 }  // namespace remat::integration

@@ -28,6 +28,13 @@ struct Releaser {
   }
 };
 
+// `n` fresh storages, each added to `entries` in order (the caller's references are their only users).
+std::vector<c10::intrusive_ptr<c10::StorageImpl>> AddStorages(StorageEntries& entries, int n) {
+  std::vector<c10::intrusive_ptr<c10::StorageImpl>> storages;
+  for (int i = 0; i < n; ++i) entries.Add(storages.emplace_back(MakeStorage()));
+  return storages;
+}
+
 std::vector<const c10::StorageImpl*> LiveKeys(const StorageEntries& entries) {
   std::vector<const c10::StorageImpl*> keys;
   entries.ForEachLive([&](const Entry& entry) { keys.push_back(entry.key); });
@@ -36,12 +43,9 @@ std::vector<const c10::StorageImpl*> LiveKeys(const StorageEntries& entries) {
 
 TEST(StorageEntries, ADeadStorageNoRecordHoldsWaitsForTheUnheldSweep) {
   StorageEntries entries;
-  auto a = MakeStorage();
-  auto b = MakeStorage();
-  const c10::StorageImpl* dead = a.get();
-  entries.Add(a);
-  entries.Add(b);
-  a.reset();  // its memory went with its last reference; only the entry's weak reference is left
+  auto storages = AddStorages(entries, 2);
+  const c10::StorageImpl* dead = storages[0].get();
+  storages[0].reset();  // its memory went with its last reference; only the entry's weak reference is left
 
   Releaser held_sweep;
   entries.SweepHeld(std::ref(held_sweep));
@@ -51,7 +55,7 @@ TEST(StorageEntries, ADeadStorageNoRecordHoldsWaitsForTheUnheldSweep) {
   Releaser unheld_sweep;
   entries.SweepUnheld(std::ref(unheld_sweep));
   EXPECT_EQ(unheld_sweep.released, std::vector<const c10::StorageImpl*>{dead});
-  EXPECT_EQ(LiveKeys(entries), std::vector<const c10::StorageImpl*>{b.get()});
+  EXPECT_EQ(LiveKeys(entries), std::vector<const c10::StorageImpl*>{storages[1].get()});
 }
 
 TEST(StorageEntries, AStorageOnlyRecordsHoldIsFoundByTheHeldSweep) {
@@ -100,13 +104,9 @@ TEST(StorageEntries, CrossingZeroRecordReferencesMovesAnEntryAndLeavesAHoleNoSwe
 
 TEST(StorageEntries, AnEntryNotReleasedStaysInItsPlace) {
   StorageEntries entries;
-  auto a = MakeStorage();
-  auto b = MakeStorage();
-  const c10::StorageImpl* first = a.get();
-  entries.Add(a);
-  entries.Add(b);
-  a.reset();
-  b.reset();
+  auto storages = AddStorages(entries, 2);
+  const c10::StorageImpl* first = storages[0].get();
+  storages.clear();
   int shown = 0;
   entries.SweepUnheld([&](Entry& entry) {
     ++shown;
@@ -118,11 +118,9 @@ TEST(StorageEntries, AnEntryNotReleasedStaysInItsPlace) {
 
 TEST(StorageEntries, ChangingRecordReferencesInsideASweepIsAnError) {
   StorageEntries entries;
-  auto a = MakeStorage();
-  auto b = MakeStorage();
-  entries.Add(a);
-  Entry& other = entries.Add(b);
-  a.reset();
+  auto storages = AddStorages(entries, 2);
+  Entry& other = *entries.Find(storages[1].get());
+  storages[0].reset();
   EXPECT_THROW(entries.SweepUnheld([&](Entry& entry) {
     entry.released = true;
     entries.AddRecordRefs(other, 1);
