@@ -58,6 +58,24 @@ def test_parameters_the_program_made_count_once_stepped():
     assert bound.pinned_at_max >= params, (bound.pinned_at_max, params, bound.at_op)
 
 
+def test_a_storage_placed_where_an_outside_one_died_counts():
+    # Storages that existed before the measurement do not count, but only while they live: a later storage the
+    # allocator places at a dead one's address is the program's (vector_to_parameters frees the old parameters, and
+    # a gradient may then land at one's address).
+    model = nn.Linear(4, 4)
+    before = [torch.randn(1024)]
+    address = before[0].data_ptr()
+    bound = RequiredBytes(model, outside=before)
+    with bound:
+        before.clear()  # the outside storage dies while measured
+        made = []
+        while not made or made[-1].data_ptr() != address:
+            assert len(made) < 64, "the allocator never reused the freed address"
+            made.append(torch.randn(1024))
+        doubled = made[-1] * 2
+    assert bound.required_bytes >= nbytes([made[-1], doubled]), (bound.required_bytes, bound.at_op)
+
+
 def conv_net():
     torch.manual_seed(0)
     return nn.Sequential(nn.Conv2d(3, 32, 3, padding=1), nn.ReLU(), nn.Conv2d(32, 32, 3, padding=1), nn.ReLU(),

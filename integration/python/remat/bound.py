@@ -37,6 +37,7 @@ from __future__ import annotations
 from typing import Dict, Iterable, Optional
 
 import torch
+from torch.multiprocessing.reductions import StorageWeakRef
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
@@ -47,20 +48,42 @@ from ._exports import storage_identity
 __all__ = ["RequiredBytes"]
 
 
-def _storage_keys(t: torch.Tensor):
-    """(data pointer, bytes) of each storage holding t's values: its own, or a sparse tensor's parts (it has no
-    storage: its indices and values are dense tensors), or none for a nested tensor or a zero tensor (forward AD's
-    tangent of a tensor that has none: no memory)."""
+def _storages(t: torch.Tensor):
+    """Each storage holding t's values: its own, or a sparse tensor's parts (it has no storage: its indices and values
+    are dense tensors), or none for a nested tensor or a zero tensor (forward AD's tangent of a tensor that has none:
+    no memory)."""
     if t.layout == torch.sparse_coo:
-        return [*_storage_keys(t._indices()), *_storage_keys(t._values())]
+        return [*_storages(t._indices()), *_storages(t._values())]
     if t.layout in (torch.sparse_csr, torch.sparse_csc, torch.sparse_bsr, torch.sparse_bsc):
         compressed, plain = ((t.crow_indices(), t.col_indices()) if t.layout in (torch.sparse_csr, torch.sparse_bsr)
                              else (t.ccol_indices(), t.row_indices()))
-        return [*_storage_keys(compressed), *_storage_keys(plain), *_storage_keys(t.values())]
+        return [*_storages(compressed), *_storages(plain), *_storages(t.values())]
     if t.is_nested or t._is_zerotensor():
         return []
-    storage = storage_identity(t)  # not an export: its address is an identity here, its bytes are never read
-    return [(storage.data_ptr(), storage.nbytes())]
+    return [storage_identity(t)]  # not an export: its address is an identity here, its bytes are never read
+
+
+def _storage_keys(t: torch.Tensor):
+    """(data pointer, bytes) of each storage holding t's values (_storages)."""
+    return [(storage.data_ptr(), storage.nbytes()) for storage in _storages(t)]
+
+
+class _Outside:
+    """The storages that existed before the measurement, by address. Held weakly: one that dies (a parameter
+    vector_to_parameters replaced) no longer counts, and a later storage the allocator places at its address counts
+    as the program's own."""
+
+    def __init__(self, tensors: Iterable[torch.Tensor]):
+        self._refs = {storage.data_ptr(): StorageWeakRef(storage) for t in tensors for storage in _storages(t)}
+
+    def __contains__(self, ptr: int) -> bool:
+        ref = self._refs.get(ptr)
+        if ref is None:
+            return False
+        if ref.expired():
+            del self._refs[ptr]
+            return False
+        return True
 
 
 class RequiredBytes(TorchDispatchMode):
@@ -78,7 +101,7 @@ class RequiredBytes(TorchDispatchMode):
         super().__init__()
         self._model = model
         self._optimizer = optimizer
-        self._outside = {ptr for t in [*model.parameters(), *model.buffers(), *outside] for ptr, _ in _storage_keys(t)}
+        self._outside = _Outside([*model.parameters(), *model.buffers(), *outside])
         self._pinned: Dict[int, int] = {}
         self._stepped = False  # an optimizer step has run: its parameters were written in place
         self._hooks = []
