@@ -34,7 +34,7 @@ through a Python dispatch mode: it measures, it does not train fast.
 
 from __future__ import annotations
 
-from typing import Dict, Iterable, Optional
+from typing import Dict, Iterable, Optional, Tuple
 
 import torch
 from torch.multiprocessing.reductions import StorageWeakRef
@@ -68,22 +68,36 @@ def _storage_keys(t: torch.Tensor):
     return [(storage.data_ptr(), storage.nbytes()) for storage in _storages(t)]
 
 
-class _Outside:
-    """The storages that existed before the measurement, by address. Held weakly: one that dies (a parameter
-    vector_to_parameters replaced) no longer counts, and a later storage the allocator places at its address counts
-    as the program's own."""
+class _LiveStorages:
+    """A set of storages by address, held weakly: one that dies leaves the set, and a later storage the allocator
+    places at its address is not taken for it (vector_to_parameters frees the old parameters, zero_grad the
+    gradients; a gradient or an activation may then land at their addresses)."""
 
-    def __init__(self, tensors: Iterable[torch.Tensor]):
-        self._refs = {storage.data_ptr(): StorageWeakRef(storage) for t in tensors for storage in _storages(t)}
+    def __init__(self, tensors: Iterable[torch.Tensor] = ()):
+        self._refs: Dict[int, Tuple[int, StorageWeakRef]] = {}
+        for t in tensors:
+            for storage in _storages(t):
+                self.add(storage)
+
+    def add(self, storage: torch.UntypedStorage) -> None:
+        self._refs[storage.data_ptr()] = (storage.nbytes(), StorageWeakRef(storage))
+
+    def clear(self) -> None:
+        self._refs.clear()
 
     def __contains__(self, ptr: int) -> bool:
-        ref = self._refs.get(ptr)
-        if ref is None:
+        entry = self._refs.get(ptr)
+        if entry is None:
             return False
-        if ref.expired():
+        if entry[1].expired():
             del self._refs[ptr]
             return False
         return True
+
+    def live_bytes(self) -> int:
+        for ptr in [ptr for ptr, (_, ref) in self._refs.items() if ref.expired()]:
+            del self._refs[ptr]
+        return sum(nbytes for nbytes, _ in self._refs.values())
 
 
 class RequiredBytes(TorchDispatchMode):
@@ -101,8 +115,8 @@ class RequiredBytes(TorchDispatchMode):
         super().__init__()
         self._model = model
         self._optimizer = optimizer
-        self._outside = _Outside([*model.parameters(), *model.buffers(), *outside])
-        self._pinned: Dict[int, int] = {}
+        self._outside = _LiveStorages([*model.parameters(), *model.buffers(), *outside])
+        self._pinned = _LiveStorages()
         self._stepped = False  # an optimizer step has run: its parameters were written in place
         self._hooks = []
         self.required_bytes = 0
@@ -115,9 +129,9 @@ class RequiredBytes(TorchDispatchMode):
 
     def _pin(self, t: Optional[torch.Tensor]) -> None:
         if isinstance(t, torch.Tensor):
-            for ptr, nbytes in _storage_keys(t):
-                if nbytes > 0 and ptr not in self._outside:
-                    self._pinned[ptr] = nbytes
+            for storage in _storages(t):
+                if storage.nbytes() > 0 and storage.data_ptr() not in self._outside:
+                    self._pinned.add(storage)
 
     def _pin_state(self, *_) -> None:
         self._pinned.clear()
@@ -168,7 +182,7 @@ class RequiredBytes(TorchDispatchMode):
         # the most the op held at once beyond what existed before it: outputs and the kernel's own buffers
         held = torch.ops.remat.stats()["peak_allocated_bytes"] - allocated_before if self._arena else 0
         self.ops += 1
-        pinned = sum(self._pinned.values())
+        pinned = self._pinned.live_bytes()
         seen = set()
         own_in, extra_in = self._bytes_of((args, kwargs), seen)
         own_out, extra_out = self._bytes_of(out, seen)
