@@ -18,6 +18,7 @@ namespace remat {
 Engine::Engine(EngineOptions options, Executor* executor)
     : impl_(std::make_unique<Impl>()), options_(options), executor_(executor), link_(options_.paging) {
   impl_->rng.seed(options_.seed);
+  impl_->defrag.emplace(*impl_, impl_->pool, *this, stats_, options_.relocate);
   if (options_.policy != nullptr) {
     PolicyFeatures f = options_.policy->features();
     impl_->nb.Configure(f.regions, f.eq_classes, options_.policy->HasStalenessWeight());

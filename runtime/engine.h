@@ -242,6 +242,7 @@ class Engine final : public PressureHandler, private StorageView {
   ~Engine() override;
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;
+  static constexpr OpId kNoKernel = ~OpId{0};  // no op's kernel is running
 
   // A constant (weight, input): computed at cost 0, then pinned.
   absl::StatusOr<TensorId> Constant(std::int64_t bytes, std::string_view name = "constant");
@@ -462,15 +463,6 @@ class Engine final : public PressureHandler, private StorageView {
   absl::Status MakeRoomCounter(std::int64_t bytes, std::string_view what);
   // page_constants: pages the least recently used constant held only by its pin. False if none fits.
   absl::StatusOr<bool> PageLruConstant();
-  // Relocation of idle unevictable storages (EngineOptions::relocate); true when something moved.
-  absl::StatusOr<bool> RelocateIdle(Arena& arena, std::size_t bytes);
-  // Compaction (EngineOptions::relocate) of the cheapest run that can hold `bytes`, if it moves at most
-  // `max_moved` bytes; true when something moved.
-  absl::StatusOr<bool> Compact(Arena& arena, std::size_t bytes,
-                               std::size_t max_moved = std::numeric_limits<std::size_t>::max());
-  // Whether s is an input or a resident output of the kernel running now (a replay inside Execute, or the op
-  // between BeginOp and EndOp/AbortOp): its memory must not move.
-  bool UsedByRunningKernel(StorageIndex s) const;
   // Waits (advancing the clock, counting stall) until the inputs of `op` are on the device.
   void WaitForInputs(OpId op);
   void PrefetchForNextOps();  // PagingOptions::prefetch (engine_paging.cc)
@@ -484,8 +476,9 @@ class Engine final : public PressureHandler, private StorageView {
   bool pressure_sampled_ = false;
   LinkModel link_;  // the copies' timeline (runtime/link_model.h)
   bool no_reclaim_ = false;  // a prefetch is allocating: MakeRoom must not evict
-  static constexpr OpId kNoKernel = ~OpId{0};
-  OpId running_kernel_ = kNoKernel;  // see UsedByRunningKernel
+  // The op whose kernel runs now (a replay inside Execute, or the op between BeginOp and EndOp/AbortOp): the
+  // defragmenter must not move its memory.
+  OpId running_kernel_ = kNoKernel;
   std::size_t failed_request_ = 0;   // the last request MakeRoom gave up on (MakeHoleForRetry)
   std::vector<StorageIndex> newly_pinned_;  // free_dead: pinned since the last CollectDead
   std::vector<StorageIndex> released_;      // deferred storages in the pool for one choice (ReleaseDeferred)

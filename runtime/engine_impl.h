@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "runtime/defragmenter.h"
 #include "runtime/dense_scan.h"
 #include "runtime/engine.h"
 #include "runtime/eviction_pool.h"
@@ -51,6 +52,7 @@ struct Engine::Impl : GraphRecords {
 
   EvictionPool pool;       // runtime/eviction_pool.h
   NeighbourhoodCosts nb;   // runtime/neighbourhood_costs.h: graph, regions, union-find, weight invalidation
+  std::optional<Defragmenter> defrag;  // runtime/defragmenter.h: relocation, compaction (made by Engine's constructor)
   std::vector<StorageIndex> deferred_list;  // deferred storages that would be in the pool
   // Per interned op name (GraphRecords::names): IsCostlyOp's answer, 0 not asked yet, 1 cheap, 2 costly. Asked once
   // per name rather than matched again on every op.
