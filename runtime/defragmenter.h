@@ -35,8 +35,8 @@ class Defragmenter {
       : records_(records), pool_(pool), engine_(engine), stats_(stats), enabled_(enabled) {}
 
   // Moves idle unevictable storages out of the cheapest window that can hold `bytes`; true when one moved. An
-  // executor error is returned as is.
-  absl::StatusOr<bool> RelocateIdle(Executor& executor, Arena& arena, std::size_t bytes, OpId running_kernel);  // Engine::kNoKernel: none
+  // executor error is returned as is. `running_kernel`: the op whose kernel runs now (Engine::kNoKernel: none).
+  absl::StatusOr<bool> RelocateIdle(Executor& executor, Arena& arena, std::size_t bytes, OpId running_kernel);
   // Compacts the cheapest run that can hold `bytes` if it moves at most `max_moved` bytes; true when one moved.
   absl::StatusOr<bool> Compact(Executor& executor, Arena& arena, std::size_t bytes, OpId running_kernel,
                                std::size_t max_moved = std::numeric_limits<std::size_t>::max());

@@ -1,6 +1,6 @@
 // Engine implementation: construction, constants and ops (Call, BeginOp/EndOp), references and release, dead
 // storages, pins, deferral, eviction. The state is Engine::Impl (engine_impl.h); the rematerializer is
-// engine_frames.cc, making room engine_room.cc, paging engine_paging.cc, choosing victims and the policies'
+// rematerializer.h, the defragmenter defragmenter.h, making room engine_room.cc, paging engine_paging.cc, choosing victims and the policies'
 // StorageView engine_choice.cc, recycling engine_recycle.cc, the out-of-memory report engine_report.cc
 // (runtime/README.md).
 #include "runtime/engine.h"
@@ -19,6 +19,7 @@ Engine::Engine(EngineOptions options, Executor* executor)
     : impl_(std::make_unique<Impl>()), options_(options), executor_(executor), link_(options_.paging) {
   impl_->rng.seed(options_.seed);
   impl_->defrag.emplace(*impl_, impl_->pool, *this, stats_, options_.relocate);
+  impl_->remat.emplace(*this);
   if (options_.policy != nullptr) {
     PolicyFeatures f = options_.policy->features();
     impl_->nb.Configure(f.regions, f.eq_classes, options_.policy->HasStalenessWeight());
@@ -152,6 +153,24 @@ absl::Status Engine::AdoptCopy(TensorId t, std::uintptr_t address) {
   return absl::OkStatus();
 }
 
+// A replay of `target` (or its storage's root, without view replay) through the rematerializer; a paged storage
+// is paged in instead, and waited for.
+absl::Status Engine::Rematerialize(TensorId target) {
+  Impl& m = *impl_;
+  if (m.tensors[target].defined) return absl::OkStatus();
+  if (StorageIndex s = m.tensors[target].storage; m.storages[s].paged) {
+    absl::StatusOr<bool> in = PageInStorage(s, /*prefetch=*/false, /*may_reclaim=*/true);
+    if (!in.ok()) return in.status();
+    if (m.storages[s].ready_at > stats_.clock) {  // the caller wants it on the device now
+      stats_.stall_ns += m.storages[s].ready_at - stats_.clock;
+      stats_.clock = m.storages[s].ready_at;
+    }
+    if (m.tensors[target].defined) return absl::OkStatus();
+  }
+  if (!options_.replay_views) target = m.storages[m.tensors[target].storage].tensors[0];
+  return m.remat->Run(target, m.tensors[target].op, /*remat=*/true);
+}
+
 absl::StatusOr<std::span<const TensorId>> Engine::Call(std::span<const TensorId> inputs,
                                                        std::span<const OutputSpec> outputs, std::int64_t cost,
                                                        std::string_view name) {
@@ -167,8 +186,8 @@ absl::StatusOr<std::span<const TensorId>> Engine::Call(std::span<const TensorId>
     m.recycle_ops.push_back(op_id);  // nothing to recompute: inert at once
     return outs;
   }
-  m.stack.push_back({outs[0], op_id, false, 0, 0, 0, 0});  // a first execution, driven like a replay
-  if (absl::Status run = RunFrames(); !run.ok()) return run;
+  // A first execution, driven like a replay.
+  if (absl::Status run = m.remat->Run(outs[0], op_id, /*remat=*/false); !run.ok()) return run;
   for (TensorId t : outs) m.SetLastAccess(m.tensors[t].storage, stats_.clock);
   return outs;
 }
@@ -176,12 +195,11 @@ absl::StatusOr<std::span<const TensorId>> Engine::Call(std::span<const TensorId>
 absl::StatusOr<OpId> Engine::BeginOp(std::span<const TensorId> inputs, std::string_view name) {
   Impl& m = *impl_;
   OpId op_id = NewOp(inputs, 0, name);
-  m.stack.push_back({kNone, op_id, false, 0, 0, 0, 0});  // gather and lock the inputs only
-  if (absl::Status run = RunFrames(); !run.ok()) {
+  if (absl::Status run = m.remat->Gather(op_id); !run.ok()) {  // gather and lock the inputs only
     m.recycle_ops.push_back(op_id);  // never ran: nothing can recompute from it
     return run;
   }
-  running_kernel_ = op_id;  // the caller runs it now
+  m.remat->set_running_kernel(op_id);  // the caller runs it now
   m.open_op = op_id;
   return op_id;
 }
@@ -194,7 +212,7 @@ absl::StatusOr<std::span<const TensorId>> Engine::EndOp(OpId op_id, std::span<co
   }
   m.ops[op_id].cost = cost;
   // The kernel has run, but its inputs and outputs keep their addresses until EndOp has registered them.
-  absl::Cleanup kernel_done = [this] { running_kernel_ = kNoKernel; };
+  absl::Cleanup kernel_done = [&m] { m.remat->set_running_kernel(kNoKernel); };
   std::vector<OutputSpec>& specs = end_specs_;  // in-place outputs get their bytes and address
   specs.assign(outputs.begin(), outputs.end());
   std::span<const TensorId> ins = m.Inputs(m.ops[op_id]);
@@ -265,7 +283,7 @@ absl::StatusOr<std::span<const TensorId>> Engine::EndOp(OpId op_id, std::span<co
 
 void Engine::AbortOp(OpId op_id) {
   Impl& m = *impl_;
-  running_kernel_ = kNoKernel;
+  m.remat->set_running_kernel(kNoKernel);
   if (m.open_op == op_id) m.open_op = kNone;
   for (TensorId p : m.Inputs(m.ops[op_id])) m.Unlock(m.tensors[p].storage);
   m.recycle_ops.push_back(op_id);  // produced nothing
@@ -511,6 +529,15 @@ std::size_t Engine::tensor_count() const { return impl_->tensors.size(); }
 EngineTables Engine::tables() const {
   const Impl& m = *impl_;
   return {m.ops.size(), m.tensors.size(), m.storages.size(), m.nb.union_find_nodes(), m.op_inputs.size() + m.op_outputs.size()};
+}
+
+// The storages in impl_->remat_storages just became resident: they join the pool and the incremental structures
+// learn it (regions rebuilt around them, their union-find classes lose their cost).
+void Engine::AfterCompute() {
+  Impl& m = *impl_;
+  for (StorageIndex s : m.remat_storages) m.PoolAppend(s);
+  m.nb.RebuildAround(m.remat_storages, [&](StorageIndex x) { return m.storages[x].pinned; });
+  for (StorageIndex s : m.remat_storages) m.nb.Resident(s, m.storages[s].compute, m.pool.size());
 }
 
 }  // namespace remat

@@ -400,6 +400,7 @@ class Engine final : public PressureHandler, private StorageView {
 
  private:
   struct Impl;
+  friend class Rematerializer;  // runtime/rematerializer.h: runs ops through the steps below
   // StorageView
   std::int64_t Clock() const override;
   std::int64_t Bytes(StorageId s) const override;
@@ -425,8 +426,6 @@ class Engine final : public PressureHandler, private StorageView {
   void RefreshWeights();
   // The arena's window search with the policy's window costs.
   std::optional<Window> ChooseWindow(Arena& arena, std::size_t bytes);
-  absl::Status RunFrames();
-  absl::Status RunFramesFrom(std::size_t base);
   OpId NewOp(std::span<const TensorId> inputs, std::int64_t cost, std::string_view name);
   absl::Status AddOutputs(OpId op, std::span<const OutputSpec> outputs);
   void AfterCompute();
@@ -476,9 +475,6 @@ class Engine final : public PressureHandler, private StorageView {
   bool pressure_sampled_ = false;
   LinkModel link_;  // the copies' timeline (runtime/link_model.h)
   bool no_reclaim_ = false;  // a prefetch is allocating: MakeRoom must not evict
-  // The op whose kernel runs now (a replay inside Execute, or the op between BeginOp and EndOp/AbortOp): the
-  // defragmenter must not move its memory.
-  OpId running_kernel_ = kNoKernel;
   std::size_t failed_request_ = 0;   // the last request MakeRoom gave up on (MakeHoleForRetry)
   std::vector<StorageIndex> newly_pinned_;  // free_dead: pinned since the last CollectDead
   std::vector<StorageIndex> released_;      // deferred storages in the pool for one choice (ReleaseDeferred)

@@ -23,6 +23,7 @@
 #include "runtime/graph_records.h"
 #include "runtime/neighbourhood_costs.h"
 #include "runtime/page_in_order.h"
+#include "runtime/rematerializer.h"
 
 namespace remat {
 namespace engine_internal {
@@ -41,28 +42,16 @@ using engine_internal::kNone;
 using engine_internal::NowNs;
 
 struct Engine::Impl : GraphRecords {
-  struct Frame {
-    TensorId t;  // the tensor to (re)compute, or kNone: only gather and lock `op`'s inputs (BeginOp)
-    OpId op;
-    bool remat;
-    std::uint8_t stage;
-    std::uint32_t list_begin, list_end, next;
-    std::uint32_t lock_begin = 0;  // this frame's entries in lock_log
-  };
-
   EvictionPool pool;       // runtime/eviction_pool.h
   NeighbourhoodCosts nb;   // runtime/neighbourhood_costs.h: graph, regions, union-find, weight invalidation
-  std::optional<Defragmenter> defrag;  // runtime/defragmenter.h: relocation, compaction (made by Engine's constructor)
+  // Made by Engine's constructor (they keep references to the engine):
+  std::optional<Defragmenter> defrag;   // runtime/defragmenter.h: relocation, compaction
+  std::optional<Rematerializer> remat;  // runtime/rematerializer.h: the frame stack, the running kernel
   std::vector<StorageIndex> deferred_list;  // deferred storages that would be in the pool
   // Per interned op name (GraphRecords::names): IsCostlyOp's answer, 0 not asked yet, 1 cheap, 2 costly. Asked once
   // per name rather than matched again on every op.
   std::vector<std::uint8_t> costly_by_name;
-  std::vector<Frame> stack;
-  std::vector<TensorId> scratch;
-  std::vector<StorageIndex> lock_log;  // locks taken by running frames, released in bulk if a call fails
   std::vector<StorageId> candidates;
-  std::vector<std::uint32_t> fresh;
-  std::vector<TensorId> dup;
   std::vector<StorageIndex> remat_storages;
   std::vector<StorageIndex> neighbours;
   std::mt19937_64 rng;

@@ -217,7 +217,7 @@ void Engine::WaitForInputs(OpId op) {
     stats_.clock = ready;
   }
   // An op the caller runs (BeginOp, not a replay inside another op): bring back what comes next while it runs.
-  if (paging && options_.paging.prefetch && m.stack.size() == 1 && m.stack.back().t == kNone) PrefetchForNextOps();
+  if (paging && options_.paging.prefetch && m.remat->GatheringCallersOp()) PrefetchForNextOps();
 }
 
 void Engine::PrefetchForNextOps() {

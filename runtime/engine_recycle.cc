@@ -32,7 +32,7 @@ bool Engine::OpInert(OpId op_id) const {
 RecycledIds Engine::Recycle(absl::FunctionRef<bool(OpId)> held) {
   Impl& m = *impl_;
   RecycledIds out;
-  if (!m.stack.empty()) return out;  // inside a call: frames hold ids
+  if (m.remat->busy()) return out;  // inside a call: frames hold ids
   for (const StorageIndex s : m.settled) {
     if (m.storages[s].free) continue;
     for (const TensorId u : m.storages[s].tensors) m.recycle_ops.push_back(m.tensors[u].op);

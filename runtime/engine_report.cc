@@ -44,14 +44,11 @@ std::string Engine::MemoryReport() const {
   absl::StrAppend(&report, ")");
   // Where it happened: the op the caller runs and, when it ran out while replaying, the innermost replay; or the
   // kernel running between BeginOp and EndOp.
-  if (m.stack.empty() && running_kernel_ != kNoKernel && running_kernel_ < m.ops.size()) {
-    absl::StrAppend(&report, ", running '", m.names[m.ops[running_kernel_].name], "'");
-  }
-  if (!m.stack.empty()) {
-    absl::StrAppend(&report, ", running '", m.names[m.ops[m.stack.front().op].name], "'");
-    const auto replays = std::count_if(m.stack.begin(), m.stack.end(), [](const Impl::Frame& f) { return f.remat; });
-    if (replays > 0 && m.stack.back().remat) {
-      absl::StrAppend(&report, " and replaying '", m.names[m.ops[m.stack.back().op].name], "' for it (", replays,
+  const Rematerializer::Where where = m.remat->where();
+  if (where.op != kNoKernel && where.op < m.ops.size()) {
+    absl::StrAppend(&report, ", running '", m.names[m.ops[where.op].name], "'");
+    if (where.replaying != kNoKernel) {
+      absl::StrAppend(&report, " and replaying '", m.names[m.ops[where.replaying].name], "' for it (", where.replays,
                       " replay(s) deep)");
     }
   }

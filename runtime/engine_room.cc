@@ -58,7 +58,7 @@ absl::StatusOr<bool> Engine::MakeRoomOnce(Arena& arena, std::size_t bytes) {
     const std::size_t limit = bytes > std::numeric_limits<std::size_t>::max() / options_.compact_first_limit
                                   ? std::numeric_limits<std::size_t>::max()
                                   : bytes * options_.compact_first_limit;
-    absl::StatusOr<bool> compacted = m.defrag->Compact(*executor_, arena, bytes, running_kernel_, limit);
+    absl::StatusOr<bool> compacted = m.defrag->Compact(*executor_, arena, bytes, m.remat->running_kernel(), limit);
     if (!compacted.ok() || *compacted) {
       stats_.search_ns += NowNs() - start;
       return compacted;
@@ -67,8 +67,8 @@ absl::StatusOr<bool> Engine::MakeRoomOnce(Arena& arena, std::size_t bytes) {
   auto last_resort = [&]() -> absl::StatusOr<bool> {
     absl::StatusOr<bool> made = PageLruConstant();
     if (stitched) return made;
-    if (made.ok() && !*made) made = m.defrag->RelocateIdle(*executor_, arena, bytes, running_kernel_);
-    if (made.ok() && !*made) made = m.defrag->Compact(*executor_, arena, bytes, running_kernel_);
+    if (made.ok() && !*made) made = m.defrag->RelocateIdle(*executor_, arena, bytes, m.remat->running_kernel());
+    if (made.ok() && !*made) made = m.defrag->Compact(*executor_, arena, bytes, m.remat->running_kernel());
     return made;
   };
   if (uses_windows && !stitched) {
