@@ -1,8 +1,8 @@
 // Engine implementation: construction, constants and ops (Call, BeginOp/EndOp), references and release, dead
-// storages, pins, deferral, eviction. The state is Engine::Impl (engine_impl.h); the rematerializer is
-// rematerializer.h, the defragmenter defragmenter.h, making room engine_room.cc, paging engine_paging.cc, choosing victims and the policies'
-// StorageView engine_choice.cc, recycling engine_recycle.cc, the out-of-memory report engine_report.cc
-// (runtime/README.md).
+// storages, pins, deferral, eviction, and the forwards to the parts. The records are Engine::Impl
+// (engine_impl.h); the parts are the rematerializer (rematerializer.h), the pager (pager.h) and the defragmenter
+// (defragmenter.h); making room is engine_room.cc, choosing victims and the policies' StorageView
+// engine_choice.cc, recycling engine_recycle.cc, the out-of-memory report engine_report.cc (runtime/README.md).
 #include "runtime/engine.h"
 
 #include <algorithm>
@@ -16,10 +16,11 @@
 namespace remat {
 
 Engine::Engine(EngineOptions options, Executor* executor)
-    : impl_(std::make_unique<Impl>()), options_(options), executor_(executor), link_(options_.paging) {
+    : impl_(std::make_unique<Impl>()), options_(options), executor_(executor) {
   impl_->rng.seed(options_.seed);
   impl_->defrag.emplace(*impl_, impl_->pool, *this, stats_, options_.relocate);
   impl_->remat.emplace(*this);
+  impl_->pager.emplace(*this, options_.paging);
   if (options_.policy != nullptr) {
     PolicyFeatures f = options_.policy->features();
     impl_->nb.Configure(f.regions, f.eq_classes, options_.policy->HasStalenessWeight());
@@ -159,7 +160,7 @@ absl::Status Engine::Rematerialize(TensorId target) {
   Impl& m = *impl_;
   if (m.tensors[target].defined) return absl::OkStatus();
   if (StorageIndex s = m.tensors[target].storage; m.storages[s].paged) {
-    absl::StatusOr<bool> in = PageInStorage(s, /*prefetch=*/false, /*may_reclaim=*/true);
+    absl::StatusOr<bool> in = m.pager->PageIn(s, /*prefetch=*/false, /*may_reclaim=*/true);
     if (!in.ok()) return in.status();
     if (m.storages[s].ready_at > stats_.clock) {  // the caller wants it on the device now
       stats_.stall_ns += m.storages[s].ready_at - stats_.clock;
@@ -307,7 +308,7 @@ void Engine::Release(TensorId t) {
     stats_.release_evictions += 1;
   } else if (st.ext_refs == 0 && st.paged && !st.pinned && st.locks == 0) {
     // Its host copy goes as a resident one's memory would; it stays recomputable.
-    DropPagedCopy(s);
+    impl_->pager->DropCopy(s);
     MarkEvicted(s, /*held_memory=*/false);
     stats_.release_evictions += 1;
   } else if (st.ext_refs == 0 && st.pinned && options_.free_released_constants &&
@@ -354,7 +355,7 @@ void Engine::FreeDead(StorageIndex start) {
       stats_.evictions -= 1;
       stats_.release_evictions += 1;
     } else if (st.paged) {
-      DropPagedCopy(x);
+      impl_->pager->DropCopy(x);
       m.SetMaterial(x, false);
     }
     m.MarkDead(x);
@@ -374,7 +375,7 @@ void Engine::DropPinnedBytes(StorageIndex s) {
     stats_.used_bytes -= st.size;
     for (TensorId u : st.tensors) m.tensors[u].defined = false;
   } else if (st.paged) {
-    DropPagedCopy(s);
+    impl_->pager->DropCopy(s);
     m.SetMaterial(s, false);
   }
 }
@@ -538,6 +539,30 @@ void Engine::AfterCompute() {
   for (StorageIndex s : m.remat_storages) m.PoolAppend(s);
   m.nb.RebuildAround(m.remat_storages, [&](StorageIndex x) { return m.storages[x].pinned; });
   for (StorageIndex s : m.remat_storages) m.nb.Resident(s, m.storages[s].compute, m.pool.size());
+}
+
+bool Engine::Paged(StorageIndex s) const { return impl_->storages[s].paged; }
+std::int64_t Engine::ReadyAt(StorageIndex s) const { return impl_->storages[s].ready_at; }
+bool Engine::PrefersPaging(StorageIndex s) const { return impl_->pager->PrefersPaging(s); }
+std::int64_t Engine::LinkFreeAt() const { return impl_->pager->link().OutFreeAt(); }
+std::int64_t Engine::TransferNs(std::int64_t bytes) const { return impl_->pager->link().TransferNs(bytes); }
+
+absl::Status Engine::PageOut(StorageIndex s) {
+  if (s >= impl_->storages.size()) return absl::InvalidArgumentError(absl::StrCat("no storage ", s));
+  if (stats_.host_used_bytes > options_.paging.host_budget - impl_->storages[s].size) {
+    return absl::ResourceExhaustedError(absl::StrCat("storage ", s, " does not fit the host budget"));
+  }
+  return impl_->pager->PageOut(s);
+}
+
+absl::StatusOr<bool> Engine::Prefetch(TensorId t) {
+  Impl& m = *impl_;
+  if (t >= m.tensors.size()) return absl::InvalidArgumentError(absl::StrCat("no tensor ", t));
+  return m.pager->PageIn(m.tensors[t].storage, /*prefetch=*/true, /*may_reclaim=*/false);
+}
+
+absl::StatusOr<int> Engine::PrefetchAhead(std::span<const TensorId> upcoming, bool make_room) {
+  return impl_->pager->PrefetchAhead(upcoming, make_room);
 }
 
 }  // namespace remat

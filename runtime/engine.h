@@ -86,7 +86,6 @@
 #include "policies/policy.h"
 #include "runtime/config.h"
 #include "runtime/executor.h"
-#include "runtime/link_model.h"
 
 namespace remat {
 
@@ -394,13 +393,14 @@ class Engine final : public PressureHandler, private StorageView {
   // When paged-in storage s's bytes are (or were) on the device; 0 if never paged in.
   std::int64_t ReadyAt(StorageIndex s) const;
   // When the link (duplex: its device-to-host direction) finishes the copies issued so far.
-  std::int64_t LinkFreeAt() const { return link_.OutFreeAt(); }
+  std::int64_t LinkFreeAt() const;
   // Link time of one copy of `bytes`: latency + bytes / bandwidth.
-  std::int64_t TransferNs(std::int64_t bytes) const { return link_.TransferNs(bytes); }
+  std::int64_t TransferNs(std::int64_t bytes) const;
 
  private:
   struct Impl;
   friend class Rematerializer;  // runtime/rematerializer.h: runs ops through the steps below
+  friend class Pager;           // runtime/pager.h: the second tier
   // StorageView
   std::int64_t Clock() const override;
   std::int64_t Bytes(StorageId s) const override;
@@ -444,13 +444,6 @@ class Engine final : public PressureHandler, private StorageView {
   static constexpr char kMemoryReportMarker[] = "locked by the running ops";
   absl::Status WithMemoryReport(absl::string_view message, absl::string_view context) const;
   void MarkEvicted(StorageIndex s, bool held_memory = true);
-  // Drops or pages out victim s as the offload mode says.
-  absl::Status Reclaim(StorageIndex s);
-  absl::Status PageOutStorage(StorageIndex s);
-  // Brings paged s back; the allocation may reclaim other storages when `may_reclaim`. With `prefetch`, lack of
-  // memory is not an error (returns false), and s counts as a prefetch and is marked fresh.
-  absl::StatusOr<bool> PageInStorage(StorageIndex s, bool prefetch, bool may_reclaim);
-  void DropPagedCopy(StorageIndex s);
   // Puts the deferred storages (Defer) into the pool for one choice; true when the pool is no longer empty. The
   // caller chooses, then calls RedeferUnchosen, which takes the ones not chosen out again: one pressure event that
   // finds nothing else releases one victim, not every gradient at once.
@@ -460,11 +453,6 @@ class Engine final : public PressureHandler, private StorageView {
   absl::StatusOr<bool> MakeRoomOnce(Arena& arena, std::size_t bytes);
   // Counter mode: reclaims until `bytes` more fit in the budget.
   absl::Status MakeRoomCounter(std::int64_t bytes, std::string_view what);
-  // page_constants: pages the least recently used constant held only by its pin. False if none fits.
-  absl::StatusOr<bool> PageLruConstant();
-  // Waits (advancing the clock, counting stall) until the inputs of `op` are on the device.
-  void WaitForInputs(OpId op);
-  void PrefetchForNextOps();  // PagingOptions::prefetch (engine_paging.cc)
 
   std::unique_ptr<Impl> impl_;
   EngineOptions options_;
@@ -473,8 +461,6 @@ class Engine final : public PressureHandler, private StorageView {
   Executor* executor_;
   EngineStats stats_;
   bool pressure_sampled_ = false;
-  LinkModel link_;  // the copies' timeline (runtime/link_model.h)
-  bool no_reclaim_ = false;  // a prefetch is allocating: MakeRoom must not evict
   std::size_t failed_request_ = 0;   // the last request MakeRoom gave up on (MakeHoleForRetry)
   std::vector<StorageIndex> newly_pinned_;  // free_dead: pinned since the last CollectDead
   std::vector<StorageIndex> released_;      // deferred storages in the pool for one choice (ReleaseDeferred)

@@ -22,7 +22,7 @@
 #include "runtime/eviction_pool.h"
 #include "runtime/graph_records.h"
 #include "runtime/neighbourhood_costs.h"
-#include "runtime/page_in_order.h"
+#include "runtime/pager.h"
 #include "runtime/rematerializer.h"
 
 namespace remat {
@@ -47,6 +47,7 @@ struct Engine::Impl : GraphRecords {
   // Made by Engine's constructor (they keep references to the engine):
   std::optional<Defragmenter> defrag;   // runtime/defragmenter.h: relocation, compaction
   std::optional<Rematerializer> remat;  // runtime/rematerializer.h: the frame stack, the running kernel
+  std::optional<Pager> pager;           // runtime/pager.h: the second tier, the link, prefetch
   std::vector<StorageIndex> deferred_list;  // deferred storages that would be in the pool
   // Per interned op name (GraphRecords::names): IsCostlyOp's answer, 0 not asked yet, 1 cheap, 2 costly. Asked once
   // per name rather than matched again on every op.
@@ -61,9 +62,6 @@ struct Engine::Impl : GraphRecords {
   // the last Recycle.
   std::vector<StorageIndex> settled;
   std::vector<OpId> recycle_ops;
-  PageInOrder page_order;  // engine_paging.cc: what to prefetch next (runtime/page_in_order.h)
-  std::vector<bool> paged_in;  // by storage: paged in and not read since (its read teaches page_order)
-  std::vector<StorageIndex> prefetch_guard;  // prefetched, deferred until read (engine_paging.cc), oldest first
   OpId open_op = kNone;  // between BeginOp and EndOp/AbortOp
   // A new storage's slot (reused if one is free) with its record and the parts' entries reset.
   StorageIndex NewStorageSlot() {

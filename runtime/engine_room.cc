@@ -34,7 +34,7 @@ absl::StatusOr<bool> Engine::MakeHoleForRetry() {
 
 absl::StatusOr<bool> Engine::MakeRoomOnce(Arena& arena, std::size_t bytes) {
   Impl& m = *impl_;
-  if (no_reclaim_) return false;
+  if (m.pager->prefetching()) return false;
   if (!pressure_sampled_) {
     pressure_sampled_ = true;
     ArenaStats s = arena.Stats();
@@ -65,7 +65,7 @@ absl::StatusOr<bool> Engine::MakeRoomOnce(Arena& arena, std::size_t bytes) {
     }
   }
   auto last_resort = [&]() -> absl::StatusOr<bool> {
-    absl::StatusOr<bool> made = PageLruConstant();
+    absl::StatusOr<bool> made = m.pager->PageLruConstant();
     if (stitched) return made;
     if (made.ok() && !*made) made = m.defrag->RelocateIdle(*executor_, arena, bytes, m.remat->running_kernel());
     if (made.ok() && !*made) made = m.defrag->Compact(*executor_, arena, bytes, m.remat->running_kernel());
@@ -81,7 +81,7 @@ absl::StatusOr<bool> Engine::MakeRoomOnce(Arena& arena, std::size_t bytes) {
       if (!window || window->owners.empty()) return false;
     }
     for (OwnerId o : window->owners) {
-      if (absl::Status s = Reclaim(static_cast<StorageIndex>(o - 1)); !s.ok()) return s;
+      if (absl::Status s = m.pager->Reclaim(static_cast<StorageIndex>(o - 1)); !s.ok()) return s;
     }
     return true;
   }
@@ -94,7 +94,7 @@ absl::StatusOr<bool> Engine::MakeRoomOnce(Arena& arena, std::size_t bytes) {
   std::optional<StorageIndex> pick = ChooseFromPool();
   stats_.search_ns += NowNs() - start;
   if (!pick) return false;
-  if (absl::Status s = Reclaim(*pick); !s.ok()) return s;
+  if (absl::Status s = m.pager->Reclaim(*pick); !s.ok()) return s;
   return true;
 }
 
@@ -102,7 +102,7 @@ absl::Status Engine::MakeRoomCounter(std::int64_t bytes, std::string_view what) 
   Impl& m = *impl_;
   while (stats_.used_bytes + bytes > options_.budget) {
     if (m.pool.empty()) {
-      absl::StatusOr<bool> paged = PageLruConstant();
+      absl::StatusOr<bool> paged = m.pager->PageLruConstant();
       if (!paged.ok()) return paged.status();
       if (*paged) continue;
     }
@@ -121,7 +121,7 @@ absl::Status Engine::MakeRoomCounter(std::int64_t bytes, std::string_view what) 
     std::optional<StorageIndex> pick = ChooseFromPool();
     stats_.search_ns += NowNs() - start;
     if (!pick) return absl::InternalError("policy chose nothing from a non-empty pool");
-    if (absl::Status s = Reclaim(*pick); !s.ok()) return s;
+    if (absl::Status s = m.pager->Reclaim(*pick); !s.ok()) return s;
   }
   return absl::OkStatus();
 }

@@ -89,7 +89,7 @@ absl::Status Rematerializer::RunFramesFrom(std::size_t base) {
         if (!m.tensors[p].defined && m.storages[m.tensors[p].storage].paged) {
           // Pushes no frame: f stays valid.
           absl::StatusOr<bool> in =
-              engine_.PageInStorage(m.tensors[p].storage, /*prefetch=*/false, /*may_reclaim=*/true);
+              m.pager->PageIn(m.tensors[p].storage, /*prefetch=*/false, /*may_reclaim=*/true);
           if (!in.ok()) return in.status();
         }
         if (!m.tensors[p].defined) {
@@ -108,7 +108,7 @@ absl::Status Rematerializer::RunFramesFrom(std::size_t base) {
     }
     // All inputs resident and locked: wait for their page-ins, make room and execute.
     Frame frame = stack_.back();
-    engine_.WaitForInputs(frame.op);
+    m.pager->WaitForInputs(frame.op);
     if (frame.t == kNone) {  // BeginOp: the caller runs the op; inputs stay locked until EndOp/AbortOp
       pending_.resize(frame.list_begin);
       lock_log_.resize(frame.lock_begin);
@@ -180,7 +180,7 @@ absl::Status Rematerializer::RunFramesFrom(std::size_t base) {
       engine_.NotePeak();
     }
     for (StorageIndex s : m.remat_storages) {
-      if (m.storages[s].paged) engine_.DropPagedCopy(s);  // recomputed: the host copy is stale weight
+      if (m.storages[s].paged) m.pager->DropCopy(s);  // recomputed: the host copy is stale weight
     }
     m.SetMaterial(m.tensors[t].storage, true);
     m.storages[m.tensors[t].storage].computed = true;
