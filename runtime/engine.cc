@@ -21,6 +21,7 @@ Engine::Engine(EngineOptions options, Executor* executor)
   impl_->defrag.emplace(*impl_, impl_->pool, *this, stats_, options_.relocate);
   impl_->remat.emplace(*this);
   impl_->pager.emplace(*this, options_.paging);
+  impl_->pressure.emplace(*this);
   if (options_.policy != nullptr) {
     PolicyFeatures f = options_.policy->features();
     impl_->nb.Configure(f.regions, f.eq_classes, options_.policy->HasStalenessWeight());
@@ -403,36 +404,6 @@ void Engine::Defer(TensorId t) {
   }
 }
 
-bool Engine::ReleaseDeferred() {
-  Impl& m = *impl_;
-  if (m.deferred_list.empty()) return false;
-  released_.clear();
-  released_.swap(m.deferred_list);
-  std::size_t kept = 0;
-  for (StorageIndex s : released_) {
-    Impl::Storage& st = m.storages[s];
-    if (!st.deferred || m.InPool(s) || !st.material || st.locks > 0 || st.pinned) continue;
-    m.PoolAppend(s, /*reserve=*/false);  // still deferred: RedeferUnchosen takes it out again unless chosen
-    released_[kept++] = s;
-  }
-  released_.resize(kept);
-  ++stats_.deferred_releases;
-  return !m.pool.empty();
-}
-
-void Engine::RedeferUnchosen() {
-  Impl& m = *impl_;
-  for (StorageIndex s : released_) {
-    Impl::Storage& st = m.storages[s];
-    if (!st.deferred) continue;  // pinned since
-    if (m.InPool(s)) {
-      m.PoolRemove(s);
-      m.PoolAppend(s);  // into deferred_list
-    }
-  }
-  released_.clear();
-}
-
 void Engine::Pin(TensorId t) {
   Impl& m = *impl_;
   StorageIndex s = m.tensors[t].storage;
@@ -564,5 +535,11 @@ absl::StatusOr<bool> Engine::Prefetch(TensorId t) {
 absl::StatusOr<int> Engine::PrefetchAhead(std::span<const TensorId> upcoming, bool make_room) {
   return impl_->pager->PrefetchAhead(upcoming, make_room);
 }
+
+absl::StatusOr<bool> Engine::MakeRoom(Arena& arena, std::size_t bytes) {
+  return impl_->pressure->MakeRoom(arena, bytes);
+}
+absl::StatusOr<bool> Engine::MakeHoleForRetry() { return impl_->pressure->MakeHoleForRetry(); }
+void Engine::NoteAllocation() { impl_->pressure->NoteAllocation(); }
 
 }  // namespace remat

@@ -293,7 +293,7 @@ class Engine final : public PressureHandler, private StorageView {
   // memory).
   void SetAddress(StorageIndex s, std::uintptr_t address);
   // The executor calls this before each arena allocation so pressure is sampled once per allocation.
-  void NoteAllocation() { pressure_sampled_ = false; }
+  void NoteAllocation();
 
   // PressureHandler (arena mode): evicts one storage, or one window for window policies.
   // An error when making room failed otherwise than for lack of victims (a page-out that could not write its copy,
@@ -401,6 +401,7 @@ class Engine final : public PressureHandler, private StorageView {
   struct Impl;
   friend class Rematerializer;  // runtime/rematerializer.h: runs ops through the steps below
   friend class Pager;           // runtime/pager.h: the second tier
+  friend class PressureResolver;  // runtime/pressure_resolver.h: making room
   // StorageView
   std::int64_t Clock() const override;
   std::int64_t Bytes(StorageId s) const override;
@@ -444,15 +445,6 @@ class Engine final : public PressureHandler, private StorageView {
   static constexpr char kMemoryReportMarker[] = "locked by the running ops";
   absl::Status WithMemoryReport(absl::string_view message, absl::string_view context) const;
   void MarkEvicted(StorageIndex s, bool held_memory = true);
-  // Puts the deferred storages (Defer) into the pool for one choice; true when the pool is no longer empty. The
-  // caller chooses, then calls RedeferUnchosen, which takes the ones not chosen out again: one pressure event that
-  // finds nothing else releases one victim, not every gradient at once.
-  bool ReleaseDeferred();
-  void RedeferUnchosen();
-  // MakeRoom without the bookkeeping of failed requests.
-  absl::StatusOr<bool> MakeRoomOnce(Arena& arena, std::size_t bytes);
-  // Counter mode: reclaims until `bytes` more fit in the budget.
-  absl::Status MakeRoomCounter(std::int64_t bytes, std::string_view what);
 
   std::unique_ptr<Impl> impl_;
   EngineOptions options_;
@@ -460,10 +452,7 @@ class Engine final : public PressureHandler, private StorageView {
   const EvictionPlan* plan_ = nullptr;  // SetPlan
   Executor* executor_;
   EngineStats stats_;
-  bool pressure_sampled_ = false;
-  std::size_t failed_request_ = 0;   // the last request MakeRoom gave up on (MakeHoleForRetry)
   std::vector<StorageIndex> newly_pinned_;  // free_dead: pinned since the last CollectDead
-  std::vector<StorageIndex> released_;      // deferred storages in the pool for one choice (ReleaseDeferred)
   // Per-call scratch kept for its capacity (no allocation per op): EndOp's specs and new constants, FreeDead's work
   // list (taken by swap, so that a nested call allocates its own).
   std::vector<OutputSpec> end_specs_;

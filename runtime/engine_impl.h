@@ -23,6 +23,7 @@
 #include "runtime/graph_records.h"
 #include "runtime/neighbourhood_costs.h"
 #include "runtime/pager.h"
+#include "runtime/pressure_resolver.h"
 #include "runtime/rematerializer.h"
 
 namespace remat {
@@ -48,6 +49,7 @@ struct Engine::Impl : GraphRecords {
   std::optional<Defragmenter> defrag;   // runtime/defragmenter.h: relocation, compaction
   std::optional<Rematerializer> remat;  // runtime/rematerializer.h: the frame stack, the running kernel
   std::optional<Pager> pager;           // runtime/pager.h: the second tier, the link, prefetch
+  std::optional<PressureResolver> pressure;  // runtime/pressure_resolver.h: making room, the deferred reserve
   std::vector<StorageIndex> deferred_list;  // deferred storages that would be in the pool
   // Per interned op name (GraphRecords::names): IsCostlyOp's answer, 0 not asked yet, 1 cheap, 2 costly. Asked once
   // per name rather than matched again on every op.

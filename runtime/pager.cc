@@ -110,7 +110,7 @@ absl::StatusOr<bool> Pager::PageIn(StorageIndex s, bool prefetch, bool may_recla
   if (options.mode == AccountingMode::kCounter) {
     if (!may_reclaim) {
       if (stats.used_bytes + st.size > options.budget) return false;
-    } else if (absl::Status r = engine_.MakeRoomCounter(st.size, "page-in"); !r.ok()) {
+    } else if (absl::Status r = m.pressure->MakeRoomCounter(st.size, "page-in"); !r.ok()) {
       if (prefetch && absl::IsResourceExhausted(r)) return false;
       return r;
     }

@@ -120,7 +120,7 @@ absl::Status Rematerializer::RunFramesFrom(std::size_t base) {
     std::span<const TensorId> outs = m.Outputs(m.ops[op_id]);
     const std::int64_t total = m.ops[op_id].total_size;
     if (options.mode == AccountingMode::kCounter) {
-      if (absl::Status s = engine_.MakeRoomCounter(total, m.names[m.ops[op_id].name]); !s.ok()) return s;
+      if (absl::Status s = m.pressure->MakeRoomCounter(total, m.names[m.ops[op_id].name]); !s.ok()) return s;
     }
     // Execute: the op's outputs are t and its siblings.
     resident_siblings_.clear();

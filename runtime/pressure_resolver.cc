@@ -1,7 +1,5 @@
-// Engine: the pressure resolver, making room when an allocation does not fit: in the arena (MakeRoom: the ordered
-// steps, the moves asked of the defragmenter, runtime/defragmenter.h; the retry hole) and against the budget in
-// counter mode (MakeRoomCounter), as engine.h's contract says.
-#include "runtime/engine.h"
+// PressureResolver: making room when an allocation does not fit (pressure_resolver.h).
+#include "runtime/pressure_resolver.h"
 
 #include <algorithm>
 #include <cstdint>
@@ -16,33 +14,35 @@
 
 namespace remat {
 
-absl::StatusOr<bool> Engine::MakeRoom(Arena& arena, std::size_t bytes) {
+absl::StatusOr<bool> PressureResolver::MakeRoom(Arena& arena, std::size_t bytes) {
   const absl::StatusOr<bool> made = MakeRoomOnce(arena, bytes);
   // Only a lack of room is worth a retry (MakeHoleForRetry); a failed page-out or move is the caller's error.
   failed_request_ = made.ok() && !*made ? bytes : 0;
   return made;
 }
 
-absl::StatusOr<bool> Engine::MakeHoleForRetry() {
-  Arena* arena = options_.arena;
+absl::StatusOr<bool> PressureResolver::MakeHoleForRetry() {
+  Arena* arena = engine_.options_.arena;
   if (arena == nullptr || failed_request_ == 0) return false;
   const std::size_t bytes = failed_request_;
   failed_request_ = 0;
   // The kernel runs again from the start: its inputs may move.
-  return impl_->defrag->HoleForRetry(*executor_, *arena, bytes);
+  return engine_.impl_->defrag->HoleForRetry(*engine_.executor_, *arena, bytes);
 }
 
-absl::StatusOr<bool> Engine::MakeRoomOnce(Arena& arena, std::size_t bytes) {
-  Impl& m = *impl_;
+absl::StatusOr<bool> PressureResolver::MakeRoomOnce(Arena& arena, std::size_t bytes) {
+  Engine::Impl& m = *engine_.impl_;
+  EngineStats& stats = engine_.stats_;
+  const EngineOptions& options = engine_.options_;
   if (m.pager->prefetching()) return false;
   if (!pressure_sampled_) {
     pressure_sampled_ = true;
     ArenaStats s = arena.Stats();
     // Free when pressure begins: bytes outside blocks, or (stitching) granules not mapped.
     const std::size_t free = arena.stitched() ? s.physical_limit - s.physical_bytes : s.free_bytes;
-    if (options_.budget > 0) {
-      stats_.fragmentation_sum += static_cast<double>(free) / static_cast<double>(options_.budget);
-      ++stats_.fragmentation_samples;
+    if (options.budget > 0) {
+      stats.fragmentation_sum += static_cast<double>(free) / static_cast<double>(options.budget);
+      ++stats.fragmentation_samples;
     }
   }
   std::int64_t start = NowNs();
@@ -53,31 +53,32 @@ absl::StatusOr<bool> Engine::MakeRoomOnce(Arena& arena, std::size_t bytes) {
   const bool stitched = arena.stitched();
   // Windows already count free blocks as part of the range they clear (Coop): compacting first made it run out at
   // lower ratios (remat-sim, lstm and densenet121 at 0.2, unet at 0.4).
-  const bool uses_windows = options_.policy->UsesWindows();
-  if (!stitched && !uses_windows && options_.compact_first_limit > 0 && arena.Stats().free_bytes >= bytes) {
-    const std::size_t limit = bytes > std::numeric_limits<std::size_t>::max() / options_.compact_first_limit
+  const bool uses_windows = options.policy->UsesWindows();
+  if (!stitched && !uses_windows && options.compact_first_limit > 0 && arena.Stats().free_bytes >= bytes) {
+    const std::size_t limit = bytes > std::numeric_limits<std::size_t>::max() / options.compact_first_limit
                                   ? std::numeric_limits<std::size_t>::max()
-                                  : bytes * options_.compact_first_limit;
-    absl::StatusOr<bool> compacted = m.defrag->Compact(*executor_, arena, bytes, m.remat->running_kernel(), limit);
+                                  : bytes * options.compact_first_limit;
+    absl::StatusOr<bool> compacted =
+        m.defrag->Compact(*engine_.executor_, arena, bytes, m.remat->running_kernel(), limit);
     if (!compacted.ok() || *compacted) {
-      stats_.search_ns += NowNs() - start;
+      stats.search_ns += NowNs() - start;
       return compacted;
     }
   }
   auto last_resort = [&]() -> absl::StatusOr<bool> {
     absl::StatusOr<bool> made = m.pager->PageLruConstant();
     if (stitched) return made;
-    if (made.ok() && !*made) made = m.defrag->RelocateIdle(*executor_, arena, bytes, m.remat->running_kernel());
-    if (made.ok() && !*made) made = m.defrag->Compact(*executor_, arena, bytes, m.remat->running_kernel());
+    if (made.ok() && !*made) made = m.defrag->RelocateIdle(*engine_.executor_, arena, bytes, m.remat->running_kernel());
+    if (made.ok() && !*made) made = m.defrag->Compact(*engine_.executor_, arena, bytes, m.remat->running_kernel());
     return made;
   };
   if (uses_windows && !stitched) {
-    std::optional<Window> window = ChooseWindow(arena, bytes);
-    stats_.search_ns += NowNs() - start;
+    std::optional<Window> window = engine_.ChooseWindow(arena, bytes);
+    stats.search_ns += NowNs() - start;
     if (!window || window->owners.empty()) {
       if (absl::StatusOr<bool> made = last_resort(); !made.ok() || *made) return made;
       if (!ReleaseDeferred()) return false;
-      window = ChooseWindow(arena, bytes);
+      window = engine_.ChooseWindow(arena, bytes);
       if (!window || window->owners.empty()) return false;
     }
     for (OwnerId o : window->owners) {
@@ -86,21 +87,23 @@ absl::StatusOr<bool> Engine::MakeRoomOnce(Arena& arena, std::size_t bytes) {
     return true;
   }
   if (m.pool.empty()) {
-    stats_.search_ns += NowNs() - start;
+    stats.search_ns += NowNs() - start;
     if (absl::StatusOr<bool> made = last_resort(); !made.ok() || *made) return made;
     if (!ReleaseDeferred()) return false;
     start = NowNs();
   }
-  std::optional<StorageIndex> pick = ChooseFromPool();
-  stats_.search_ns += NowNs() - start;
+  std::optional<StorageIndex> pick = engine_.ChooseFromPool();
+  stats.search_ns += NowNs() - start;
   if (!pick) return false;
   if (absl::Status s = m.pager->Reclaim(*pick); !s.ok()) return s;
   return true;
 }
 
-absl::Status Engine::MakeRoomCounter(std::int64_t bytes, std::string_view what) {
-  Impl& m = *impl_;
-  while (stats_.used_bytes + bytes > options_.budget) {
+absl::Status PressureResolver::MakeRoomCounter(std::int64_t bytes, std::string_view what) {
+  Engine::Impl& m = *engine_.impl_;
+  EngineStats& stats = engine_.stats_;
+  const EngineOptions& options = engine_.options_;
+  while (stats.used_bytes + bytes > options.budget) {
     if (m.pool.empty()) {
       absl::StatusOr<bool> paged = m.pager->PageLruConstant();
       if (!paged.ok()) return paged.status();
@@ -109,21 +112,51 @@ absl::Status Engine::MakeRoomCounter(std::int64_t bytes, std::string_view what) 
     absl::Cleanup redefer = [this] { RedeferUnchosen(); };  // after this round's victim is evicted
     if (m.pool.empty() && !ReleaseDeferred()) {
       std::int64_t locked = 0;
-      for (const Impl::Storage& st : m.storages) {
+      for (const GraphRecords::Storage& st : m.storages) {
         if (st.material && st.locks > 0 && !st.pinned) locked += st.size;
       }
       return absl::ResourceExhaustedError(absl::StrFormat(
           "out of memory running '%s': requested %d bytes, budget %d, in use %d (locked by the running ops %d, "
           "constant %d), nothing left to evict",
-          what, bytes, options_.budget, stats_.used_bytes, locked, m.constant_bytes));
+          what, bytes, options.budget, stats.used_bytes, locked, m.constant_bytes));
     }
     std::int64_t start = NowNs();
-    std::optional<StorageIndex> pick = ChooseFromPool();
-    stats_.search_ns += NowNs() - start;
+    std::optional<StorageIndex> pick = engine_.ChooseFromPool();
+    stats.search_ns += NowNs() - start;
     if (!pick) return absl::InternalError("policy chose nothing from a non-empty pool");
     if (absl::Status s = m.pager->Reclaim(*pick); !s.ok()) return s;
   }
   return absl::OkStatus();
+}
+
+bool PressureResolver::ReleaseDeferred() {
+  Engine::Impl& m = *engine_.impl_;
+  if (m.deferred_list.empty()) return false;
+  released_.clear();
+  released_.swap(m.deferred_list);
+  std::size_t kept = 0;
+  for (StorageIndex s : released_) {
+    GraphRecords::Storage& st = m.storages[s];
+    if (!st.deferred || m.InPool(s) || !st.material || st.locks > 0 || st.pinned) continue;
+    m.PoolAppend(s, /*reserve=*/false);  // still deferred: RedeferUnchosen takes it out again unless chosen
+    released_[kept++] = s;
+  }
+  released_.resize(kept);
+  ++engine_.stats_.deferred_releases;
+  return !m.pool.empty();
+}
+
+void PressureResolver::RedeferUnchosen() {
+  Engine::Impl& m = *engine_.impl_;
+  for (StorageIndex s : released_) {
+    GraphRecords::Storage& st = m.storages[s];
+    if (!st.deferred) continue;  // pinned since
+    if (m.InPool(s)) {
+      m.PoolRemove(s);
+      m.PoolAppend(s);  // into deferred_list
+    }
+  }
+  released_.clear();
 }
 
 }  // namespace remat
