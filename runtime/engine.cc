@@ -1,8 +1,8 @@
 // Engine implementation: construction, constants and ops (Call, BeginOp/EndOp), references and release, dead
 // storages, pins, deferral, eviction, and the forwards to the parts. The records are Engine::Impl
 // (engine_impl.h); the parts are the rematerializer (rematerializer.h), the pager (pager.h) and the defragmenter
-// (defragmenter.h); making room is engine_room.cc, choosing victims and the policies' StorageView
-// engine_choice.cc, recycling engine_recycle.cc, the out-of-memory report engine_report.cc (runtime/README.md).
+// (defragmenter.h), the pressure resolver (pressure_resolver.h) and the memory report (memory_report.h); choosing
+// victims and the policies' StorageView is engine_choice.cc, recycling engine_recycle.cc (runtime/README.md).
 #include "runtime/engine.h"
 
 #include <algorithm>
@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "policies/costly_ops.h"
 #include "runtime/engine_impl.h"
+#include "runtime/memory_report.h"
 
 namespace remat {
 
@@ -541,5 +542,8 @@ absl::StatusOr<bool> Engine::MakeRoom(Arena& arena, std::size_t bytes) {
 }
 absl::StatusOr<bool> Engine::MakeHoleForRetry() { return impl_->pressure->MakeHoleForRetry(); }
 void Engine::NoteAllocation() { impl_->pressure->NoteAllocation(); }
+
+std::string Engine::DescribeMemory() { return MemoryReport(*this).Describe(); }
+std::int64_t Engine::UnknownArenaBytes() const { return MemoryReport(*this).UnknownArenaBytes(); }
 
 }  // namespace remat

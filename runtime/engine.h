@@ -299,8 +299,8 @@ class Engine final : public PressureHandler, private StorageView {
   // An error when making room failed otherwise than for lack of victims (a page-out that could not write its copy,
   // a move that failed): the arena fails the allocation with it.
   absl::StatusOr<bool> MakeRoom(Arena& arena, std::size_t bytes) override;
-  // MemoryReport(): budget, bytes in use, locked by running ops, constant, pinned, where it ran out, largest window.
-  std::string DescribeMemory() override { return MemoryReport(); }
+  // The memory report (runtime/memory_report.h): budget, in use, locked, constant, pinned, where, largest window.
+  std::string DescribeMemory() override;
   // Arena mode, after MakeRoom gave up on a kernel's allocation (the op's own kernel between BeginOp and EndOp, or a
   // replay inside Executor::Execute) and that kernel threw without writing anything, before the caller runs it
   // again: compacts the arena as MakeRoom's last resort does, but with the failed kernel's inputs movable too
@@ -402,6 +402,7 @@ class Engine final : public PressureHandler, private StorageView {
   friend class Rematerializer;  // runtime/rematerializer.h: runs ops through the steps below
   friend class Pager;           // runtime/pager.h: the second tier
   friend class PressureResolver;  // runtime/pressure_resolver.h: making room
+  friend class MemoryReport;    // runtime/memory_report.h: what an out-of-memory error says
   // StorageView
   std::int64_t Clock() const override;
   std::int64_t Bytes(StorageId s) const override;
@@ -441,9 +442,6 @@ class Engine final : public PressureHandler, private StorageView {
   void DropPinnedBytes(StorageIndex s);
   // Raises stats_.peak_bytes to what is allocated now: the arena's peak in arena mode, else the engine's count.
   void NotePeak();
-  std::string MemoryReport() const;
-  static constexpr char kMemoryReportMarker[] = "locked by the running ops";
-  absl::Status WithMemoryReport(absl::string_view message, absl::string_view context) const;
   void MarkEvicted(StorageIndex s, bool held_memory = true);
 
   std::unique_ptr<Impl> impl_;

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "runtime/memory_report.h"
 #include "runtime/engine_impl.h"
 
 namespace remat {
@@ -122,7 +123,7 @@ absl::StatusOr<bool> Pager::PageIn(StorageIndex s, bool prefetch, bool may_recla
   if (!x.ok()) {
     if (!absl::IsResourceExhausted(x)) return x;  // the allocation's MakeRoom failed (a page-out), or the copy
     if (prefetch) return false;
-    return engine_.WithMemoryReport(x.message(), absl::StrCat(" (paging in storage ", s, ")"));
+    return MemoryReport(engine_).Annotate(x.message(), absl::StrCat(" (paging in storage ", s, ")"));
   }
   st.ready_at = link_.Issue(st.size, /*in=*/true, stats.clock, st.ready_at);  // after its own page-out
   st.paged = false;

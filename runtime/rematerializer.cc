@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_format.h"
 #include "runtime/engine_impl.h"
+#include "runtime/memory_report.h"
 
 namespace remat {
 
@@ -173,7 +174,7 @@ absl::Status Rematerializer::RunFramesFrom(std::size_t base) {
     }
     if (!executed.ok()) {
       if (!absl::IsResourceExhausted(executed)) return executed;
-      return engine_.WithMemoryReport(executed.message(), "");
+      return MemoryReport(engine_).Annotate(executed.message(), "");
     }
     if (options.mode == AccountingMode::kArena) {
       for (StorageIndex s : m.remat_storages) stats.used_bytes += m.storages[s].size;
