@@ -236,8 +236,6 @@ void EngineBridge::AfterOp(OpRecord&& record) {
   const OpTraits& traits = *record.traits;
   current_.PlanOutputs(record, entries_);
   const std::vector<OutputSpec>& specs = current_.plan.specs;
-  const std::vector<int>& spec_output = current_.plan.spec_output;
-  const std::vector<c10::intrusive_ptr<c10::StorageImpl>>& spec_impl = current_.plan.spec_impl;
   const std::int64_t cost = std::max<std::int64_t>(
       1, options_.estimated_costs ? EstimatedCostNs(record) : static_cast<std::int64_t>(record.duration_ns));
   absl::StatusOr<std::span<const TensorId>> outs = engine_->EndOp(current_.op, specs, cost);
@@ -248,84 +246,92 @@ void EngineBridge::AfterOp(OpRecord&& record) {
   const bool replayable = Replayable(record);
   // What the kept record will say (ReplayOp), gathered in vectors kept between ops: the ReplayOp is made only for
   // a record that is kept, with the record moved into it once.
-  std::vector<StorageIndex>& output_storage = current_.plan.output_storage;
-  output_storage.assign(record.outputs.size(), kNoIndex);
-  std::vector<std::pair<int, StorageIndex>>& in_place = current_.plan.in_place;
-  in_place.clear();
+  current_.plan.output_storage.assign(record.outputs.size(), kNoIndex);
+  current_.plan.in_place.clear();
   bool keep = false;
-  // An evictable result of a backward-pass op (a gradient, or one accumulated in place) goes last (header: Backward).
-  auto defer_if_backward = [&](TensorId t) {
-    if (!record.in_backward) return;
-    engine_->Defer(t);
-    ++stats_.deferred_outputs;
-  };
   for (std::size_t j = 0; j < specs.size(); ++j) {
-    const TensorId t = out_tensors[j];
-    const StorageIndex s = engine_->StorageOf(t);
-    const c10::intrusive_ptr<c10::StorageImpl>& impl = spec_impl[j];
-    if (spec_output[j] >= 0) {  // a fresh storage
-      Entry& entry = entries_.Add(impl);
-      entry.root = t;
-      links_.SetOwner(s, impl.get());
-      executor_.SetHome(s, impl);
-      if (replayable && EvictableMemory(*memory_, *impl)) {
-        executor_.SetOwner(AddressOf(*impl), s, /*evictable=*/true);
-        output_storage[spec_output[j]] = s;
-        keep = true;
-        defer_if_backward(t);
-      } else {
-        engine_->Pin(t);
-        NotePinned(impl.get());
-        entry.pinned = true;
-        entry.blank = traits.uninitialized;
-        ++stats_.pinned_outputs;
-      }
-      continue;
-    }
-    // An in-place write of input k: the StorageImpl now holds the new version t; the old one has no home. (A
-    // blank storage overwritten entirely left the engine in BeforeOp: t is simply a fresh value in it.)
-    const int k = -1 - spec_output[j];
-    Entry& entry = entries_.At(impl.get());
-    if (!current_.overwrite[k] && !AdoptHiddenCopy(record, k, entry.root)) {
-      const TensorId old = entry.root;
-      executor_.ClearHome(engine_->StorageOf(old));
-      links_.ClearOwner(engine_->StorageOf(old));
-      engine_->Release(old);
-    }
-    entry.root = t;
-    links_.SetOwner(s, impl.get());
-    executor_.SetHome(s, impl);
-    if (entry.pinned) {  // a constant written in place stays a constant (the engine pinned it)
-      if (current_.Resized(record, k)) {  // t is a fresh value (PlanOutputs): in other memory, of another size
-        engine_->Pin(t);
-        executor_.SetOwner(AddressOf(*impl), s, /*evictable=*/false);
-      }
-      continue;
-    }
-    entry.in_place_writes = current_.overwrite[k] ? 0 : entry.in_place_writes + 1;  // an overwrite starts afresh
-    if (replayable && EvictableMemory(*memory_, *impl) && !current_.Resized(record, k) &&
-        entry.in_place_writes <= kLongestReplayedInPlaceChain) {
-      executor_.SetOwner(AddressOf(*impl), s, /*evictable=*/true);
-      in_place.emplace_back(k, s);
-      keep = true;
-      defer_if_backward(t);
-    } else {
-      engine_->Pin(t);
-      NotePinned(impl.get());
-      entry.pinned = true;
-      executor_.SetOwner(AddressOf(*impl), s, /*evictable=*/false);
-      ++stats_.pinned_outputs;
-    }
+    keep |= current_.plan.spec_output[j] >= 0 ? RegisterFreshOutput(record, j, replayable)
+                                              : RegisterInPlaceOutput(record, j, replayable);
   }
   if (!record.hidden_copies.empty()) AdoptRemainingCopies(record);
-  if (!keep) {
-    ApplyExportsFromInsideOp();
-    return;
+  if (keep) KeepRecord(std::move(record));
+  ApplyExportsFromInsideOp();  // after the readers are linked: a writable export pins what read it, this op too
+}
+
+// An evictable result of a backward-pass op (a gradient, or one accumulated in place) goes last (header: Backward).
+void EngineBridge::DeferIfBackward(const OpRecord& record, TensorId t) {
+  if (!record.in_backward) return;
+  engine_->Defer(t);
+  ++stats_.deferred_outputs;
+}
+
+bool EngineBridge::RegisterFreshOutput(const OpRecord& record, std::size_t j, bool replayable) {
+  const TensorId t = current_.plan.out_tensors[j];
+  const StorageIndex s = engine_->StorageOf(t);
+  const c10::intrusive_ptr<c10::StorageImpl>& impl = current_.plan.spec_impl[j];
+  Entry& entry = entries_.Add(impl);
+  entry.root = t;
+  links_.SetOwner(s, impl.get());
+  executor_.SetHome(s, impl);
+  if (replayable && EvictableMemory(*memory_, *impl)) {
+    executor_.SetOwner(AddressOf(*impl), s, /*evictable=*/true);
+    current_.plan.output_storage[current_.plan.spec_output[j]] = s;
+    DeferIfBackward(record, t);
+    return true;
   }
+  engine_->Pin(t);
+  NotePinned(impl.get());
+  entry.pinned = true;
+  entry.blank = record.traits->uninitialized;
+  ++stats_.pinned_outputs;
+  return false;
+}
+
+bool EngineBridge::RegisterInPlaceOutput(OpRecord& record, std::size_t j, bool replayable) {
+  const TensorId t = current_.plan.out_tensors[j];
+  const StorageIndex s = engine_->StorageOf(t);
+  const c10::intrusive_ptr<c10::StorageImpl>& impl = current_.plan.spec_impl[j];
+  // The StorageImpl now holds the new version t; the old one has no home. (A blank storage overwritten entirely left
+  // the engine in BeforeOp: t is simply a fresh value in it.)
+  const int k = -1 - current_.plan.spec_output[j];
+  Entry& entry = entries_.At(impl.get());
+  if (!current_.overwrite[k] && !AdoptHiddenCopy(record, k, entry.root)) {
+    const TensorId old = entry.root;
+    executor_.ClearHome(engine_->StorageOf(old));
+    links_.ClearOwner(engine_->StorageOf(old));
+    engine_->Release(old);
+  }
+  entry.root = t;
+  links_.SetOwner(s, impl.get());
+  executor_.SetHome(s, impl);
+  if (entry.pinned) {  // a constant written in place stays a constant (the engine pinned it)
+    if (current_.Resized(record, k)) {  // t is a fresh value (PlanOutputs): in other memory, of another size
+      engine_->Pin(t);
+      executor_.SetOwner(AddressOf(*impl), s, /*evictable=*/false);
+    }
+    return false;
+  }
+  entry.in_place_writes = current_.overwrite[k] ? 0 : entry.in_place_writes + 1;  // an overwrite starts afresh
+  if (replayable && EvictableMemory(*memory_, *impl) && !current_.Resized(record, k) &&
+      entry.in_place_writes <= kLongestReplayedInPlaceChain) {
+    executor_.SetOwner(AddressOf(*impl), s, /*evictable=*/true);
+    current_.plan.in_place.emplace_back(k, s);
+    DeferIfBackward(record, t);
+    return true;
+  }
+  engine_->Pin(t);
+  NotePinned(impl.get());
+  entry.pinned = true;
+  executor_.SetOwner(AddressOf(*impl), s, /*evictable=*/false);
+  ++stats_.pinned_outputs;
+  return false;
+}
+
+void EngineBridge::KeepRecord(OpRecord&& record) {
   std::unique_ptr<ReplayOp> replay = records_.Make(std::move(record));
   HoldRecordRefs(*replay, current_.input_entries);
-  replay->output_storage.assign(output_storage.begin(), output_storage.end());
-  replay->in_place.assign(in_place.begin(), in_place.end());
+  replay->output_storage.assign(current_.plan.output_storage.begin(), current_.plan.output_storage.end());
+  replay->in_place.assign(current_.plan.in_place.begin(), current_.plan.in_place.end());
   replay->inputs.assign(current_.inputs.begin(), current_.inputs.end());
   replay->written.assign(current_.written.begin(), current_.written.end());
   replay->overwritten.assign(current_.overwrite.begin(), current_.overwrite.end());
@@ -340,7 +346,6 @@ void EngineBridge::AfterOp(OpRecord&& record) {
   }
   executor_.AddOp(current_.op, std::move(replay));
   records_.Keep(current_.op);
-  ApplyExportsFromInsideOp();  // after the readers are linked: a writable export pins what read it, this op too
 }
 
 void EngineBridge::OpFailed(OpRecord& record) noexcept {

@@ -308,6 +308,15 @@ class EngineBridge final : public OpObserver, public PressureHandler, public Hel
   void HoldRecordRefs(ReplayOp& replay, std::span<Entry* const> entries);
   void ReleaseRecordRefs(const ReplayOp& replay);
   bool Replayable(const OpRecord& record);
+  // AfterOp's steps (engine_bridge.cc), for spec j of current_.plan once EndOp named its tensor. A fresh storage
+  // gets an entry and a home, and is evictable with the record kept for replays when the op is replayable, else
+  // pinned; an in-place write of input k makes the entry's new version (the old one released, unless a hidden copy
+  // adopts it). Each returns whether the record must be kept for that output.
+  bool RegisterFreshOutput(const OpRecord& record, std::size_t j, bool replayable);
+  bool RegisterInPlaceOutput(OpRecord& record, std::size_t j, bool replayable);
+  void DeferIfBackward(const OpRecord& record, TensorId t);
+  // Keeps the op's record for replays (a ReplayOp holding what current_ gathered) and links its readers.
+  void KeepRecord(OpRecord&& record);
   // BeforeOp's steps (engine_bridge.cc), filling current_ (after OpInFlight::NoteWrites).
   void DetachOverwrittenBlanks(const OpRecord& record);
   void GatherEngineInputs(const OpRecord& record);

@@ -1,9 +1,9 @@
-// Engine::Impl: the engine's graph records (runtime/graph_records.h: ops, tensors, storages, names, slots), the
-// rematerializer's frame stack and the scratch of one call, and the parts that own the rest of the state: the
-// eviction pool (runtime/eviction_pool.h) and the neighbourhood costs (runtime/neighbourhood_costs.h). The small
-// operations here keep the records and the parts in step (a storage joins the pool: its weight is marked; it
-// becomes resident: the walks' mirror learns it). Internal to the engine's implementation files (engine*.cc);
-// nothing else includes it. Hot paths are flat vectors indexed by dense ids.
+// Engine::Impl: the engine's graph records (runtime/graph_records.h: ops, tensors, storages, names, slots) and the
+// parts that own the rest of the state: the eviction pool (runtime/eviction_pool.h), the neighbourhood costs
+// (runtime/neighbourhood_costs.h), the rematerializer, the pager, the pressure resolver and the defragmenter (their
+// headers). The small operations here keep the records and the parts in step (a storage joins the pool: its weight is
+// marked; it becomes resident: the walks' mirror learns it). Internal to the engine's implementation files; nothing
+// else includes it. Hot paths are flat vectors indexed by dense ids.
 #pragma once
 
 #include <algorithm>

@@ -56,7 +56,8 @@ std::string MemoryReport::Describe() const {
   } else if (options.arena != nullptr) {
     std::size_t run = 0, largest = 0;
     options.arena->ForEachBlock([&](const BlockInfo& b) {
-      bool usable = b.free || (b.owner != kNoOwner && b.owner - 1 < m.storages.size() && m.InPool(static_cast<StorageIndex>(b.owner - 1)));
+      const bool usable = b.free || (b.owner != kNoOwner && b.owner - 1 < m.storages.size() &&
+                                     m.InPool(static_cast<StorageIndex>(b.owner - 1)));
       run = usable ? run + b.size : 0;
       largest = std::max(largest, run);
     });

@@ -1,5 +1,5 @@
 // PageInOrder: which paged storages to bring back next (issue 19, "page-ins prefetched ahead of use, in the previous
-// iteration's order where known"). The engine's paging (engine_paging.cc) feeds it and asks it; it decides nothing.
+// iteration's order where known"). The pager (pager.h) feeds it and asks it; it decides nothing.
 //
 // Storage ids do not survive an iteration of a training loop for what the step computes (each step makes new
 // activations), so those are known here by a key that does: the name of the op that produced them and their size.
