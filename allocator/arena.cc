@@ -1,7 +1,8 @@
-// Arena implementation (contract in arena.h). One file of about 950 lines on purpose: every operation below works on
+// Arena implementation (contract in arena.h). One file of about 900 lines on purpose: every operation below works on
 // the same private State under its one lock (placement, coalescing, growth, windows, moves, and when stitching the
 // choice of the hole that maps the fewest granules), and splitting it would put that State in a header for no
-// reader's benefit.
+// reader's benefit. What does not touch the State has files of its own: the search clock (search_clock.h), the
+// granule map (granule_map.h), the providers.
 //
 // Data structures, all guarded by one mutex (the critical sections are a few hundred nanoseconds at most, so a
 // plain lock beats anything cleverer at the thread counts PyTorch uses: the caller's thread plus autograd's):
@@ -38,10 +39,6 @@
 #include "allocator/arena.h"
 
 #include <algorithm>
-#include <chrono>
-#if defined(__x86_64__)
-#include <x86intrin.h>
-#endif
 #include <cmath>
 #include <limits>
 #include <condition_variable>
@@ -54,6 +51,7 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "allocator/granule_map.h"
+#include "allocator/search_clock.h"
 
 namespace remat {
 namespace {
@@ -144,49 +142,6 @@ class NodePool {
   }
   std::vector<std::unique_ptr<Node[]>> chunks_;
   Node* free_ = nullptr;
-};
-
-// Search time is accumulated in ticks of a cheap clock (the TSC on x86-64, where reading it costs a fraction of
-// a vDSO clock_gettime) and converted to nanoseconds when Stats() is read, from the tick rate observed since the
-// first arena was created.
-inline std::uint64_t Ticks() {
-#if defined(__x86_64__)
-  return __rdtsc();
-#else
-  return static_cast<std::uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count());
-#endif
-}
-
-struct TickEpoch {
-  std::uint64_t ticks = Ticks();
-  std::chrono::steady_clock::time_point time = std::chrono::steady_clock::now();
-};
-
-const TickEpoch& Epoch() {
-  static const TickEpoch epoch;
-  return epoch;
-}
-
-std::uint64_t TicksToNs(std::uint64_t ticks) {
-#if defined(__x86_64__)
-  const TickEpoch& e = Epoch();
-  const double ns = std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - e.time).count();
-  const std::uint64_t elapsed = Ticks() - e.ticks;
-  if (elapsed == 0 || ns <= 0) return 0;
-  return static_cast<std::uint64_t>(static_cast<double>(ticks) * (ns / static_cast<double>(elapsed)));
-#else
-  return ticks;  // steady_clock ticks are nanoseconds on Linux
-#endif
-}
-
-class ScopedTimer {
- public:
-  explicit ScopedTimer(std::uint64_t* sink) : sink_(sink), start_(Ticks()) {}
-  ~ScopedTimer() { *sink_ += Ticks() - start_; }
-
- private:
-  std::uint64_t* sink_;
-  std::uint64_t start_;
 };
 
 // Reading the clock twice costs about as much as a best-fit lookup (some 20 ns per TSC read under KVM), so
@@ -330,9 +285,9 @@ struct Arena::State {
   Node* Place(std::size_t aligned, OwnerId owner, Placement placement) {
     decltype(free_index)::iterator it;
     if ((++lookups & (kLookupSample - 1)) == 0) {
-      const std::uint64_t start = Ticks();
+      const std::uint64_t start = SearchTicks();
       it = free_index.lower_bound(FreeKey{aligned, 0, nullptr});
-      search_ticks += (Ticks() - start) * kLookupSample;
+      search_ticks += (SearchTicks() - start) * kLookupSample;
     } else {
       it = free_index.lower_bound(FreeKey{aligned, 0, nullptr});
     }
@@ -561,7 +516,7 @@ absl::StatusOr<std::unique_ptr<Arena>> Arena::Create(std::unique_ptr<MemoryProvi
     return absl::InvalidArgumentError(
         absl::StrCat("remat arena: alignment must be a power of two, got ", options.alignment));
   }
-  (void)Epoch();  // start the tick clock's calibration interval
+  StartSearchClock();  // its calibration interval starts with the first arena
   if (options.granule != 0) {
     if ((options.granule & (options.granule - 1)) != 0 || options.granule % options.alignment != 0) {
       return absl::InvalidArgumentError(absl::StrCat("remat arena: the granule must be a power of two and a multiple "
@@ -776,7 +731,7 @@ std::optional<Window> Arena::FindWindow(std::size_t bytes, BlockCost cost) const
   const std::size_t aligned = *aligned_or;
   if (t_in_callback == &s) return std::nullopt;  // a nested pass would overwrite this one's costs
   std::lock_guard<std::mutex> lock(s.mu);
-  ScopedTimer timer(&s.search_ticks);
+  ScopedSearchTimer timer(&s.search_ticks);
   CallbackScope scope(&s);
 
   const Node* best_l = nullptr;
@@ -901,7 +856,7 @@ ArenaStats Arena::Stats() const {
   st.frees = s.frees;
   st.moves = s.moves;
   st.pressure_allocations = s.pressure_allocations;
-  st.search_ns = TicksToNs(s.search_ticks);
+  st.search_ns = SearchTicksToNs(s.search_ticks);
   if (s.granules) {
     st.physical_bytes = s.granules->mapped_bytes();
     st.peak_physical_bytes = s.granules->peak_bytes();

@@ -14,8 +14,8 @@
 
 #include "absl/status/status.h"
 #include "integration/engine_session.h"
-#include "integration/session.h"
 #include "integration/host_tier.h"
+#include "integration/session.h"
 #include "runtime/config.h"
 #include "policies/registry.h"
 
