@@ -231,16 +231,20 @@ bool DeviceRouter::RetryAfterOutOfMemory(OpRecord& record) {
   return engines_[static_cast<std::size_t>(op.route.destination)].bridge->RetryAfterOutOfMemory(record);
 }
 
-void DeviceRouter::BeginComposite(std::span<c10::StorageImpl* const> storages, CompositeHold& hold) {
-  absl::InlinedVector<int, 4> engine(storages.size());
-  for (std::size_t k = 0; k < storages.size(); ++k) engine[k] = EngineOf(*storages[k]);
+void DeviceRouter::BeginComposite(std::span<c10::StorageImpl* const> read_raw,
+                                  std::span<c10::StorageImpl* const> passed_on, CompositeHold& hold) {
   try {
     for (std::size_t e = 0; e < engines_.size(); ++e) {
-      absl::InlinedVector<c10::StorageImpl*, 4> mine;
-      for (std::size_t k = 0; k < storages.size(); ++k) {
-        if (engine[k] == static_cast<int>(e)) mine.push_back(storages[k]);
-      }
-      if (mine.empty()) continue;
+      auto engines_own = [&](std::span<c10::StorageImpl* const> storages) {
+        absl::InlinedVector<c10::StorageImpl*, 4> mine;
+        for (c10::StorageImpl* impl : storages) {
+          if (EngineOf(*impl) == static_cast<int>(e)) mine.push_back(impl);
+        }
+        return mine;
+      };
+      const absl::InlinedVector<c10::StorageImpl*, 4> mine_raw = engines_own(read_raw);
+      const absl::InlinedVector<c10::StorageImpl*, 4> mine_passed_on = engines_own(passed_on);
+      if (mine_raw.empty() && mine_passed_on.empty()) continue;
       // What the engine brings back is allocated on the current device: make it the engine's while it does.
       const DeviceEngine& engine = engines_[e];
       RoutedOp scope;
@@ -248,7 +252,7 @@ void DeviceRouter::BeginComposite(std::span<c10::StorageImpl* const> storages, C
       scope.current_device = scope.previous_device;
       try {
         UseDevice(scope, engine);
-        engine.bridge->BeginComposite(mine, hold);
+        engine.bridge->BeginComposite(mine_raw, mine_passed_on, hold);
       } catch (...) {
         RestoreDevice(scope, engine);
         throw;

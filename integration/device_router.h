@@ -81,7 +81,8 @@ class DeviceRouter final : public OpObserver, public HeldReferenceCounter {
   void OpFailed(OpRecord& record) noexcept override;
   bool RetryAfterOutOfMemory(OpRecord& record) override;
   // Each engine holds the storages on its device (EngineOf), in ascending device order; the others are no engine's.
-  void BeginComposite(std::span<c10::StorageImpl* const> storages, CompositeHold& hold) override;
+  void BeginComposite(std::span<c10::StorageImpl* const> read_raw, std::span<c10::StorageImpl* const> passed_on,
+                      CompositeHold& hold) override;
   void EndComposite(CompositeHold& hold) noexcept override;
   // The sum over the engines (each holds references only through its own records).
   std::int64_t HeldReferences(const c10::StorageImpl* storage) override;

@@ -334,16 +334,16 @@ void WatchNestedCall(OpRecord& record, const c10::OperatorHandle& op, c10::Dispa
   if (stack->back().isTensor()) KeepCopy(record, written, self, stack->back().toTensor());
 }
 
-// A composite op (DecomposesAt): its nested ops are recorded; its arguments stay resident and in place while its
-// kernel runs, which may read them through raw pointers (dispatch_hook.h, "What the fallback does").
+// A composite op (DecomposesAt): its nested ops are recorded; the arguments its kernel may read through raw pointers
+// are brought back, and its resident arguments stay resident and in place while it runs (dispatch_hook.h, "What the
+// fallback does").
 void RunComposite(const c10::OperatorHandle& op, const OpTraits& traits, c10::DispatchKeySet below,
                   torch::jit::Stack* stack) {
   if (c10::autocast_dispatch_keyset.has(below.highestPriorityTypeId())) {  // casts and calls again: reads nothing
     PassThrough(op, below, stack);
     return;
   }
-  const absl::InlinedVector<c10::StorageImpl*, 4> storages =
-      ArgumentStorages(*stack, op.schema().arguments().size());
+  const CompositeArgumentStorages storages = CompositeArguments(*stack, op.schema().arguments().size());
   ObserverCall call;
   OpObserver* observer = storages.empty() ? nullptr : g_observer.load(std::memory_order_seq_cst);
   if (observer == nullptr) {
@@ -354,7 +354,7 @@ void RunComposite(const c10::OperatorHandle& op, const OpTraits& traits, c10::Di
   {
     // What bringing the arguments back replays is the composite's doing, on remat.trace's timeline.
     const MemoryEventScope history(traits.name, /*op=*/true);
-    observer->BeginComposite(storages, hold);
+    observer->BeginComposite(storages.read_raw, storages.passed_on, hold);
   }
   try {
     PassThrough(op, below, stack);

@@ -32,8 +32,10 @@
 //     kernel: aten::silu_backward has a composite kernel and a CPU kernel, and on CPU the CPU kernel runs, so it is
 //     recorded. A composite kernel may also read an argument's bytes itself, through a raw pointer it keeps across
 //     its nested ops (aten::lstm.data and aten::_pad_packed_sequence read batch_sizes, ctc_loss its lengths): so
-//     while it runs, its tensor arguments are brought back and kept resident and in place (OpObserver's
-//     BeginComposite, EndComposite). Autocast wrappers only cast and call again: they pass through as they are;
+//     while it runs, the arguments it may read so (op_capture.h, CompositeArguments: integer and boolean tensors)
+//     are brought back, and every argument that is resident is kept resident and in place (OpObserver's
+//     BeginComposite, EndComposite). A floating-point argument that is evicted stays so: the kernel only hands it
+//     to the ops it calls, which bring it back, or reads its sizes (expand_as in index_add's backward). Autocast wrappers only cast and call again: they pass through as they are;
 //   - otherwise it captures an OpRecord (operator, arguments as detached aliases over the same storages, input
 //     storages, a copy of the generator for random ops, the thread's dispatch key state), calls the observer's
 //     BeforeOp, runs the op, fills in outputs and duration and calls AfterOp. Only outermost ops are recorded:
@@ -269,11 +271,13 @@ class OpObserver {
   // another reason than memory) propagates instead of the out-of-memory error, OpFailed first.
   virtual bool RetryAfterOutOfMemory(OpRecord& record) { return false; }
   // A composite op runs next (its decomposition passes through the hook, its nested ops are recorded) on these
-  // storages (its plain tensor arguments', each once): bring back the evicted or paged ones and keep them all
-  // resident and in place (not evicted, paged out or moved) until EndComposite with the same `hold`, in which the
-  // observer notes what it holds. An exception it throws (no memory to bring one back) propagates; nothing is then
-  // held. EndComposite comes after the op returned or threw.
-  virtual void BeginComposite(std::span<c10::StorageImpl* const> storages, CompositeHold& hold) {}
+  // storages (its plain tensor arguments', each once; op_capture.h, CompositeArguments): bring back the evicted or
+  // paged ones of `read_raw`, and keep those and every resident one of `passed_on` resident and in place (not
+  // evicted, paged out or moved) until EndComposite with the same `hold`, in which the observer notes what it holds;
+  // an evicted or paged one of `passed_on` is left where it is. An exception it throws (no memory to bring one back)
+  // propagates; nothing is then held. EndComposite comes after the op returned or threw.
+  virtual void BeginComposite(std::span<c10::StorageImpl* const> read_raw,
+                              std::span<c10::StorageImpl* const> passed_on, CompositeHold& hold) {}
   virtual void EndComposite(CompositeHold& hold) noexcept {}
 };
 

@@ -196,7 +196,8 @@ class EngineBridge final : public OpObserver, public PressureHandler, public Hel
   // A composite op's arguments (dispatch_hook.h): each becomes an entry if it was not one (a constant), is brought
   // back if evicted or paged and is held (Engine::Hold: resident and in place) until EndComposite. Storages of
   // released entries are left alone (nothing evicts them: the engine forgot them).
-  void BeginComposite(std::span<c10::StorageImpl* const> storages, CompositeHold& hold) override;
+  void BeginComposite(std::span<c10::StorageImpl* const> read_raw, std::span<c10::StorageImpl* const> passed_on,
+                      CompositeHold& hold) override;
   void EndComposite(CompositeHold& hold) noexcept override;
   absl::StatusOr<bool> MakeRoom(Arena& arena, std::size_t bytes) override;
   // The engine's report (Engine::DescribeMemory); empty when another thread is inside an op.

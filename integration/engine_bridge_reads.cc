@@ -60,19 +60,25 @@ void EngineBridge::EndRead(const OpRecord& record, bool failed) noexcept {
   Unlock();
 }
 
-void EngineBridge::BeginComposite(std::span<c10::StorageImpl* const> storages, CompositeHold& hold) {
+void EngineBridge::BeginComposite(std::span<c10::StorageImpl* const> read_raw,
+                                  std::span<c10::StorageImpl* const> passed_on, CompositeHold& hold) {
   std::lock_guard<EngineLock> lock(lock_);
   if (retired_.load(std::memory_order_acquire)) return;  // being destroyed: nothing is evicted or moved any more
   const std::size_t first = hold.held.size();
+  auto hold_entry = [&](c10::StorageImpl* impl, bool bring_back) {
+    Entry& entry = EntryFor(impl);
+    if (entry.released) return;
+    // Bringing back what the kernel only passes on would replay it for nothing (or for the nested op that reads it,
+    // which brings it back itself): index_add's backward reads only its source's sizes (expand_as).
+    if (!bring_back && (!engine_->Defined(entry.root) || engine_->Paged(engine_->StorageOf(entry.root)))) return;
+    if (absl::Status status = engine_->Hold(entry.root); !status.ok()) Throw(status);
+    hold.held.emplace_back(this, entry.root);
+    executor_.WillRead(*engine_, engine_->StorageOf(entry.root));  // after a prefetch's copy
+  };
   try {
     engine_->NoteAllocation();
-    for (c10::StorageImpl* impl : storages) {
-      Entry& entry = EntryFor(impl);
-      if (entry.released) continue;
-      if (absl::Status status = engine_->Hold(entry.root); !status.ok()) Throw(status);
-      hold.held.emplace_back(this, entry.root);
-      executor_.WillRead(*engine_, engine_->StorageOf(entry.root));  // after a prefetch's copy
-    }
+    for (c10::StorageImpl* impl : read_raw) hold_entry(impl, /*bring_back=*/true);
+    for (c10::StorageImpl* impl : passed_on) hold_entry(impl, /*bring_back=*/false);
   } catch (...) {
     for (std::size_t i = hold.held.size(); i-- > first;) engine_->Unhold(hold.held[i].second);
     hold.held.resize(first);

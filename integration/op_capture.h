@@ -48,9 +48,22 @@ bool IsPlain(const at::Tensor& tensor);
 // storage), those of its indices and values: dense tensors, often the outputs of recorded ops, which an op's kernel
 // reads as a sparse tensor's parts.
 void ForEachStorageRead(const at::Tensor& tensor, absl::FunctionRef<void(c10::StorageImpl*)> visit);
-// The storages the tensors among the op's arguments (the last num_arguments values of `stack`: tensors, tensor
-// lists, optional tensor lists) read, each once (ForEachStorageRead; not those of Python subclasses, which trace).
-absl::InlinedVector<c10::StorageImpl*, 4> ArgumentStorages(const torch::jit::Stack& stack, std::size_t num_arguments);
+// The storages the tensors among a composite op's arguments (the last num_arguments values of `stack`: tensors,
+// tensor lists, optional tensor lists) read, each once (ForEachStorageRead; not those of Python subclasses, which
+// trace), in two kinds:
+//   - read_raw: what its kernel may read through a raw pointer between the ops it calls. A composite kernel is
+//     device-generic, so the bytes it reads itself are those that describe the work on the host: lengths, sizes,
+//     offsets, masks (aten::lstm.data's batch_sizes, ctc_loss's lengths): integer and boolean tensors, and every
+//     part of a sparse tensor;
+//   - passed_on: floating-point and complex tensors, whose values it only hands to the ops it calls (which bring
+//     them back themselves) or whose metadata it reads (expand_as, view_as, reshape_as: sizes, never bytes).
+// A storage seen under both kinds (a dtype view) is read_raw.
+struct CompositeArgumentStorages {
+  absl::InlinedVector<c10::StorageImpl*, 4> read_raw;
+  absl::InlinedVector<c10::StorageImpl*, 4> passed_on;
+  bool empty() const { return read_raw.empty() && passed_on.empty(); }
+};
+CompositeArgumentStorages CompositeArguments(const torch::jit::Stack& stack, std::size_t num_arguments);
 
 // A copy of `value` in which every plain tensor is a detached alias over the same storage; notes tensor storages in
 // `storages` when set; clears `replayable` for a tensor that is not plain (sparse, a Python subclass). With

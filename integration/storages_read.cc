@@ -1,4 +1,4 @@
-// The storages an op reads: see op_capture.h (ForEachStorageRead, ArgumentStorages).
+// The storages an op reads: see op_capture.h (ForEachStorageRead, CompositeArguments).
 #include <ATen/SparseCsrTensorImpl.h>
 #include <ATen/SparseTensorImpl.h>
 
@@ -39,13 +39,24 @@ void ForEachStorageRead(const at::Tensor& tensor, absl::FunctionRef<void(c10::St
   }
 }
 
-absl::InlinedVector<c10::StorageImpl*, 4> ArgumentStorages(const torch::jit::Stack& stack,
-                                                           std::size_t num_arguments) {
-  absl::InlinedVector<c10::StorageImpl*, 4> storages;
+CompositeArgumentStorages CompositeArguments(const torch::jit::Stack& stack, std::size_t num_arguments) {
+  CompositeArgumentStorages storages;
+  auto contains = [](const auto& list, c10::StorageImpl* impl) {
+    return std::find(list.begin(), list.end(), impl) != list.end();
+  };
   auto add = [&](const at::Tensor& tensor) {
     if (!tensor.defined() || tensor.key_set().has(c10::DispatchKey::Python)) return;
+    const bool values_only = tensor.layout() == c10::kStrided &&
+                             (c10::isFloatingType(tensor.scalar_type()) || c10::isComplexType(tensor.scalar_type()));
     ForEachStorageRead(tensor, [&](c10::StorageImpl* impl) {
-      if (std::find(storages.begin(), storages.end(), impl) == storages.end()) storages.push_back(impl);
+      if (contains(storages.read_raw, impl)) return;
+      if (values_only) {
+        if (!contains(storages.passed_on, impl)) storages.passed_on.push_back(impl);
+        return;
+      }
+      storages.passed_on.erase(std::remove(storages.passed_on.begin(), storages.passed_on.end(), impl),
+                               storages.passed_on.end());
+      storages.read_raw.push_back(impl);
     });
   };
   for (std::size_t i = stack.size() - num_arguments; i < stack.size(); ++i) ForEachTensor(stack[i], add);

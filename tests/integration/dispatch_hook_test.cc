@@ -78,9 +78,13 @@ class KeepingObserver : public OpObserver {
     ++failed_;
   }
   // Composites: the storages each was begun with; how many are open now and were open when each op was recorded.
-  void BeginComposite(std::span<c10::StorageImpl* const> storages, CompositeHold& hold) override {
+  struct Composite {
+    std::vector<c10::StorageImpl*> read_raw, passed_on;
+  };
+  void BeginComposite(std::span<c10::StorageImpl* const> read_raw, std::span<c10::StorageImpl* const> passed_on,
+                      CompositeHold& hold) override {
     std::lock_guard<std::mutex> lock(mutex_);
-    composites_.emplace_back(storages.begin(), storages.end());
+    composites_.push_back({{read_raw.begin(), read_raw.end()}, {passed_on.begin(), passed_on.end()}});
     hold.held.emplace_back(this, static_cast<std::uint32_t>(composites_.size()));
     ++open_composites_;
   }
@@ -89,7 +93,7 @@ class KeepingObserver : public OpObserver {
     EXPECT_EQ(hold.held.size(), 1u);
     --open_composites_;
   }
-  std::vector<std::vector<c10::StorageImpl*>> composites() {
+  std::vector<Composite> composites() {
     std::lock_guard<std::mutex> lock(mutex_);
     return composites_;
   }
@@ -140,7 +144,7 @@ class KeepingObserver : public OpObserver {
   std::vector<std::shared_ptr<OpRecord>> records_;
   int before_ = 0;
   int failed_ = 0;
-  std::vector<std::vector<c10::StorageImpl*>> composites_;
+  std::vector<Composite> composites_;
   int open_composites_ = 0;
   std::vector<int> open_at_op_;
 };
@@ -396,10 +400,14 @@ TEST_F(DispatchHookTest, ACompositeOpsArgumentsAreHeldWhileItsNestedOpsRun) {
     (void)at::conv2d(x, w);
     (void)at::_pad_packed_sequence(data, batch_sizes, false, 0.0, 2);
   }
-  const std::vector<std::vector<c10::StorageImpl*>> composites = observer_.composites();
+  const std::vector<KeepingObserver::Composite> composites = observer_.composites();
   ASSERT_GE(composites.size(), 2u);
-  EXPECT_THAT(composites[0], ElementsAre(x.storage().unsafeGetStorageImpl(), w.storage().unsafeGetStorageImpl()));
-  EXPECT_EQ(composites[1].size(), 2u);  // the data (x's storage again) and batch_sizes
+  // Floating-point arguments are only passed on (kept in place if resident); integer ones may be read raw.
+  EXPECT_THAT(composites[0].read_raw, ElementsAre());
+  EXPECT_THAT(composites[0].passed_on,
+              ElementsAre(x.storage().unsafeGetStorageImpl(), w.storage().unsafeGetStorageImpl()));
+  EXPECT_THAT(composites[1].read_raw, ElementsAre(batch_sizes.storage().unsafeGetStorageImpl()));
+  EXPECT_THAT(composites[1].passed_on, ElementsAre(data.storage().unsafeGetStorageImpl()));
   EXPECT_EQ(observer_.open_composites(), 0);
   const std::vector<int> open = observer_.open_composites_at_each_op();
   ASSERT_FALSE(open.empty());
@@ -416,10 +424,10 @@ TEST_F(DispatchHookTest, ACompositeOpsArgumentsAreHeldWhileItsNestedOpsRun) {
     (void)at::mm(a, a);
   }
   at::autocast::set_autocast_enabled(at::kCPU, false);
-  const std::vector<std::vector<c10::StorageImpl*>> casts = observer_.composites();
+  const std::vector<KeepingObserver::Composite> casts = observer_.composites();
   ASSERT_EQ(casts.size(), before + 2);
   for (std::size_t i = before; i < casts.size(); ++i) {
-    EXPECT_THAT(casts[i], ElementsAre(a.storage().unsafeGetStorageImpl()));
+    EXPECT_THAT(casts[i].passed_on, ElementsAre(a.storage().unsafeGetStorageImpl()));
   }
 }
 

@@ -264,6 +264,37 @@ def test_composite_kernels_that_read_their_arguments_bytes_train_under_pressure(
         assert stats["evictions"] > 0 and stats["rematerializations"] > 0, stats
 
 
+class SumPooledEmbedding(torch.nn.Module):
+    """Rows pooled by index_add: its backward gives the source's gradient as grad.index_select(...).expand_as(source),
+    a composite op that reads only the source's sizes."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed = torch.nn.Linear(16, 128)
+        self.head = torch.nn.Sequential(torch.nn.ReLU(), torch.nn.Linear(128, 4))
+
+    def forward(self, x, index):
+        pooled = torch.zeros(64, 128).index_add(0, index, self.embed(x))
+        return self.head(pooled)
+
+
+def test_a_composite_does_not_bring_back_a_float_argument_it_only_reads_the_sizes_of():
+    # Before, every argument of a composite op was brought back while it ran: in the backward, expand_as brought back
+    # the 2 MiB embedding (replaying its addmm) while index_select's 2 MiB gradient was held, and the step ran out
+    # at 0.9 of the peak, with nothing else left to evict.
+    torch.manual_seed(6)
+    x, index = torch.randn(4096, 16), torch.randint(0, 64, (4096,))
+    target = torch.randint(0, 4, (64,))
+    inputs = (x, index)
+    loss_fn = (lambda out: torch.nn.functional.cross_entropy(out, target))
+    reference, _ = run(SumPooledEmbedding, inputs, loss_fn)
+    peak = peak_of(SumPooledEmbedding, inputs, loss_fn)
+    for fraction in (0.9, 0.7):
+        got, stats = run(SumPooledEmbedding, inputs, loss_fn, budget=int(fraction * peak))
+        oracle.assert_identical(reference, got, f"index_add pooling at {fraction} drop-only")
+        assert stats["evictions"] > 0, stats
+
+
 class InstanceNormWithRunningStats(torch.nn.Module):
     """InstanceNorm with running statistics: its composite kernel repeats them per sample, native_batch_norm updates
     the repeated copies (temporaries that die inside the op), and their mean is copied back into the buffers."""
