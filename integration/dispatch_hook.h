@@ -35,7 +35,8 @@
 //     while it runs, the arguments it may read so (op_capture.h, CompositeArguments: integer and boolean tensors)
 //     are brought back, and every argument that is resident is kept resident and in place (OpObserver's
 //     BeginComposite, EndComposite). A floating-point argument that is evicted stays so: the kernel only hands it
-//     to the ops it calls, which bring it back, or reads its sizes (expand_as in index_add's backward). Autocast wrappers only cast and call again: they pass through as they are;
+//     to the ops it calls, which bring it back, or reads its sizes (expand_as in index_add's backward). Autocast
+//     wrappers only cast and call again: they pass through as they are;
 //   - otherwise it captures an OpRecord (operator, arguments as detached aliases over the same storages, input
 //     storages, a copy of the generator for random ops, the thread's dispatch key state), calls the observer's
 //     BeforeOp, runs the op, fills in outputs and duration and calls AfterOp. Only outermost ops are recorded:

@@ -193,9 +193,10 @@ class EngineBridge final : public OpObserver, public PressureHandler, public Hel
   // Compacts the arena with the op's inputs movable (Engine::MakeHoleForRetry); true when the request that failed
   // fits now.
   bool RetryAfterOutOfMemory(OpRecord& record) override;
-  // A composite op's arguments (dispatch_hook.h): each becomes an entry if it was not one (a constant), is brought
-  // back if evicted or paged and is held (Engine::Hold: resident and in place) until EndComposite. Storages of
-  // released entries are left alone (nothing evicts them: the engine forgot them).
+  // A composite op's arguments (dispatch_hook.h): each becomes an entry if it was not one (a constant); one of
+  // `read_raw` is brought back if evicted or paged, one of `passed_on` only if resident, and either is then held
+  // (Engine::Hold: resident and in place) until EndComposite. Storages of released entries are left alone (nothing
+  // evicts them: the engine forgot them).
   void BeginComposite(std::span<c10::StorageImpl* const> read_raw, std::span<c10::StorageImpl* const> passed_on,
                       CompositeHold& hold) override;
   void EndComposite(CompositeHold& hold) noexcept override;
