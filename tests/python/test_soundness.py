@@ -4,7 +4,8 @@
   schema saying so, stay those of a run without remat (buffers and eval-mode outputs compared as bytes).
 - No unseen reads: ops with a composite kernel and a CPU kernel (silu_backward, mish_backward, channel_shuffle) are
   recorded, so models built on them (a Llama-style decoder) train with their inputs evicted; composite kernels that
-  read their arguments' bytes themselves (a packed LSTM's batch_sizes, CTC loss's lengths) find them resident.
+  read their arguments' bytes themselves (a packed LSTM's batch_sizes, CTC loss's lengths) find them resident, and a
+  floating-point argument a composite only reads the sizes of (index_add's backward: expand_as) is not brought back.
 - Exports: numpy(), DLPack, data_ptr(), tolist(), torch.save and share_memory_() see the tensor's own bytes, even
   after remat would have evicted the storage and reused its memory.
 
