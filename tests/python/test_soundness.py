@@ -642,6 +642,23 @@ def test_a_storage_whose_python_object_was_made_gives_its_memory_back_when_the_p
     assert allocated_after_training(True) - allocated_after_training(False) < 256 * 1024
 
 
+def test_a_storage_the_program_still_holds_only_through_its_python_object_keeps_its_bytes():
+    """The other side of the test above: a storage object the program keeps (the tensor dropped) is the program's,
+    and keeps its bytes through pressure that evicts and reuses memory."""
+    with remat.enable(6 * MiB, costs="estimated"):
+        y = torch.randn(512, 512).relu()  # 1 MiB, the output of a recorded op
+        expected = y.clone()
+        kept_storage = y.untyped_storage()
+        z = y * 2  # a record that reads y's storage
+        del y
+        kept = pressure()
+        assert remat.stats()["evictions"] > 0
+        again = torch.empty(0).set_(kept_storage).view(512, 512)
+        assert oracle.same_bytes(again, expected)
+        assert oracle.same_bytes(z, expected * 2)
+        del kept
+
+
 def train_from_a_rewritten_numpy_buffer(budget=None, policy="dtr-eq", source="from_numpy"):
     """An environment-style loop: every step numpy writes new observations into one buffer the model reads (no torch
     op sees the write), and a target computed from the observations of one step is used in the next. The buffer is
