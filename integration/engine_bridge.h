@@ -110,7 +110,6 @@
 #include <span>
 #include <vector>
 
-#include "absl/functional/function_ref.h"
 #include "absl/status/statusor.h"
 #include "allocator/arena.h"
 #include "integration/cpu_device_memory.h"
@@ -289,11 +288,6 @@ class EngineBridge final : public OpObserver, public PressureHandler, public Hel
   // is the caller's to release first).
   void AdoptAsConstant(Entry& entry, const c10::intrusive_ptr<c10::StorageImpl>& impl);
   void PinDependents(StorageIndex start);
-  // PinDependents' walk: calls visit(entry) for every live storage whose replay could read constant `start`
-  // (directly, or through storages no user holds any more).
-  void ForEachDependent(StorageIndex start, absl::FunctionRef<void(Entry&)> visit);
-  // The bytes PinDependents(start) would newly pin: what letting constant `start` go costs while records read it.
-  std::int64_t UnpinnedDependentBytes(StorageIndex start);
   void PinEntry(Entry& entry);
   // Brings entry's storage back if evicted or paged, pins it and fixes it in place (Engine::Fix): for storages whose
   // bytes or address code outside the dispatcher holds or is about to change (MakeResident, StorageWillChange).

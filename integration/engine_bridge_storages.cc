@@ -63,10 +63,6 @@ void EngineBridge::PinEntry(Entry& entry) {
 // any more): `start` is about to change or go away.
 void EngineBridge::PinDependents(StorageIndex start) {
   ++stats_.generations;
-  ForEachDependent(start, [&](Entry& entry) { PinEntry(entry); });  // what is computed from it replays from it
-}
-
-void EngineBridge::ForEachDependent(StorageIndex start, absl::FunctionRef<void(Entry&)> visit_live) {
   std::vector<StorageIndex> work = {start};
   absl::flat_hash_set<StorageIndex> seen = {start};
   while (!work.empty()) {
@@ -80,7 +76,7 @@ void EngineBridge::ForEachDependent(StorageIndex start, absl::FunctionRef<void(E
         if (const c10::StorageImpl* owner = links_.Owner(o)) {
           Entry& entry = entries_.At(owner);
           if (!entry.released) {
-            visit_live(entry);
+            PinEntry(entry);  // resident from now on: what is computed from it replays from it
             return;
           }
         }
@@ -90,14 +86,6 @@ void EngineBridge::ForEachDependent(StorageIndex start, absl::FunctionRef<void(E
       for (const auto& [k, o] : replay->in_place) visit(o);
     }
   }
-}
-
-std::int64_t EngineBridge::UnpinnedDependentBytes(StorageIndex start) {
-  std::int64_t bytes = 0;
-  ForEachDependent(start, [&](Entry& entry) {
-    if (!entry.pinned) bytes += engine_->StorageBytes(engine_->StorageOf(entry.root));
-  });
-  return bytes;
 }
 
 bool EngineBridge::AdoptHiddenCopy(OpRecord& record, int k, TensorId old) {
@@ -155,14 +143,10 @@ void EngineBridge::ReleaseIfDead(Entry& entry) {
   if (entry.pinned) {
     const StorageIndex s = engine_->StorageOf(entry.root);
     const std::int64_t bytes = engine_->StorageBytes(s);
-    // A constant that records read is kept, still a constant, while that is cheaper than pinning everything
-    // computed from it: a small one (a wrapped scalar such as the 1/sqrt(d) of attention), or one less than half of
-    // what it would pin (a compiled block's input, which the block's saved tensors were computed from). Half: kept
-    // constants add up step after step until Prune lets them go (once no record reads them), while what is pinned
-    // once (a gradient every step's activations lead to) is pinned for all of them.
-    const bool small = bytes <= kKeptConstantMaxBytes &&
-                       stats_.kept_constant_bytes + bytes <= static_cast<std::int64_t>(options_.budget / 64);
-    if (entry.record_refs > 0 && (small || 2 * bytes < UnpinnedDependentBytes(s))) {
+    // A small constant that records read (a wrapped scalar such as the 1/sqrt(d) of attention) is kept, still
+    // a constant: cheaper than pinning everything computed from it.
+    if (entry.record_refs > 0 && bytes <= kKeptConstantMaxBytes &&
+        stats_.kept_constant_bytes + bytes <= static_cast<std::int64_t>(options_.budget / 64)) {
       stats_.kept_constant_bytes += bytes;
       entry.kept = true;
       return;
