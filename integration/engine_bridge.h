@@ -25,10 +25,9 @@
 //
 // Last references. The records keep strong references to the StorageImpls they read (so that replays can restore
 // into them), so a storage's death is observed as "its use count is no more than the references remat's records
-// hold", not counting its Python object's while torch alone keeps that object alive (HeldBeyond). BeforeOp checks
-// every live storage records hold (O(such storages) per op), the others before the engine chooses victims
-// (EngineBridge::Sweep), and Releases the dead in the engine: an evictable storage is evicted at once (still
-// recomputable); a constant's memory is freed.
+// hold". BeforeOp checks every live storage records hold (O(such storages) per op), the others before the engine
+// chooses victims (EngineBridge::Sweep), and Releases the dead in the engine: an evictable storage is evicted at once
+// (still recomputable); a constant's memory is freed.
 //
 // Writes to constants (optimizer steps, zero_ of a gradient, fills of an aten::empty result): a replay after the
 // write would read the new value. So before such a write every live storage whose replay could read the old value
