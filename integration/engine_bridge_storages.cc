@@ -135,9 +135,7 @@ void EngineBridge::SweepUnheld() {
 }
 
 void EngineBridge::ReleaseIfDead(Entry& entry) {
-  if (entry.released || HeldBeyond(*entry.key, static_cast<std::int64_t>(entry.weak.use_count()), entry.record_refs)) {
-    return;
-  }
+  if (entry.released || static_cast<std::int64_t>(entry.weak.use_count()) > entry.record_refs) return;
   entry.released = true;
   ++stats_.released;
   if (entry.pinned) {

@@ -30,7 +30,6 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
-#include "integration/held_references.h"
 #include "runtime/engine.h"
 
 namespace remat::integration {
@@ -111,8 +110,7 @@ class StorageEntries {
   static bool Held(const LiveSlot& slot) {
     // The entry's weak reference keeps the StorageImpl's memory, so its count can be read.
     return slot.impl != nullptr &&
-           HeldBeyond(*slot.impl, static_cast<std::int64_t>(c10::raw::intrusive_ptr::use_count(slot.impl)),
-                      slot.record_refs);
+           static_cast<std::int64_t>(c10::raw::intrusive_ptr::use_count(slot.impl)) > slot.record_refs;
   }
   struct LiveList {
     std::vector<LiveSlot> slots;
