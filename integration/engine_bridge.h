@@ -25,9 +25,10 @@
 //
 // Last references. The records keep strong references to the StorageImpls they read (so that replays can restore
 // into them), so a storage's death is observed as "its use count is no more than the references remat's records
-// hold". BeforeOp checks every live storage records hold (O(such storages) per op), the others before the engine
-// chooses victims (EngineBridge::Sweep), and Releases the dead in the engine: an evictable storage is evicted at once
-// (still recomputable); a constant's memory is freed.
+// hold", not counting its Python object's while torch alone keeps that object alive (HeldBeyond). BeforeOp checks
+// every live storage records hold (O(such storages) per op), the others before the engine chooses victims
+// (EngineBridge::Sweep), and Releases the dead in the engine: an evictable storage is evicted at once (still
+// recomputable); a constant's memory is freed.
 //
 // Writes to constants (optimizer steps, zero_ of a gradient, fills of an aten::empty result): a replay after the
 // write would read the new value. So before such a write every live storage whose replay could read the old value
@@ -109,6 +110,7 @@
 #include <span>
 #include <vector>
 
+#include "absl/functional/function_ref.h"
 #include "absl/status/statusor.h"
 #include "allocator/arena.h"
 #include "integration/cpu_device_memory.h"
@@ -162,7 +164,7 @@ struct BridgeStats {
   std::int64_t pinned_outputs = 0;  // outputs and in-place writes made constants (not replayable, not arena, ...)
   std::int64_t generations = 0;     // constants overwritten or freed while records read them
   std::int64_t released = 0;        // storages whose last user reference died
-  std::int64_t kept_constant_bytes = 0;  // small dead constants kept because records read them
+  std::int64_t kept_constant_bytes = 0;  // dead constants kept because records read them (ReleaseIfDead)
   std::int64_t pruned_records = 0;       // records dropped because nothing can need their outputs any more
   std::int64_t pruned_entries = 0;       // storages forgotten for the same reason
   std::int64_t kept_records = 0;         // records kept now (as of the last prune, plus the ops since)
@@ -287,6 +289,27 @@ class EngineBridge final : public OpObserver, public PressureHandler, public Hel
   // is the caller's to release first).
   void AdoptAsConstant(Entry& entry, const c10::intrusive_ptr<c10::StorageImpl>& impl);
   void PinDependents(StorageIndex start);
+  // Marks a dying constant kept (ReleaseIfDead) and counts its bytes, `small` or not; ForgetKeptConstant undoes it.
+  void KeepConstant(Entry& entry, std::int64_t bytes, bool small);
+  void ForgetKeptConstant(Entry& entry);
+  // A released constant's end: the engine forgets it and its memory goes now (the StorageImpl may live on, held by
+  // records or by its Python object).
+  void LetConstantGo(Entry& entry);
+  // Lets go kept constants that no live storage's replay needs any more (what was computed from them died or was
+  // pinned), after a sweep that released storages. Bounded per call: it looks at kKeptConstantsPerSweep of them in
+  // turn, and a walk that visits more than kNeededWalkLimit storages before it finds a live one that needs the
+  // constant counts as needed.
+  void ReleaseUnneededKeptConstants();
+  static constexpr std::size_t kKeptConstantsPerSweep = 8;
+  static constexpr std::size_t kNeededWalkLimit = 256;
+  // PinDependents' walk: calls visit(entry) for every live storage whose replay could read constant `start`
+  // (directly, or through storages no user holds any more), until visit returns false.
+  void ForEachDependent(StorageIndex start, absl::FunctionRef<bool(Entry&)> visit);
+  // The bytes PinDependents(start) would newly pin: what letting constant `start` go costs while records read it.
+  std::int64_t UnpinnedDependentBytes(StorageIndex start);
+  // Whether a live storage that is not pinned could need a replay that reads `start` (the walk stops at the first),
+  // or the walk visited more than `limit` storages without knowing.
+  bool NeededForReplays(StorageIndex start, std::size_t limit);
   void PinEntry(Entry& entry);
   // Brings entry's storage back if evicted or paged, pins it and fixes it in place (Engine::Fix): for storages whose
   // bytes or address code outside the dispatcher holds or is about to change (MakeResident, StorageWillChange).
@@ -349,6 +372,9 @@ class EngineBridge final : public OpObserver, public PressureHandler, public Hel
   RecordStore records_;     // record_store.h: which ops have kept records, pruning's cadence, spare ReplayOps
   OpInFlight current_;  // op_in_flight.h: the op between BeforeOp and AfterOp
   std::vector<StorageIndex> read_by_dropped_;  // DropInertRecords' scratch
+  std::vector<Entry*> kept_constants_;  // the constants ReleaseIfDead keeps (ReleaseUnneededKeptConstants)
+  std::size_t kept_constants_next_ = 0;  // where ReleaseUnneededKeptConstants looks next
+  std::int64_t small_kept_constant_bytes_ = 0;  // the small ones' share of stats_.kept_constant_bytes
   std::unique_ptr<PlanDriver> plan_;  // policy "plan" only (plan_driver.h)
   std::vector<StorageIndex> plan_made_;  // NotePlannedOp's scratch
   BridgeStats stats_;

@@ -63,22 +63,31 @@ void EngineBridge::PinEntry(Entry& entry) {
 // any more): `start` is about to change or go away.
 void EngineBridge::PinDependents(StorageIndex start) {
   ++stats_.generations;
+  ForEachDependent(start, [&](Entry& entry) {
+    PinEntry(entry);  // what is computed from it replays from it
+    return true;
+  });
+}
+
+void EngineBridge::ForEachDependent(StorageIndex start, absl::FunctionRef<bool(Entry&)> visit_live) {
   std::vector<StorageIndex> work = {start};
   absl::flat_hash_set<StorageIndex> seen = {start};
-  while (!work.empty()) {
+  bool go_on = true;
+  while (go_on && !work.empty()) {
     const StorageIndex s = work.back();
     work.pop_back();
     for (const OpId op : links_.Readers(s)) {
       const ReplayOp* replay = executor_.Op(op);
       if (replay == nullptr) continue;
       auto visit = [&](StorageIndex o) {
-        if (o == kNoIndex || !seen.insert(o).second) return;
+        if (!go_on || o == kNoIndex || !seen.insert(o).second) return;
         if (const c10::StorageImpl* owner = links_.Owner(o)) {
           Entry& entry = entries_.At(owner);
           if (!entry.released) {
-            PinEntry(entry);  // resident from now on: what is computed from it replays from it
+            go_on = visit_live(entry);
             return;
           }
+          if (entry.kept) return;  // a constant still: no replay recomputes it, so none goes through it
         }
         work.push_back(o);
       };
@@ -86,6 +95,25 @@ void EngineBridge::PinDependents(StorageIndex start) {
       for (const auto& [k, o] : replay->in_place) visit(o);
     }
   }
+}
+
+std::int64_t EngineBridge::UnpinnedDependentBytes(StorageIndex start) {
+  std::int64_t bytes = 0;
+  ForEachDependent(start, [&](Entry& entry) {
+    if (!entry.pinned) bytes += engine_->StorageBytes(engine_->StorageOf(entry.root));
+    return true;
+  });
+  return bytes;
+}
+
+bool EngineBridge::NeededForReplays(StorageIndex start, std::size_t limit) {
+  bool needed = false;
+  std::size_t visited = 0;
+  ForEachDependent(start, [&](Entry& entry) {
+    needed = !entry.pinned || ++visited > limit;
+    return !needed;  // the first one answers
+  });
+  return needed;
 }
 
 bool EngineBridge::AdoptHiddenCopy(OpRecord& record, int k, TensorId old) {
@@ -122,10 +150,13 @@ void EngineBridge::AdoptRemainingCopies(OpRecord& record) {
 }
 
 void EngineBridge::Sweep() {
+  const std::int64_t released = stats_.released;
   entries_.SweepHeld([&](Entry& entry) { ReleaseIfDead(entry); });
   if (room_made_since_unheld_sweep_ || ++ops_since_unheld_sweep_ >= kUnheldSweepEvery || MemoryHistoryEnabled()) {
     SweepUnheld();
   }
+  // A death may be what a kept constant's replays were for (a kept constant holds its memory, as a live one would).
+  if (!kept_constants_.empty() && stats_.released != released) ReleaseUnneededKeptConstants();
 }
 
 void EngineBridge::SweepUnheld() {
@@ -135,28 +166,72 @@ void EngineBridge::SweepUnheld() {
 }
 
 void EngineBridge::ReleaseIfDead(Entry& entry) {
-  if (entry.released || static_cast<std::int64_t>(entry.weak.use_count()) > entry.record_refs) return;
+  const auto uses = static_cast<std::int64_t>(entry.weak.use_count());
+  if (entry.released || HeldBeyond(*entry.key, uses, entry.record_refs)) return;
   entry.released = true;
   ++stats_.released;
-  if (entry.pinned) {
-    const StorageIndex s = engine_->StorageOf(entry.root);
-    const std::int64_t bytes = engine_->StorageBytes(s);
-    // A small constant that records read (a wrapped scalar such as the 1/sqrt(d) of attention) is kept, still
-    // a constant: cheaper than pinning everything computed from it.
-    if (entry.record_refs > 0 && bytes <= kKeptConstantMaxBytes &&
-        stats_.kept_constant_bytes + bytes <= static_cast<std::int64_t>(options_.budget / 64)) {
-      stats_.kept_constant_bytes += bytes;
-      entry.kept = true;
+  if (!entry.pinned) {
+    engine_->Release(entry.root);  // evicts it now; it stays recomputable
+    return;
+  }
+  const StorageIndex s = engine_->StorageOf(entry.root);
+  const std::int64_t bytes = engine_->StorageBytes(s);
+  // A constant that records read is kept, still a constant, while that is cheaper than pinning everything computed
+  // from it: a small one (a wrapped scalar such as the 1/sqrt(d) of attention), or one whose Python object made
+  // it outlive the program's last use until now (held_references.h) and which is smaller than what it would pin (a
+  // compiled block's input, whose Python storage AOTAutograd made, read by the block's saved tensors' replays).
+  // A kept constant goes once nothing live needs it (ReleaseUnneededKeptConstants), at the latest when no record
+  // reads it (Prune).
+  if (entry.record_refs > 0) {
+    const bool small = bytes <= kKeptConstantMaxBytes &&
+                       small_kept_constant_bytes_ + bytes <= static_cast<std::int64_t>(options_.budget / 64);
+    const bool held_by_its_python_object = uses > entry.record_refs;
+    if (small || (held_by_its_python_object && 2 * bytes < UnpinnedDependentBytes(s))) {
+      KeepConstant(entry, bytes, small);
       return;
     }
-    // A constant goes away. If a record may read it in a replay, nothing live may need such a replay.
-    if (entry.record_refs > 0) PinDependents(s);
-    engine_->Release(entry.root);
-    if (c10::intrusive_ptr<c10::StorageImpl> impl = entry.weak.lock()) {
-      if (!IsEvicted(*impl) && impl->nbytes() > 0 && AddressOf(*impl) != 0) (void)EvictStorage(*impl);
+    PinDependents(s);  // if a record may read it in a replay, nothing live may need such a replay
+  }
+  LetConstantGo(entry);
+}
+
+void EngineBridge::KeepConstant(Entry& entry, std::int64_t bytes, bool small) {
+  stats_.kept_constant_bytes += bytes;
+  entry.kept = true;
+  entry.kept_small = small;
+  if (small) small_kept_constant_bytes_ += bytes;
+  kept_constants_.push_back(&entry);
+}
+
+// It leaves kept_constants_ when ReleaseUnneededKeptConstants next looks at it.
+void EngineBridge::ForgetKeptConstant(Entry& entry) {
+  const std::int64_t bytes = engine_->StorageBytes(engine_->StorageOf(entry.root));
+  stats_.kept_constant_bytes -= bytes;
+  if (entry.kept_small) small_kept_constant_bytes_ -= bytes;
+  entry.kept = false;
+}
+
+void EngineBridge::LetConstantGo(Entry& entry) {
+  engine_->Release(entry.root);
+  if (c10::intrusive_ptr<c10::StorageImpl> impl = entry.weak.lock()) {
+    if (!IsEvicted(*impl) && impl->nbytes() > 0 && AddressOf(*impl) != 0) (void)EvictStorage(*impl);
+  }
+}
+
+void EngineBridge::ReleaseUnneededKeptConstants() {
+  for (std::size_t looked = 0; looked < kKeptConstantsPerSweep && !kept_constants_.empty(); ++looked) {
+    if (kept_constants_next_ >= kept_constants_.size()) kept_constants_next_ = 0;
+    Entry* entry = kept_constants_[kept_constants_next_];
+    if (entry->kept && NeededForReplays(engine_->StorageOf(entry->root), kNeededWalkLimit)) {
+      ++kept_constants_next_;
+      continue;
     }
-  } else {
-    engine_->Release(entry.root);  // evicts it now; it stays recomputable
+    if (entry->kept) {
+      ForgetKeptConstant(*entry);
+      LetConstantGo(*entry);
+    }  // else Prune let it go
+    kept_constants_[kept_constants_next_] = kept_constants_.back();
+    kept_constants_.pop_back();
   }
 }
 
@@ -235,9 +310,8 @@ void EngineBridge::Prune() {
   entries_.EraseIf([&](Entry& entry) {
     if (!entry.released || entry.record_refs > 0) return false;
     if (entry.kept) {  // no record reads it any more: the engine lets it go; its memory goes with the StorageImpl
-      stats_.kept_constant_bytes -= engine_->StorageBytes(engine_->StorageOf(entry.root));
+      ForgetKeptConstant(entry);
       engine_->Release(entry.root);
-      entry.kept = false;
     }
     if (entry.weak.use_count() > 0) return false;
     const StorageIndex s = engine_->StorageOf(entry.root);

@@ -30,6 +30,7 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "integration/held_references.h"
 #include "runtime/engine.h"
 
 namespace remat::integration {
@@ -46,8 +47,10 @@ class StorageEntries {
     // A constant only because an uninitializing op (aten::empty) made it, not written since: an op that
     // overwrites all of it (dropout's bernoulli_ on empty_like) makes an evictable value out of it.
     bool blank = false;
-    // Released, but its memory kept because records read it (a small constant: EngineBridge::ReleaseIfDead).
+    // Released, but its memory kept because records read it (EngineBridge::ReleaseIfDead), small (under
+    // kKeptConstantMaxBytes, with a cap on them all) or not.
     bool kept = false;
+    bool kept_small = false;
     // Exported writable (MakeResident): its bytes may change behind remat's back; ops reading it are not replayed.
     bool exported = false;
     // In-place writes of it since it was made (EngineBridge::AfterOp): each version's replay starts from the one
@@ -110,7 +113,8 @@ class StorageEntries {
   static bool Held(const LiveSlot& slot) {
     // The entry's weak reference keeps the StorageImpl's memory, so its count can be read.
     return slot.impl != nullptr &&
-           static_cast<std::int64_t>(c10::raw::intrusive_ptr::use_count(slot.impl)) > slot.record_refs;
+           HeldBeyond(*slot.impl, static_cast<std::int64_t>(c10::raw::intrusive_ptr::use_count(slot.impl)),
+                      slot.record_refs);
   }
   struct LiveList {
     std::vector<LiveSlot> slots;

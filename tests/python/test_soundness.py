@@ -7,7 +7,8 @@
   read their arguments' bytes themselves (a packed LSTM's batch_sizes, CTC loss's lengths) find them resident, and a
   floating-point argument a composite only reads the sizes of (index_add's backward: expand_as) is not brought back.
 - Exports: numpy(), DLPack, data_ptr(), tolist(), torch.save and share_memory_() see the tensor's own bytes, even
-  after remat would have evicted the storage and reused its memory.
+  after remat would have evicted the storage and reused its memory; a storage whose Python object was made gives
+  its memory back as soon as the program drops it.
 
 Every comparison is the byte oracle (tests/python/oracle.py).
 """
@@ -637,6 +638,70 @@ def test_a_storage_the_program_still_holds_only_through_its_python_object_keeps_
         assert oracle.same_bytes(again, expected)
         assert oracle.same_bytes(z, expected * 2)
         del kept
+
+
+def train_taking_storage_objects(take_storage_objects, budget, steps=40):
+    """(w's gradient, remat stats or None) after `steps` steps of a loop whose activation y (256 KiB, read again by
+    sin's backward) may have its storage object taken, as a library that checks data pointers or torch.save would.
+    torch keeps a storage's Python object alive while C++ code holds the storage, and that object holds the storage:
+    remat's op records alone must not keep such a storage, or its memory, once the program has dropped it."""
+    torch.manual_seed(0)
+    w = torch.randn(256, 256, requires_grad=True)
+    with remat.enable(budget, costs="estimated") if budget else contextlib.nullcontext():
+        for _ in range(steps):
+            y = torch.relu(w * 2)
+            if take_storage_objects:
+                assert y.untyped_storage().nbytes() == y.numel() * y.element_size()
+            y.sin().sum().backward()
+            del y
+        return w.grad.clone(), remat.stats() if budget else None
+
+
+def test_a_storage_whose_python_object_was_made_gives_its_memory_back_when_the_program_drops_it():
+    _, taken = train_taking_storage_objects(True, HUGE, steps=20)
+    _, not_taken = train_taking_storage_objects(False, HUGE, steps=20)
+    # Scalars the records read (the losses, 64-byte blocks) stay until the records go, in both runs; not one y may.
+    assert taken["allocated_bytes"] - not_taken["allocated_bytes"] < 256 * 1024
+
+
+def test_a_loop_that_takes_storage_objects_trains_where_the_same_loop_without_them_does():
+    # The loop needs about 1 MiB; before, its dropped activations piled up (pinned by the export, held by their
+    # Python objects) until it ran out at 4 MiB.
+    reference, _ = train_taking_storage_objects(True, None)
+    for budget in (4 * MiB, 2 * MiB, 3 * MiB // 2):
+        got, stats = train_taking_storage_objects(True, budget)
+        assert oracle.same_bytes(got, reference), budget
+        assert stats["peak_allocated_bytes"] <= 5 * MiB // 4, stats
+
+
+def test_a_dropped_constant_whose_python_object_was_made_is_kept_for_replays_then_let_go():
+    """A constant (pinned here by the export of its storage object) that the program drops while what was computed
+    from it lives: pinning all of that would cost three times its bytes, so it is kept for their replays, and let go
+    soon after they die (within the 64 ops after which the bridge looks at storages no record reads), not when the
+    records are pruned (up to 1,024 ops later)."""
+    def three_results():
+        y = torch.randn(512, 512, generator=torch.Generator().manual_seed(3)).relu()  # 1 MiB
+        y.untyped_storage()
+        return y, [y * 2, y + 1, y - 1]  # 3 MiB computed from it
+
+    _, expected = three_results()
+    with remat.enable(HUGE, costs="estimated"):
+        y, zs = three_results()
+        generations = remat.stats()["generations"]
+        del y
+        torch.zeros(1)  # an op: the sweep sees y die
+        kept = remat.stats()
+        assert kept["kept_constant_bytes"] >= MiB
+        assert kept["generations"] == generations  # nothing computed from it was pinned
+        for z, e in zip(zs, expected):
+            assert oracle.same_bytes(z, e)
+        before = kept["allocated_bytes"]
+        del zs, z
+        for _ in range(64):
+            torch.zeros(1)
+        after = remat.stats()
+        assert after["kept_constant_bytes"] < MiB
+        assert before - after["allocated_bytes"] >= 4 * MiB - 4096  # the three results and the constant
 
 
 def train_from_a_rewritten_numpy_buffer(budget=None, policy="dtr-eq", source="from_numpy"):
