@@ -34,7 +34,10 @@
 // write would read the new value. So before such a write every live storage whose replay could read the old value
 // (directly or through storages nobody holds any more, following the kept records) is made resident
 // (rematerialized if needed) and pinned; likewise before a constant that records still read is freed, unless it
-// is small (up to 4 KiB, a wrapped scalar; 1/64 of the budget in all): such a constant is kept instead.
+// is kept instead: a small one (up to 4 KiB, a wrapped scalar; 1/64 of the budget in all), or one whose Python
+// object kept it past the program's last use (a compiled block's input) while its bytes are under half of what
+// pinning would cost. A kept constant goes once no live storage's replay needs it (ReleaseUnneededKeptConstants),
+// at the latest when its records are pruned.
 // Exception: a blank constant (an aten::empty result nobody wrote yet) that an op overwrites entirely without
 // reading it (fill_, zero_, copy_, the random fills such as dropout's bernoulli_, an out= argument) becomes an
 // ordinary output of that op: evictable, replayed into a fresh buffer.
@@ -297,19 +300,21 @@ class EngineBridge final : public OpObserver, public PressureHandler, public Hel
   void LetConstantGo(Entry& entry);
   // Lets go kept constants that no live storage's replay needs any more (what was computed from them died or was
   // pinned), after a sweep that released storages. Bounded per call: it looks at kKeptConstantsPerSweep of them in
-  // turn, and a walk that visits more than kNeededWalkLimit storages before it finds a live one that needs the
-  // constant counts as needed.
+  // turn, and a walk that meets more than kNeededWalkLimit storages before it finds a live one that needs the
+  // constant counts as needed (Prune lets it go later).
   void ReleaseUnneededKeptConstants();
-  static constexpr std::size_t kKeptConstantsPerSweep = 8;
-  static constexpr std::size_t kNeededWalkLimit = 256;
+  static constexpr std::size_t kKeptConstantsPerSweep = 4;
+  static constexpr std::size_t kNeededWalkLimit = 128;
   // PinDependents' walk: calls visit(entry) for every live storage whose replay could read constant `start`
-  // (directly, or through storages no user holds any more), until visit returns false.
-  void ForEachDependent(StorageIndex start, absl::FunctionRef<bool(Entry&)> visit);
+  // (directly, or through storages no user holds any more), until visit returns false. False when it stopped
+  // because it had met more than `max_storages` storages.
+  bool ForEachDependent(StorageIndex start, absl::FunctionRef<bool(Entry&)> visit,
+                        std::size_t max_storages = SIZE_MAX);
   // The bytes PinDependents(start) would newly pin: what letting constant `start` go costs while records read it.
   std::int64_t UnpinnedDependentBytes(StorageIndex start);
   // Whether a live storage that is not pinned could need a replay that reads `start` (the walk stops at the first),
-  // or the walk visited more than `limit` storages without knowing.
-  bool NeededForReplays(StorageIndex start, std::size_t limit);
+  // or the walk met more than `max_storages` storages without knowing.
+  bool NeededForReplays(StorageIndex start, std::size_t max_storages);
   void PinEntry(Entry& entry);
   // Brings entry's storage back if evicted or paged, pins it and fixes it in place (Engine::Fix): for storages whose
   // bytes or address code outside the dispatcher holds or is about to change (MakeResident, StorageWillChange).

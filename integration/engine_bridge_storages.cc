@@ -69,11 +69,13 @@ void EngineBridge::PinDependents(StorageIndex start) {
   });
 }
 
-void EngineBridge::ForEachDependent(StorageIndex start, absl::FunctionRef<bool(Entry&)> visit_live) {
+bool EngineBridge::ForEachDependent(StorageIndex start, absl::FunctionRef<bool(Entry&)> visit_live,
+                                    std::size_t max_storages) {
   std::vector<StorageIndex> work = {start};
   absl::flat_hash_set<StorageIndex> seen = {start};
   bool go_on = true;
   while (go_on && !work.empty()) {
+    if (seen.size() > max_storages) return false;
     const StorageIndex s = work.back();
     work.pop_back();
     for (const OpId op : links_.Readers(s)) {
@@ -95,6 +97,7 @@ void EngineBridge::ForEachDependent(StorageIndex start, absl::FunctionRef<bool(E
       for (const auto& [k, o] : replay->in_place) visit(o);
     }
   }
+  return true;
 }
 
 std::int64_t EngineBridge::UnpinnedDependentBytes(StorageIndex start) {
@@ -106,14 +109,16 @@ std::int64_t EngineBridge::UnpinnedDependentBytes(StorageIndex start) {
   return bytes;
 }
 
-bool EngineBridge::NeededForReplays(StorageIndex start, std::size_t limit) {
+bool EngineBridge::NeededForReplays(StorageIndex start, std::size_t max_storages) {
   bool needed = false;
-  std::size_t visited = 0;
-  ForEachDependent(start, [&](Entry& entry) {
-    needed = !entry.pinned || ++visited > limit;
-    return !needed;  // the first one answers
-  });
-  return needed;
+  const bool walked_all = ForEachDependent(
+      start,
+      [&](Entry& entry) {
+        needed = !entry.pinned;
+        return !needed;  // the first one answers
+      },
+      max_storages);
+  return needed || !walked_all;
 }
 
 bool EngineBridge::AdoptHiddenCopy(OpRecord& record, int k, TensorId old) {
