@@ -298,7 +298,7 @@ class EngineBridge final : public OpObserver, public PressureHandler, public Hel
   // A released constant's end: the engine forgets it and its memory goes now (the StorageImpl may live on, held by
   // records or by its Python object).
   void LetConstantGo(Entry& entry);
-  // Lets go kept constants that no live storage's replay needs any more (what was computed from them died or was
+  // Lets go large kept constants that no live storage's replay needs any more (what was computed from them died or was
   // pinned), after a sweep that released storages. Bounded per call: it looks at kKeptConstantsPerSweep of them in
   // turn, and a walk that meets more than kNeededWalkLimit storages before it finds a live one that needs the
   // constant counts as needed (Prune lets it go later).
@@ -377,7 +377,9 @@ class EngineBridge final : public OpObserver, public PressureHandler, public Hel
   RecordStore records_;     // record_store.h: which ops have kept records, pruning's cadence, spare ReplayOps
   OpInFlight current_;  // op_in_flight.h: the op between BeforeOp and AfterOp
   std::vector<StorageIndex> read_by_dropped_;  // DropInertRecords' scratch
-  std::vector<Entry*> kept_constants_;  // the constants ReleaseIfDead keeps (ReleaseUnneededKeptConstants)
+  // The constants ReleaseIfDead keeps that are not small; small ones stay until Prune, under their own cap (letting
+  // them go sooner moved placements: a sampling loop with a key/value cache ran out at 0.7, test_in_place_chains).
+  std::vector<Entry*> large_kept_constants_;
   std::size_t kept_constants_next_ = 0;  // where ReleaseUnneededKeptConstants looks next
   std::int64_t small_kept_constant_bytes_ = 0;  // the small ones' share of stats_.kept_constant_bytes
   std::unique_ptr<PlanDriver> plan_;  // policy "plan" only (plan_driver.h)

@@ -161,7 +161,7 @@ void EngineBridge::Sweep() {
     SweepUnheld();
   }
   // A death may be what a kept constant's replays were for (a kept constant holds its memory, as a live one would).
-  if (!kept_constants_.empty() && stats_.released != released) ReleaseUnneededKeptConstants();
+  if (!large_kept_constants_.empty() && stats_.released != released) ReleaseUnneededKeptConstants();
 }
 
 void EngineBridge::SweepUnheld() {
@@ -204,11 +204,14 @@ void EngineBridge::KeepConstant(Entry& entry, std::int64_t bytes, bool small) {
   stats_.kept_constant_bytes += bytes;
   entry.kept = true;
   entry.kept_small = small;
-  if (small) small_kept_constant_bytes_ += bytes;
-  kept_constants_.push_back(&entry);
+  if (small) {
+    small_kept_constant_bytes_ += bytes;
+  } else {
+    large_kept_constants_.push_back(&entry);
+  }
 }
 
-// It leaves kept_constants_ when ReleaseUnneededKeptConstants next looks at it.
+// A large one leaves large_kept_constants_ when ReleaseUnneededKeptConstants next looks at it.
 void EngineBridge::ForgetKeptConstant(Entry& entry) {
   const std::int64_t bytes = engine_->StorageBytes(engine_->StorageOf(entry.root));
   stats_.kept_constant_bytes -= bytes;
@@ -224,9 +227,10 @@ void EngineBridge::LetConstantGo(Entry& entry) {
 }
 
 void EngineBridge::ReleaseUnneededKeptConstants() {
-  for (std::size_t looked = 0; looked < kKeptConstantsPerSweep && !kept_constants_.empty(); ++looked) {
-    if (kept_constants_next_ >= kept_constants_.size()) kept_constants_next_ = 0;
-    Entry* entry = kept_constants_[kept_constants_next_];
+  std::vector<Entry*>& kept = large_kept_constants_;
+  for (std::size_t looked = 0; looked < kKeptConstantsPerSweep && !kept.empty(); ++looked) {
+    if (kept_constants_next_ >= kept.size()) kept_constants_next_ = 0;
+    Entry* entry = kept[kept_constants_next_];
     if (entry->kept && NeededForReplays(engine_->StorageOf(entry->root), kNeededWalkLimit)) {
       ++kept_constants_next_;
       continue;
@@ -235,8 +239,8 @@ void EngineBridge::ReleaseUnneededKeptConstants() {
       ForgetKeptConstant(*entry);
       LetConstantGo(*entry);
     }  // else Prune let it go
-    kept_constants_[kept_constants_next_] = kept_constants_.back();
-    kept_constants_.pop_back();
+    kept[kept_constants_next_] = kept.back();
+    kept.pop_back();
   }
 }
 
