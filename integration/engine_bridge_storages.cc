@@ -183,8 +183,9 @@ void EngineBridge::ReleaseIfDead(Entry& entry) {
   const std::int64_t bytes = engine_->StorageBytes(s);
   // A constant that records read is kept, still a constant, while that is cheaper than pinning everything computed
   // from it: a small one (a wrapped scalar such as the 1/sqrt(d) of attention), or one whose Python object made
-  // it outlive the program's last use until now (held_references.h) and which is smaller than what it would pin (a
-  // compiled block's input, whose Python storage AOTAutograd made, read by the block's saved tensors' replays).
+  // it outlive the program's last use until now (held_references.h) and whose bytes are under half of what it would
+  // pin (a compiled block's input, whose Python storage AOTAutograd made, read by the block's saved tensors'
+  // replays; half, because kept constants add up step after step while a pinned gradient serves every later step).
   // A kept constant goes once nothing live needs it (ReleaseUnneededKeptConstants), at the latest when no record
   // reads it (Prune).
   if (entry.record_refs > 0) {
@@ -211,7 +212,8 @@ void EngineBridge::KeepConstant(Entry& entry, std::int64_t bytes, bool small) {
   }
 }
 
-// A large one leaves large_kept_constants_ when ReleaseUnneededKeptConstants next looks at it.
+// A large one leaves large_kept_constants_ when ReleaseUnneededKeptConstants next looks at it (entries are never
+// freed, so the pointer stays valid; one Prune erased and reused is dropped there unless it is kept again).
 void EngineBridge::ForgetKeptConstant(Entry& entry) {
   const std::int64_t bytes = engine_->StorageBytes(engine_->StorageOf(entry.root));
   stats_.kept_constant_bytes -= bytes;
