@@ -36,8 +36,8 @@
 // (rematerialized if needed) and pinned; likewise before a constant that records still read is freed, unless it
 // is kept instead: a small one (up to 4 KiB, a wrapped scalar; 1/64 of the budget in all), or one whose Python
 // object kept it past the program's last use (a compiled block's input) while its bytes are under half of what
-// pinning would cost. A kept constant goes once no live storage's replay needs it (ReleaseUnneededKeptConstants),
-// at the latest when its records are pruned.
+// pinning would cost. A large kept constant goes once no live storage's replay needs it
+// (ReleaseUnneededKeptConstants); any kept constant goes at the latest when its records are pruned.
 // Exception: a blank constant (an aten::empty result nobody wrote yet) that an op overwrites entirely without
 // reading it (fill_, zero_, copy_, the random fills such as dropout's bernoulli_, an out= argument) becomes an
 // ordinary output of that op: evictable, replayed into a fresh buffer.
@@ -298,8 +298,8 @@ class EngineBridge final : public OpObserver, public PressureHandler, public Hel
   // A released constant's end: the engine forgets it and its memory goes now (the StorageImpl may live on, held by
   // records or by its Python object).
   void LetConstantGo(Entry& entry);
-  // Lets go large kept constants that no live storage's replay needs any more (what was computed from them died or was
-  // pinned), after a sweep that released storages. Bounded per call: it looks at kKeptConstantsPerSweep of them in
+  // Lets go large kept constants that no live storage's replay needs any more (what was computed from them died or
+  // was pinned), after a sweep that released storages. Bounded per call: it looks at kKeptConstantsPerSweep of them in
   // turn, and a walk that meets more than kNeededWalkLimit storages before it finds a live one that needs the
   // constant counts as needed (Prune lets it go later).
   void ReleaseUnneededKeptConstants();
