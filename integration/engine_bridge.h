@@ -310,8 +310,9 @@ class EngineBridge final : public OpObserver, public PressureHandler, public Hel
   // because it had met more than `max_storages` storages.
   bool ForEachDependent(StorageIndex start, absl::FunctionRef<bool(Entry&)> visit,
                         std::size_t max_storages = SIZE_MAX);
-  // The bytes PinDependents(start) would newly pin: what letting constant `start` go costs while records read it.
-  std::int64_t UnpinnedDependentBytes(StorageIndex start);
+  // Whether PinDependents(start) would newly pin more than `bytes` (what letting constant `start` go costs while
+  // records read it); the walk stops once it knows.
+  bool PinningCostsMoreThan(StorageIndex start, std::int64_t bytes);
   // Whether a live storage that is not pinned could need a replay that reads `start` (the walk stops at the first),
   // or the walk met more than `max_storages` storages without knowing.
   bool NeededForReplays(StorageIndex start, std::size_t max_storages);
@@ -379,7 +380,7 @@ class EngineBridge final : public OpObserver, public PressureHandler, public Hel
   std::vector<StorageIndex> read_by_dropped_;  // DropInertRecords' scratch
   // The constants ReleaseIfDead keeps that are not small; small ones stay until Prune, under their own cap (letting
   // them go sooner moved placements: a sampling loop with a key/value cache ran out at 0.7, test_in_place_chains).
-  std::vector<Entry*> large_kept_constants_;
+  std::vector<Entry*> large_kept_constants_;  // exactly the kept entries that are not kept_small
   std::size_t kept_constants_next_ = 0;  // where ReleaseUnneededKeptConstants looks next
   std::int64_t small_kept_constant_bytes_ = 0;  // the small ones' share of stats_.kept_constant_bytes
   std::unique_ptr<PlanDriver> plan_;  // policy "plan" only (plan_driver.h)

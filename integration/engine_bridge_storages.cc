@@ -100,13 +100,13 @@ bool EngineBridge::ForEachDependent(StorageIndex start, absl::FunctionRef<bool(E
   return true;
 }
 
-std::int64_t EngineBridge::UnpinnedDependentBytes(StorageIndex start) {
-  std::int64_t bytes = 0;
+bool EngineBridge::PinningCostsMoreThan(StorageIndex start, std::int64_t bytes) {
+  std::int64_t unpinned = 0;
   ForEachDependent(start, [&](Entry& entry) {
-    if (!entry.pinned) bytes += engine_->StorageBytes(engine_->StorageOf(entry.root));
-    return true;
+    if (!entry.pinned) unpinned += engine_->StorageBytes(engine_->StorageOf(entry.root));
+    return unpinned <= bytes;  // the answer is known once the sum passes `bytes`
   });
-  return bytes;
+  return unpinned > bytes;
 }
 
 bool EngineBridge::NeededForReplays(StorageIndex start, std::size_t max_storages) {
@@ -192,7 +192,7 @@ void EngineBridge::ReleaseIfDead(Entry& entry) {
     const bool small = bytes <= kKeptConstantMaxBytes &&
                        small_kept_constant_bytes_ + bytes <= static_cast<std::int64_t>(options_.budget / 64);
     const bool held_by_its_python_object = uses > entry.record_refs;
-    if (small || (held_by_its_python_object && 2 * bytes < UnpinnedDependentBytes(s))) {
+    if (small || (held_by_its_python_object && PinningCostsMoreThan(s, 2 * bytes))) {
       KeepConstant(entry, bytes, small);
       return;
     }
@@ -212,12 +212,14 @@ void EngineBridge::KeepConstant(Entry& entry, std::int64_t bytes, bool small) {
   }
 }
 
-// A large one leaves large_kept_constants_ when ReleaseUnneededKeptConstants next looks at it (entries are never
-// freed, so the pointer stays valid; one Prune erased and reused is dropped there unless it is kept again).
 void EngineBridge::ForgetKeptConstant(Entry& entry) {
   const std::int64_t bytes = engine_->StorageBytes(engine_->StorageOf(entry.root));
   stats_.kept_constant_bytes -= bytes;
-  if (entry.kept_small) small_kept_constant_bytes_ -= bytes;
+  if (entry.kept_small) {
+    small_kept_constant_bytes_ -= bytes;
+  } else {
+    std::erase(large_kept_constants_, &entry);  // a few entries, and only when one goes
+  }
   entry.kept = false;
 }
 
@@ -229,20 +231,15 @@ void EngineBridge::LetConstantGo(Entry& entry) {
 }
 
 void EngineBridge::ReleaseUnneededKeptConstants() {
-  std::vector<Entry*>& kept = large_kept_constants_;
-  for (std::size_t looked = 0; looked < kKeptConstantsPerSweep && !kept.empty(); ++looked) {
-    if (kept_constants_next_ >= kept.size()) kept_constants_next_ = 0;
-    Entry* entry = kept[kept_constants_next_];
-    if (entry->kept && NeededForReplays(engine_->StorageOf(entry->root), kNeededWalkLimit)) {
+  for (std::size_t looked = 0; looked < kKeptConstantsPerSweep && !large_kept_constants_.empty(); ++looked) {
+    if (kept_constants_next_ >= large_kept_constants_.size()) kept_constants_next_ = 0;
+    Entry& entry = *large_kept_constants_[kept_constants_next_];
+    if (NeededForReplays(engine_->StorageOf(entry.root), kNeededWalkLimit)) {
       ++kept_constants_next_;
       continue;
     }
-    if (entry->kept) {
-      ForgetKeptConstant(*entry);
-      LetConstantGo(*entry);
-    }  // else Prune let it go
-    kept[kept_constants_next_] = kept.back();
-    kept.pop_back();
+    ForgetKeptConstant(entry);  // takes it out of the list: the next one moves to its place
+    LetConstantGo(entry);
   }
 }
 
