@@ -87,6 +87,7 @@ absl::Status Engine::AddOutputs(OpId op_id, std::span<const OutputSpec> outputs)
     } else {
       s = m.NewStorageSlot();
       m.storages[s].size = spec.bytes;
+      m.storages[s].deferred = spec.bytes <= options_.last_resort_bytes;  // EngineOptions::last_resort_bytes
       tensor.size = spec.bytes;
       op.total_size += spec.bytes;
       m.nb.NewStorage(s);

@@ -144,6 +144,14 @@ struct EngineOptions {
   // Not for policies that search windows (Coop): their windows already count free blocks. 0: evict first (the DTR
   // paper's configuration; compaction stays the last resort).
   std::size_t compact_first_limit = 2;
+  // Fresh storages of at most this many bytes are last-resort victims, as deferred storages are (Defer): evicted
+  // only once the pool has nothing else. Evicting one frees a block of the arena's alignment at most, while the
+  // replay that brings it back may be the whole forward pass: a program keeps small results past the backward pass
+  // (the loss, its clone for logging), and when the optimizer writes a parameter they were computed from, the
+  // evicted ones must come back at once, whatever memory the gradients and optimizer state hold then (measured:
+  // seven Hugging Face decoders of the model zoo ran out there, at 1.1x the bound, replaying the forward for
+  // their 4-byte loss). 0 (the DTR paper's configuration): every storage is an ordinary candidate.
+  std::int64_t last_resort_bytes = 0;
 };
 
 struct OutputSpec {

@@ -400,6 +400,20 @@ def test_the_harness_tells_an_infeasible_budget_from_a_known_gap():
     assert run_cell(entry, reference, result, "auto").status == INFEASIBLE
 
 
+@pytest.mark.parametrize("name", ["llama", "gpt_neox"])
+def test_a_decoder_trains_at_its_bound_though_it_keeps_its_loss_through_the_optimizer_step(name):
+    """At 1.1 x RequiredBytes, drop-only, Hugging Face decoders (llama, mistral, phi, gpt_neox) ran out in their
+    second optimizer step, bringing back 'aten::nll_loss_forward': under pressure in the backward pass the policy had
+    evicted the 4-byte loss the step keeps (stale since the forward pass), and the first parameter update had to
+    bring it back at once (nothing may be replayed from a parameter's old bytes), replaying the forward pass with
+    gradients and momentum resident. Small results are last-resort victims now (EngineOptions::last_resort_bytes)."""
+    result = run_model(zoo.CATALOGUE[name])
+    assert AT_BOUND in result.cells, result
+    cell = result.cells[AT_BOUND]
+    assert cell.status == IDENTICAL, cell.message
+    assert cell.get("evictions") > 0  # the budget binds
+
+
 @pytest.mark.parametrize("name", selected())
 def test_model_trains_identically_at_half_its_peak_or_the_budget_is_infeasible(name):
     assert name in zoo.CATALOGUE, f"{name} is not in zoo.CATALOGUE (excluded: {zoo.EXCLUDED.get(name)})"

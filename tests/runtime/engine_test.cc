@@ -33,12 +33,14 @@ class RecordingExecutor : public Executor {
 };
 
 struct Fixture {
-  explicit Fixture(std::string policy_name, std::int64_t budget, bool replay_views = true) {
+  explicit Fixture(std::string policy_name, std::int64_t budget, bool replay_views = true,
+                   std::int64_t last_resort_bytes = 0) {
     policy = *MakePolicy(policy_name);
     EngineOptions o;
     o.policy = policy.get();
     o.budget = budget;
     o.replay_views = replay_views;
+    o.last_resort_bytes = last_resort_bytes;
     engine = std::make_unique<Engine>(o, &executor);
   }
   TensorId Const(const std::string& label, std::int64_t bytes) {
@@ -130,6 +132,28 @@ TEST(EngineTest, AnEmptyPoolReleasesOneDeferredVictimNotAll) {
   f.Op("i", {a}, 100, 1000);  // h, dear as it is, goes before c2, which stayed deferred
   EXPECT_THAT(f.executor.events, ElementsAre("run constant", "run c", "run c2", "evict c", "run h", "evict h",
                                              "run i"));
+  EXPECT_EQ(f.engine->stats().deferred_releases, 1);
+}
+
+// A fresh storage of at most last_resort_bytes (a 4-byte loss the program keeps past its backward pass) goes only
+// once nothing else is left, stale as it is; with 0, the DTR paper's configuration, it is an ordinary candidate.
+TEST(EngineTest, SmallResultsGoOnlyWhenNothingElseIsLeft) {
+  Fixture paper("lru", 212);
+  TensorId a = paper.Const("a", 10);
+  paper.Op("loss", {a}, 4, 1000);
+  paper.Op("b", {a}, 100, 1);
+  paper.Op("c", {a}, 100, 1);  // 2 bytes short: the stalest goes, the loss
+  EXPECT_THAT(paper.executor.events, ElementsAre("run constant", "run loss", "run b", "evict loss", "run c"));
+
+  Fixture f("lru", 212, /*replay_views=*/true, /*last_resort_bytes=*/8);
+  a = f.Const("a", 10);
+  f.Op("loss", {a}, 4, 1000);
+  f.Op("b", {a}, 100, 1);
+  f.Op("c", {a}, 100, 1);  // b goes instead
+  f.Op("d", {a}, 190, 1);  // c goes
+  f.Op("e", {a}, 200, 1);  // d goes, and only then, with the pool empty, the loss
+  EXPECT_THAT(f.executor.events, ElementsAre("run constant", "run loss", "run b", "evict b", "run c", "evict c",
+                                             "run d", "evict d", "evict loss", "run e"));
   EXPECT_EQ(f.engine->stats().deferred_releases, 1);
 }
 
