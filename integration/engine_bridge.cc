@@ -69,10 +69,7 @@ EngineBridge::EngineBridge(const BridgeOptions& options, std::unique_ptr<Policy>
   engine_options.free_released_constants = true;  // we free a dead constant's memory ourselves (Sweep)
   engine_options.caller_guards_released_constants = true;  // PinDependents before a constant read by records goes
   engine_options.free_dead = true;
-  // Small results go last: one block of the arena's alignment (EngineOptions::last_resort_bytes).
-  if (engine_options.arena != nullptr) {
-    engine_options.last_resort_bytes = static_cast<std::int64_t>(engine_options.arena->alignment());
-  }
+  engine_options.last_resort_bytes = kProductLastResortBytes;  // small results go last
   engine_options.paging = options.paging;
   executor_.SetMemory(memory_);
   executor_.SetHostTier(tier_.get());

@@ -145,14 +145,19 @@ struct EngineOptions {
   // paper's configuration; compaction stays the last resort).
   std::size_t compact_first_limit = 2;
   // Fresh storages of at most this many bytes are last-resort victims, as deferred storages are (Defer): evicted
-  // only once the pool has nothing else. Evicting one frees a block of the arena's alignment at most, while the
-  // replay that brings it back may be the whole forward pass: a program keeps small results past the backward pass
-  // (the loss, its clone for logging), and when the optimizer writes a parameter they were computed from, the
-  // evicted ones must come back at once, whatever memory the gradients and optimizer state hold then (measured:
-  // seven Hugging Face decoders of the model zoo ran out there, at 1.1x the bound, replaying the forward for
-  // their 4-byte loss). 0 (the DTR paper's configuration): every storage is an ordinary candidate.
+  // only once the pool has nothing else. Evicting one frees next to nothing, while the replay that brings it back
+  // may be the whole forward pass: a program keeps small results past the backward pass (the loss, its clone for
+  // logging), and when the optimizer writes a parameter they were computed from, the evicted ones must come back
+  // at once, whatever memory the gradients and optimizer state hold then (measured: Hugging Face decoders of the
+  // model zoo ran out there, at 1.1x their bound, replaying the forward pass for their 4-byte loss). 0 (the DTR paper's configuration): every storage is an ordinary candidate; the product's
+  // configuration (the PyTorch path, remat-sim's default) uses kProductLastResortBytes.
   std::int64_t last_resort_bytes = 0;
 };
+
+// The product's EngineOptions::last_resort_bytes: a loss, a scalar, a few statistics; one block of the CPU arena
+// (its alignment), a fraction of one on a GPU (512). The same on every device and in both of remat-sim's modes, so
+// that a recorded run replays with the same choices.
+inline constexpr std::int64_t kProductLastResortBytes = 64;
 
 struct OutputSpec {
   std::int64_t bytes = 0;        // ignored for views

@@ -418,8 +418,7 @@ ReplayResult Replayer::Run(const ReplayOptions& options) {
   eo.free_released_constants = product;
   eo.arena = arena.get();
   eo.compact_first_limit = product ? options.compact_first_limit : 0;
-  // As the PyTorch path: small results go last (one block of the arena's alignment).
-  eo.last_resort_bytes = product && arena != nullptr ? static_cast<std::int64_t>(arena->alignment()) : 0;
+  eo.last_resort_bytes = product ? kProductLastResortBytes : 0;  // small results go last, as on the PyTorch path
   eo.paging.mode = options.offload;
   eo.paging.bandwidth_bytes_per_s = options.bandwidth_bytes_per_s;
   eo.paging.latency_ns = options.link_latency_ns;
