@@ -87,7 +87,8 @@ absl::Status Engine::AddOutputs(OpId op_id, std::span<const OutputSpec> outputs)
     } else {
       s = m.NewStorageSlot();
       m.storages[s].size = spec.bytes;
-      m.storages[s].deferred = spec.bytes <= options_.last_resort_bytes;  // EngineOptions::last_resort_bytes
+      // EngineOptions::last_resort_bytes (0: none, empty storages included)
+      m.storages[s].deferred = options_.last_resort_bytes > 0 && spec.bytes <= options_.last_resort_bytes;
       tensor.size = spec.bytes;
       op.total_size += spec.bytes;
       m.nb.NewStorage(s);

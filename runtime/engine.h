@@ -149,8 +149,9 @@ struct EngineOptions {
   // may be the whole forward pass: a program keeps small results past the backward pass (the loss, its clone for
   // logging), and when the optimizer writes a parameter they were computed from, the evicted ones must come back
   // at once, whatever memory the gradients and optimizer state hold then (measured: Hugging Face decoders of the
-  // model zoo ran out there, at 1.1x their bound, replaying the forward pass for their 4-byte loss). 0 (the DTR paper's configuration): every storage is an ordinary candidate; the product's
-  // configuration (the PyTorch path, remat-sim's default) uses kProductLastResortBytes.
+  // model zoo ran out there, at 1.1x their bound, replaying the forward pass for their 4-byte loss). 0 (the DTR
+  // paper's configuration): every storage is an ordinary candidate; the product's configuration (the PyTorch path,
+  // remat-sim's default) uses kProductLastResortBytes.
   std::int64_t last_resort_bytes = 0;
 };
 
