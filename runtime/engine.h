@@ -300,7 +300,8 @@ class Engine final : public PressureHandler, private StorageView {
   // pool is empty (or no window holds the request) and, in arena mode, neither paging a constant, relocation nor
   // compaction made room, MakeRoom lets the policy choose among the reserve for that one request; the storages it
   // did not choose stay deferred. For storages that are costly to get back and certain to be read soon: the
-  // gradients of a backward pass. Evicted and recomputed, a deferred storage is deferred again; Pin ends it.
+  // gradients of a backward pass. Evicted and recomputed, a deferred storage is deferred again; Pin ends it. Fresh
+  // storages of at most EngineOptions::last_resort_bytes start deferred.
   void Defer(TensorId t);
 
   // Reported by the executor in arena mode: where storage s lives (0: outside the arena, e.g. moved to shared

@@ -58,7 +58,7 @@ struct GraphRecords {
     bool has_address = false;
     bool paged = false;     // on the second tier (not material; counts as material for regions and classes)
     bool constant = false;  // no producer (Constant, AdoptConstant, in-place write of a constant)
-    bool deferred = false;  // Defer: kept out of the pool (in deferred_list) until the pool runs dry
+    bool deferred = false;  // Defer, or small (last_resort_bytes): out of the pool (in deferred_list) until it runs dry
     bool fixed = false;     // Fix: its address is known outside the engine; never moved, paged out or evicted
     bool free = false;      // recycled (also dead): the slot waits for reuse
     std::int64_t ready_at = 0;  // paged in: when the copy ends
