@@ -40,7 +40,10 @@ std::string MemoryReport::Describe() const {
   // kernel running between BeginOp and EndOp.
   const Rematerializer::Where where = m.remat->where();
   if (where.op != Engine::kNoKernel && where.op < m.ops.size()) {
-    absl::StrAppend(&report, ", running '", m.names[m.ops[where.op].name], "'");
+    // A result asked back on its own is not an op the program runs now: say so, or the report blames an op
+    // (a forward pass's 'aten::mm') in the middle of, say, an optimizer step.
+    absl::StrAppend(&report, where.bringing_back ? ", bringing back a result of '" : ", running '",
+                    m.names[m.ops[where.op].name], "'");
     if (where.replaying != Engine::kNoKernel) {
       absl::StrAppend(&report, " and replaying '", m.names[m.ops[where.replaying].name], "' for it (", where.replays,
                       " replay(s) deep)");

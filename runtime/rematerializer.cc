@@ -30,9 +30,10 @@ Rematerializer::Where Rematerializer::where() const {
     return w;
   }
   w.op = stack_.front().op;
+  w.bringing_back = stack_.front().remat;
   w.replays = static_cast<std::size_t>(
       std::count_if(stack_.begin(), stack_.end(), [](const Frame& f) { return f.remat; }));
-  if (w.replays > 0 && stack_.back().remat) w.replaying = stack_.back().op;
+  if (w.replays > 0 && stack_.back().remat && stack_.size() > 1) w.replaying = stack_.back().op;
   return w;
 }
 

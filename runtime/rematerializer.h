@@ -38,11 +38,14 @@ class Rematerializer {
   void set_running_kernel(OpId op) { running_kernel_ = op; }
 
   // Where a run stands, for the out-of-memory report: the op the caller runs (the bottom frame, or the running
-  // kernel when no frame runs), and the innermost replay with the number of replays on the stack.
+  // kernel when no frame runs), and the innermost replay with the number of replays on the stack. When the bottom
+  // frame is itself a replay (Engine::Rematerialize: a result asked back outside any op's inputs, such as one pinned
+  // before a value it was computed from is overwritten), `op` is that result's producer and `bringing_back` is set.
   struct Where {
     OpId op = Engine::kNoKernel;
-    OpId replaying = Engine::kNoKernel;  // none unless the top frame is a replay
+    OpId replaying = Engine::kNoKernel;  // none unless the top frame is a replay above the bottom one
     std::size_t replays = 0;
+    bool bringing_back = false;
   };
   Where where() const;
 

@@ -558,6 +558,27 @@ TEST(EngineSplitTest, ArenaOutOfMemoryDuringAReplayNamesTheOpAndTheReplay) {
               ::testing::HasSubstr("running 'reader' and replaying 'x' for it (1 replay(s) deep)"));
 }
 
+// A result asked back on its own (Engine::Rematerialize: the PyTorch path pins what a parameter update would make
+// unreplayable) is no op the program runs: the report says it brings that result back, and names the replay under
+// it; before, it said "running 'x'" of a forward op in the middle of an optimizer step.
+TEST(EngineSplitTest, ArenaOutOfMemoryBringingAResultBackSaysSo) {
+  SmallArenaEngine f("dtr");
+  TensorId a = *f.engine.Constant(256);
+  TensorId x = (*f.Call(a, 256, "x"))[0];
+  TensorId y = (*f.Call(x, 256, "y"))[0];
+  ASSERT_TRUE(f.engine.Evict(f.engine.StorageOf(y)).ok());
+  ASSERT_TRUE(f.engine.Evict(f.engine.StorageOf(x)).ok());
+  f.engine.Pin((*f.Call(a, 768, "filler"))[0]);  // the arena is full and nothing is evictable
+  const absl::Status alone = f.engine.Rematerialize(x);
+  ASSERT_FALSE(alone.ok());
+  EXPECT_THAT(std::string(alone.message()), ::testing::HasSubstr(", bringing back a result of 'x',"));
+  EXPECT_THAT(std::string(alone.message()), ::testing::Not(::testing::HasSubstr("running '")));
+  const absl::Status chained = f.engine.Rematerialize(y);
+  ASSERT_FALSE(chained.ok());
+  EXPECT_THAT(std::string(chained.message()),
+              ::testing::HasSubstr(", bringing back a result of 'y' and replaying 'x' for it (2 replay(s) deep)"));
+}
+
 TEST(EngineSplitTest, ArenaOutOfMemoryNamesTheLargestWindow) {
   SmallArenaEngine f("coop");
   TensorId a = *f.engine.Constant(512);
