@@ -291,7 +291,10 @@ class EngineBridge final : public OpObserver, public PressureHandler, public Hel
   // entry's storage, with its size and address now, becomes a new engine constant (its old engine tensor, if any,
   // is the caller's to release first).
   void AdoptAsConstant(Entry& entry, const c10::intrusive_ptr<c10::StorageImpl>& impl);
-  void PinDependents(StorageIndex start);
+  // Pins every live storage whose replay could read constant `start` (bringing back the evicted ones): `start` is
+  // about to change or go away. `because` ends the error of a replay that runs out of memory on the way (why a
+  // result is brought back outside any op's inputs).
+  void PinDependents(StorageIndex start, absl::string_view because);
   // Marks a dying constant kept (ReleaseIfDead) and counts its bytes, `small` or not; ForgetKeptConstant undoes it.
   void KeepConstant(Entry& entry, std::int64_t bytes, bool small);
   void ForgetKeptConstant(Entry& entry);
@@ -316,7 +319,9 @@ class EngineBridge final : public OpObserver, public PressureHandler, public Hel
   // Whether a live storage that is not pinned could need a replay that reads `start` (the walk stops at the first),
   // or the walk met more than `max_storages` storages without knowing.
   bool NeededForReplays(StorageIndex start, std::size_t max_storages);
-  void PinEntry(Entry& entry);
+  // Brings entry's storage back if evicted or paged and pins it; `because`, if given, ends the error of a failed
+  // replay (PinDependents).
+  void PinEntry(Entry& entry, absl::string_view because = {});
   // Brings entry's storage back if evicted or paged, pins it and fixes it in place (Engine::Fix): for storages whose
   // bytes or address code outside the dispatcher holds or is about to change (MakeResident, StorageWillChange).
   absl::Status FixEntry(Entry& entry);

@@ -46,10 +46,13 @@ EngineBridge::Entry& EngineBridge::EntryFor(c10::StorageImpl* impl) {
   return entry;
 }
 
-void EngineBridge::PinEntry(Entry& entry) {
+void EngineBridge::PinEntry(Entry& entry, absl::string_view because) {
   if (entry.pinned) return;
   if (!engine_->Defined(entry.root)) {
-    if (absl::Status status = engine_->Rematerialize(entry.root); !status.ok()) Throw(status);
+    if (absl::Status status = engine_->Rematerialize(entry.root); !status.ok()) {
+      if (because.empty()) Throw(status);
+      Throw(absl::Status(status.code(), absl::StrCat(status.message(), "; ", because)));
+    }
   }
   engine_->Pin(entry.root);
   entry.pinned = true;
@@ -61,10 +64,10 @@ void EngineBridge::PinEntry(Entry& entry) {
 
 // Pins every live storage whose replay could read constant `start` (directly, or through storages no user holds
 // any more): `start` is about to change or go away.
-void EngineBridge::PinDependents(StorageIndex start) {
+void EngineBridge::PinDependents(StorageIndex start, absl::string_view because) {
   ++stats_.generations;
   ForEachDependent(start, [&](Entry& entry) {
-    PinEntry(entry);  // what is computed from it replays from it
+    PinEntry(entry, because);  // what is computed from it replays from it
     return true;
   });
 }
@@ -196,7 +199,8 @@ void EngineBridge::ReleaseIfDead(Entry& entry) {
       KeepConstant(entry, bytes, small);
       return;
     }
-    PinDependents(s);  // if a record may read it in a replay, nothing live may need such a replay
+    // If a record may read it in a replay, nothing live may need such a replay.
+    PinDependents(s, "it was brought back to be kept before a value its replay reads went away");
   }
   LetConstantGo(entry);
 }
@@ -423,14 +427,15 @@ absl::Status EngineBridge::ExportLocked(c10::StorageImpl* impl, Export kind) {
   const StorageIndex s = engine_->StorageOf(entry.root);
   if (kind == Export::kWillChange) {
     engine_->SetAddress(s, 0);  // the block is about to be freed or replaced: the engine must not use its address
-    PinDependents(s);
+    PinDependents(s, "it was brought back to be kept before a value its replay reads was freed or replaced");
     return absl::OkStatus();
   }
   // share_memory_() moves the bytes out of the arena: the engine must not take the old address for this storage.
   engine_->SetAddress(s, memory_->Owns(impl->_mutable_data_ptr_no_checks()) ? AddressOf(*impl) : 0);
   if (kind == Export::kWritable && !entry.exported) {
     entry.exported = true;
-    PinDependents(s);  // what was computed from the bytes as they are now stays as it is
+    // What was computed from the bytes as they are now stays as it is.
+    PinDependents(s, "it was brought back to be kept before a value its replay reads was exported writable");
   }
   return absl::OkStatus();
 }

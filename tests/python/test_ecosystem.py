@@ -50,11 +50,16 @@ def selected() -> List[str]:
 
 
 def where_it_ran_out(message: str) -> str:
-    """' (running X and replaying Y ...; pinned results N)' from remat's out-of-memory report, or ''."""
-    running = re.search(r"running '[^']*'( and replaying '[^']*' for it \(\d+ replay\(s\) deep\))?", message)
+    """' (running X and replaying Y ...; pinned results N)' from remat's out-of-memory report, or ''; for a result
+    brought back outside any op's inputs, 'bringing back a result of X ... before 'W' overwrote ...'."""
+    running = re.search(r"(running|bringing back a result of) '[^']*'( and replaying '[^']*' for it "
+                        r"\(\d+ replay\(s\) deep\))?", message)
+    overwriter = re.search(r"before '[^']*' overwrote", message)
     pinned = re.search(r"pinned results (\d+)", message)
     unknown = re.search(r"in blocks remat does not know (\d+)", message)
     parts = [running.group(0)] if running else []
+    if running and overwriter:
+        parts[0] += f" {overwriter.group(0)} a value its replay reads"
     if pinned and int(pinned.group(1)) > 0:
         parts.append(f"pinned results {pinned.group(1)}")
     if unknown and int(unknown.group(1)) > 0:
