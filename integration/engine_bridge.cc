@@ -33,13 +33,6 @@ namespace {
 // restore would replay every write since the storage was made, each needing what it wrote.
 constexpr std::uint32_t kLongestReplayedInPlaceChain = 8;
 
-// Why PinDependents brings results back before `record` runs: the end of the error when that runs out of memory.
-std::string OverwriteReason(const OpRecord& record) {
-  return absl::StrCat("it was brought back to be kept before '", record.traits->name,
-                      "' overwrote a value its replay reads (an optimizer step writing a parameter, a running "
-                      "statistic), as every result computed from that value must be");
-}
-
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<EngineBridge>> EngineBridge::Create(const BridgeOptions& options) {
@@ -154,7 +147,7 @@ void EngineBridge::DetachOverwrittenBlanks(const OpRecord& record) {
     if (engine_->Paged(old)) {  // its memory comes back for the op to write into
       if (absl::Status status = engine_->Rematerialize(entry.root); !status.ok()) Throw(status);
     }
-    if (entry.record_refs > 0) PinDependents(old, OverwriteReason(record));
+    if (entry.record_refs > 0) PinDependents(old, {.writer = record.traits->name, .event = {}});
     executor_.ClearHome(old);
     links_.ClearOwner(old);
     engine_->Release(entry.root);
@@ -184,10 +177,7 @@ void EngineBridge::GatherEngineInputs(const OpRecord& record) {
     if (!current_.written_returned[k]) PinEntry(entry);
     if (entry.pinned) overwritten.push_back(engine_->StorageOf(entry.root));
   }
-  if (!overwritten.empty()) {
-    const std::string because = OverwriteReason(record);
-    for (const StorageIndex s : overwritten) PinDependents(s, because);
-  }
+  for (const StorageIndex s : overwritten) PinDependents(s, {.writer = record.traits->name, .event = {}});
   for (std::size_t k = 0; k < n; ++k) {
     if (current_.overwrite[k] || (current_.written[k] && !current_.written_returned[k])) continue;
     current_.inputs[k] = current_.input_entries[k]->root;

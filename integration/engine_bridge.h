@@ -291,10 +291,15 @@ class EngineBridge final : public OpObserver, public PressureHandler, public Hel
   // entry's storage, with its size and address now, becomes a new engine constant (its old engine tensor, if any,
   // is the caller's to release first).
   void AdoptAsConstant(Entry& entry, const c10::intrusive_ptr<c10::StorageImpl>& impl);
+  // Why PinDependents brings results back, said only by the error of a replay that runs out of memory on the way:
+  // the op about to overwrite the value (`writer`), else what happens to it (`event`: "went away").
+  struct PinReason {
+    absl::string_view writer;
+    absl::string_view event;
+  };
   // Pins every live storage whose replay could read constant `start` (bringing back the evicted ones): `start` is
-  // about to change or go away. `because` ends the error of a replay that runs out of memory on the way (why a
-  // result is brought back outside any op's inputs).
-  void PinDependents(StorageIndex start, absl::string_view because);
+  // about to change or go away, for `reason`.
+  void PinDependents(StorageIndex start, PinReason reason);
   // Marks a dying constant kept (ReleaseIfDead) and counts its bytes, `small` or not; ForgetKeptConstant undoes it.
   void KeepConstant(Entry& entry, std::int64_t bytes, bool small);
   void ForgetKeptConstant(Entry& entry);
@@ -319,9 +324,9 @@ class EngineBridge final : public OpObserver, public PressureHandler, public Hel
   // Whether a live storage that is not pinned could need a replay that reads `start` (the walk stops at the first),
   // or the walk met more than `max_storages` storages without knowing.
   bool NeededForReplays(StorageIndex start, std::size_t max_storages);
-  // Brings entry's storage back if evicted or paged and pins it; `because`, if given, ends the error of a failed
+  // Brings entry's storage back if evicted or paged and pins it; `reason`, if given, ends the error of a failed
   // replay (PinDependents).
-  void PinEntry(Entry& entry, absl::string_view because = {});
+  void PinEntry(Entry& entry, const PinReason* reason = nullptr);
   // Brings entry's storage back if evicted or paged, pins it and fixes it in place (Engine::Fix): for storages whose
   // bytes or address code outside the dispatcher holds or is about to change (MakeResident, StorageWillChange).
   absl::Status FixEntry(Entry& entry);

@@ -46,12 +46,19 @@ EngineBridge::Entry& EngineBridge::EntryFor(c10::StorageImpl* impl) {
   return entry;
 }
 
-void EngineBridge::PinEntry(Entry& entry, absl::string_view because) {
+void EngineBridge::PinEntry(Entry& entry, const PinReason* reason) {
   if (entry.pinned) return;
   if (!engine_->Defined(entry.root)) {
     if (absl::Status status = engine_->Rematerialize(entry.root); !status.ok()) {
-      if (because.empty()) Throw(status);
-      Throw(absl::Status(status.code(), absl::StrCat(status.message(), "; ", because)));
+      if (reason == nullptr) Throw(status);
+      // Composed only here: PinDependents runs before every in-place write of a constant (each optimizer update).
+      const std::string why =
+          reason->writer.empty()
+              ? absl::StrCat("before a value its replay reads ", reason->event)
+              : absl::StrCat("before '", reason->writer,
+                             "' overwrote a value its replay reads (an optimizer step writing a parameter, a running "
+                             "statistic), as every result computed from that value must be");
+      Throw(absl::Status(status.code(), absl::StrCat(status.message(), "; it was brought back to be kept ", why)));
     }
   }
   engine_->Pin(entry.root);
@@ -64,10 +71,10 @@ void EngineBridge::PinEntry(Entry& entry, absl::string_view because) {
 
 // Pins every live storage whose replay could read constant `start` (directly, or through storages no user holds
 // any more): `start` is about to change or go away.
-void EngineBridge::PinDependents(StorageIndex start, absl::string_view because) {
+void EngineBridge::PinDependents(StorageIndex start, PinReason reason) {
   ++stats_.generations;
   ForEachDependent(start, [&](Entry& entry) {
-    PinEntry(entry, because);  // what is computed from it replays from it
+    PinEntry(entry, &reason);  // what is computed from it replays from it
     return true;
   });
 }
@@ -200,7 +207,7 @@ void EngineBridge::ReleaseIfDead(Entry& entry) {
       return;
     }
     // If a record may read it in a replay, nothing live may need such a replay.
-    PinDependents(s, "it was brought back to be kept before a value its replay reads went away");
+    PinDependents(s, {.writer = {}, .event = "went away"});
   }
   LetConstantGo(entry);
 }
@@ -427,7 +434,7 @@ absl::Status EngineBridge::ExportLocked(c10::StorageImpl* impl, Export kind) {
   const StorageIndex s = engine_->StorageOf(entry.root);
   if (kind == Export::kWillChange) {
     engine_->SetAddress(s, 0);  // the block is about to be freed or replaced: the engine must not use its address
-    PinDependents(s, "it was brought back to be kept before a value its replay reads was freed or replaced");
+    PinDependents(s, {.writer = {}, .event = "was freed or replaced"});
     return absl::OkStatus();
   }
   // share_memory_() moves the bytes out of the arena: the engine must not take the old address for this storage.
@@ -435,7 +442,7 @@ absl::Status EngineBridge::ExportLocked(c10::StorageImpl* impl, Export kind) {
   if (kind == Export::kWritable && !entry.exported) {
     entry.exported = true;
     // What was computed from the bytes as they are now stays as it is.
-    PinDependents(s, "it was brought back to be kept before a value its replay reads was exported writable");
+    PinDependents(s, {.writer = {}, .event = "was exported writable"});
   }
   return absl::OkStatus();
 }
