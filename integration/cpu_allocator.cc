@@ -55,6 +55,12 @@ std::atomic<PressureHandler*> g_pressure_handler{nullptr};
 // never touches an arena again (see CpuArenaChildAfterFork).
 std::atomic<bool> g_forked_child{false};
 thread_local Placement t_placement = Placement::kLow;
+std::atomic<bool (*)()> g_inside_op{nullptr};  // SetCpuOutsideOpsProbe
+
+Placement PlacementOfNextBlock() {
+  bool (*inside_op)() = g_inside_op.load(std::memory_order_relaxed);
+  return inside_op == nullptr || inside_op() ? t_placement : Placement::kTop;
+}
 
 void Unref(LiveArena* live) {
   if (live->refs.fetch_sub(1, std::memory_order_acq_rel) != 1) return;
@@ -149,7 +155,7 @@ class ArenaCpuAllocator final : public c10::Allocator {
       Unref(live);
       return c10::DataPtr(nullptr, nullptr, &Delete, cpu);
     }
-    absl::StatusOr<std::uintptr_t> address = live->arena->Allocate(bytes, kNoOwner, t_placement);
+    absl::StatusOr<std::uintptr_t> address = live->arena->Allocate(bytes, kNoOwner, PlacementOfNextBlock());
     if (!address.ok()) {
       bool retired = false;
       {
@@ -349,6 +355,8 @@ void SetCpuPressureHandler(PressureHandler* handler) {
 }
 
 void SetCpuPlacementForThisThread(Placement placement) { t_placement = placement; }
+
+void SetCpuOutsideOpsProbe(bool (*inside_op)()) { g_inside_op.store(inside_op, std::memory_order_relaxed); }
 
 c10::DataPtr TryAllocateInCpuArena(std::size_t bytes, Placement placement) {
   const c10::Device cpu(c10::DeviceType::CPU);

@@ -91,6 +91,14 @@ bool InForkedChildOfCpuArena();
 // runtime sets kLow around costly ops). Default kLow.
 void SetCpuPlacementForThisThread(Placement placement);
 
+// While an engine manages the arena, the blocks allocated outside the ops it sees (a random generator's saved
+// state, which torch.utils.checkpoint keeps per block until backward; buffers C++ code makes without the
+// dispatcher; ops of a thread remat does not follow) are unknown to it: never evicted or moved, so wherever they
+// land they split the free space it could join. `inside_op` answers whether the calling thread runs an op remat
+// records; when it says no, the block goes to the top of the arena (Placement::kTop: the highest hole that holds
+// it, at that hole's high end). nullptr (the default): every block as SetCpuPlacementForThisThread says.
+void SetCpuOutsideOpsProbe(bool (*inside_op)());
+
 // A block of the installed arena placed as `placement` says, without asking the pressure handler (the runtime
 // moving memory while it makes room); an empty DataPtr (get() == nullptr) when nothing fits or no arena is
 // installed. `bytes` > 0.

@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "integration/cpu_allocator.h"
+#include "integration/op_capture.h"
 
 namespace remat::integration {
 
@@ -29,7 +30,11 @@ absl::Status CpuDeviceMemory::Slide(c10::StorageImpl& storage, std::uintptr_t to
   return SlideInCpuArena(storage, to);
 }
 
-void CpuDeviceMemory::SetPressureHandler(PressureHandler* handler) { SetCpuPressureHandler(handler); }
+void CpuDeviceMemory::SetPressureHandler(PressureHandler* handler) {
+  SetCpuPressureHandler(handler);
+  // The engine handling pressure sees the ops the hook records: blocks made outside them go out of its way.
+  SetCpuOutsideOpsProbe(handler != nullptr ? &InsideRecordedOp : nullptr);
+}
 
 void CpuDeviceMemory::SetPlacementForThisThread(Placement placement) { SetCpuPlacementForThisThread(placement); }
 

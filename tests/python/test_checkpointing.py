@@ -133,3 +133,19 @@ def test_torch_utils_checkpoint_trains_identically_under_remat(checkpointing):
     got, stats = train(build_mlp, checkpointing, int(0.7 * peak))
     oracle.assert_identical(reference, got, f"checkpointed MLP ({checkpointing}) at 0.7 of its peak")
     assert stats["evictions"] > 0 and stats["rematerializations"] > 0
+
+
+def test_a_saved_random_state_does_not_split_the_arena():
+    """torch.utils.checkpoint saves the generator's state (torch.get_rng_state(): 5,056 bytes made without the
+    dispatcher) for every block until backward. remat's engine never sees such a block, so it can neither evict nor
+    move it: it goes to the top of the arena, out of the way of the holes the engine makes. Here one is taken while
+    a 512 KiB result sits at the bottom of a 1 MiB arena; once that result is gone, a 768 KiB result needs one hole
+    of 768 KiB, which the state would split if it sat next to the first result."""
+    with remat.enable(1 << 20):
+        first = torch.zeros(512 << 8)  # 512 KiB of float32, at the bottom of the arena
+        state = torch.get_rng_state()
+        del first
+        second = torch.zeros(768 << 8)  # 768 KiB: needs the whole bottom of the arena
+        assert state.data_ptr() > second.data_ptr() + second.nbytes
+        assert int(second.sum()) == 0
+        del second, state
