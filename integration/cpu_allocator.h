@@ -96,7 +96,9 @@ void SetCpuPlacementForThisThread(Placement placement);
 // dispatcher; ops of a thread remat does not follow) are unknown to it: never evicted or moved, so wherever they
 // land they split the free space it could join. `inside_op` answers whether the calling thread runs an op remat
 // records; when it says no, the block goes to the top of the arena (Placement::kTop: the highest hole that holds
-// it, at that hole's high end). nullptr (the default): every block as SetCpuPlacementForThisThread says.
+// it, at that hole's high end). Blocks remat does know of, made on a thread with no recorded op running, go there
+// too (an intra-op worker's buffers during an op, a result brought back for numpy between ops): short-lived or
+// movable, they do as well at the top. nullptr (the default): every block as SetCpuPlacementForThisThread says.
 void SetCpuOutsideOpsProbe(bool (*inside_op)());
 
 // A block of the installed arena placed as `placement` says, without asking the pressure handler (the runtime
