@@ -115,3 +115,22 @@ def test_a_kernels_own_buffers_count_when_measured_under_remat():
     assert measured.kernel_bytes_at_max > 0, measured.at_op
     assert measured.required_bytes >= plain.required_bytes + measured.kernel_bytes_at_max // 2, (
         plain.required_bytes, measured.required_bytes, measured.kernel_bytes_at_max, measured.at_op)
+
+
+def test_the_gradient_made_last_was_made_beside_the_others():
+    # Two bias-free layers, plain SGD (no state). Before the step both gradients are resident; whichever a runtime
+    # makes last, its op ran beside the other gradient: gW2 = grad_out^T @ h1 (1 MiB, reading 32 KiB + 32 KiB) and
+    # gW1 = grad_h1^T @ x (512 KiB, reading grad_h1's 32 KiB; x is outside). Made in the best order (gW2 first, as
+    # its op holds the most beyond what it leaves), the second op holds 1 MiB + 32 KiB + 512 KiB: more than both
+    # gradients during the step (1.5 MiB), which is all the bound counted before.
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(256, 512, bias=False), nn.Linear(512, 512, bias=False))
+    opt = torch.optim.SGD(model.parameters(), 0.01)
+    x = torch.randn(16, 256)
+    with RequiredBytes(model, opt, outside=[x]) as bound:
+        opt.zero_grad()
+        model(x).pow(2).mean().backward()
+        opt.step()
+    KiB = 1024
+    assert bound.required_bytes == 1024 * KiB + 32 * KiB + 512 * KiB, (bound.required_bytes, bound.at_op)
+    assert bound.at_op.startswith("aten.mm.default (making a gradient"), bound.at_op

@@ -205,14 +205,16 @@ CASES = [(name, optimizer) for name in MODELS for optimizer in ("sgd", "adam")]
 #     chains (each frame holding what it gathered) and the arena's fragmentation take more than the budget leaves.
 #     Known gaps, not expected failures: the test tries drop-only first and reports the gap only if it still runs out.
 INFEASIBLE = {
-    ("resnet18", "sgd"): (0.5, 0.3),       # RequiredBytes 0.64: gradients and momentum during the step
+    ("resnet18", "sgd"): (0.5, 0.3),       # RequiredBytes 0.66: momentum, the gradients made before the last one
     ("resnet18", "adam"): (0.8, 0.5, 0.3),  # 0.83: the gradients and both moments during the step
-    ("inception_v3", "sgd"): (0.3,),       # 0.37: gradients and momentum during the step
+    ("inception_v3", "sgd"): (0.3,),       # 0.37: momentum, the gradients made before the last one
     ("inception_v3", "adam"): (0.3,),      # 0.50
+    # 0.32: both moments, and the LSTM layer backward made last (2.3 MB read, 1.1 MB held) beside the gradients the
+    # five others made (0.6 MB); listed as a gap while the bound did not count those (0.296)
+    ("lstm", "adam"): (0.3,),
 }
 GAP = {
-    ("lstm", "sgd"): (0.3,),          # RequiredBytes 0.26 (0.05 of it mkldnn_rnn_layer_backward's workspace)
-    ("lstm", "adam"): (0.3,),         # 0.30 (0.296)
+    ("lstm", "sgd"): (0.3,),          # RequiredBytes 0.28 (0.05 of it mkldnn_rnn_layer_backward's workspace)
     ("densenet121", "adam"): (0.3,),  # 0.23
     ("inception_v3", "adam"): (0.5,),  # 0.497: within the budget by less than 1%
 }
@@ -290,6 +292,8 @@ def test_training_under_budgets_is_bitwise_identical(name, optimizer):
                 warnings.warn(f"GAP CLOSED: {label} trains drop-only now; take it off GAP", KnownGap)
         else:
             got = train(name, optimizer, budget=budget, offload="off")
+            # a lower bound above a budget that trained dropping alone would be wrong
+            assert bound <= budget, f"{label} trained drop-only, below RequiredBytes {bound} ({bound / peak:.3f})"
         snapshot, stats = got
         CELLS.append(label)
         oracle.assert_identical(reference, snapshot, label)

@@ -12,8 +12,24 @@ parameter). And an op needs the storages it reads and writes resident while it r
 
 must be in memory, whatever was dropped before; and if op k's kernel allocates buffers of its own while it runs
 (convolution's backward, an RNN's workspace), its outputs count as the most it holds at once beyond what was
-allocated before it started, when that is more. The largest such sum over the program is a lower bound on every
-budget that can run it without a second tier, for every eviction policy (fragmentation only adds to it). Storages
+allocated before it started, when that is more.
+
+The gradients add a second constraint, before the step. Each gradient is made for the last time (by its last
+writer, or by a replay of it) at some moment before the step, and stays resident from then on (dropped, it would
+have to be made again). So, in the order a runtime last makes them, the op that makes the k-th runs with the
+gradients made before it resident, beside what that op reads and writes. Whatever order a runtime chooses, it
+holds at least
+
+    state + min over orders of max over k of (gradients made before the k-th + what the k-th one's op holds)
+
+and that minimum is reached by making first the gradients whose op holds the most beyond the gradients it leaves
+(an exchange argument: of two adjacent ones, the one with the larger difference goes first). An op that writes
+several gradients (an RNN layer's backward) makes them together; a gradient whose last writer was not seen counts
+as its own bytes. Dependencies between the ops (a gradient's op reads the backward pass before it) are ignored,
+which can only lower it.
+
+The largest such sum over the program is a lower bound on every budget that can run it without a second tier,
+for every eviction policy (fragmentation only adds to it). Storages
 that existed before the measurement started (the model's parameters and buffers, the tensors passed as `outside`)
 are not counted: remat's arena does not hold them, and its peak does not count them either.
 
@@ -34,7 +50,7 @@ through a Python dispatch mode: it measures, it does not train fast.
 
 from __future__ import annotations
 
-from typing import Dict, Iterable, Optional, Tuple
+from typing import Dict, Iterable, NamedTuple, Optional, Tuple
 
 import torch
 from torch.multiprocessing.reductions import StorageWeakRef
@@ -94,10 +110,11 @@ class _LiveStorages:
             return False
         return True
 
-    def live_bytes(self) -> int:
+    def live_sizes(self) -> Dict[int, int]:
+        """{address: bytes} of the storages in the set that live."""
         for ptr in [ptr for ptr, (_, ref) in self._refs.items() if ref.expired()]:
             del self._refs[ptr]
-        return sum(nbytes for nbytes, _ in self._refs.values())
+        return {ptr: nbytes for ptr, (nbytes, _) in self._refs.items()}
 
 
 class RequiredBytes(TorchDispatchMode):
@@ -119,6 +136,9 @@ class RequiredBytes(TorchDispatchMode):
         self._pinned = _LiveStorages()
         self._stepped = False  # an optimizer step has run: its parameters were written in place
         self._hooks = []
+        # per address written since the model's forward started: the written storage (held weakly) and its last
+        # writer, shared by every storage that op wrote
+        self._last_writer: Dict[int, Tuple[StorageWeakRef, _Writer]] = {}
         self.required_bytes = 0
         self.at_op = ""           # the op at which the maximum was reached
         self.pinned_at_max = 0    # of required_bytes, the undroppable part
@@ -135,6 +155,7 @@ class RequiredBytes(TorchDispatchMode):
 
     def _pin_state(self, *_) -> None:
         self._pinned.clear()
+        self._last_writer.clear()  # a forward starts (or a step ended): the gradients to come are not made yet
         if self._optimizer is not None:
             for t in optimizer_state_tensors(self._optimizer):
                 self._pin(t)
@@ -147,6 +168,49 @@ class RequiredBytes(TorchDispatchMode):
         for p in self._model.parameters():
             self._pin(p.grad)
 
+    def _before_step(self, *_) -> None:
+        self._pin_gradients()
+        self._bound_gradient_order()
+
+    def _bound_gradient_order(self) -> None:
+        """The gradients' constraint of the module docstring, at the start of a step."""
+        gradients = {}
+        for p in self._model.parameters():
+            if isinstance(p.grad, torch.Tensor):
+                for storage in _storages(p.grad):
+                    if storage.nbytes() > 0 and storage.data_ptr() not in self._outside:
+                        gradients[storage.data_ptr()] = storage
+        if not gradients:
+            return
+        pinned = self._pinned.live_sizes()  # the state, the stepped parameters and the gradients
+        state = sum(nbytes for ptr, nbytes in pinned.items() if ptr not in gradients)
+        # per op that last wrote gradients: [bytes of its gradients, the most it holds besides the state and the
+        # other gradients, its name]
+        makers: Dict[int, list] = {}
+        for ptr, storage in gradients.items():
+            entry = self._last_writer.get(ptr)
+            same = entry is not None and not entry[0].expired() and entry[0].cdata == StorageWeakRef(storage).cdata
+            writer = entry[1] if same else None
+            if writer is None:  # made where we did not look: it costs its own bytes
+                makers[-ptr] = [storage.nbytes(), storage.nbytes(), "?"]
+                continue
+            if id(writer) not in makers:
+                reads = sum(nbytes for address, nbytes in writer.inputs.items()
+                            if address not in gradients and address not in pinned)
+                makers[id(writer)] = [0, reads + max(sum(writer.outputs.values()), writer.held), writer.op]
+            makers[id(writer)][0] += storage.nbytes()
+        made = worst = 0
+        worst_op = ""
+        for kept, holds, op in sorted(makers.values(), key=lambda m: m[1] - m[0], reverse=True):
+            if made + holds > worst:
+                worst, worst_op = made + holds, op
+            made += kept
+        if state + worst > self.required_bytes:
+            self.required_bytes = state + worst
+            self.at_op = f"{worst_op} (making a gradient beside those made before it, in the best order)"
+            self.pinned_at_max = state
+            self.kernel_bytes_at_max = 0
+
     def _after_step(self, *_) -> None:
         self._stepped = True
         self._pin_state()
@@ -157,11 +221,11 @@ class RequiredBytes(TorchDispatchMode):
             self._hooks.append(self._model.register_forward_pre_hook(self._pin_state))
         if self._optimizer is not None:
             try:
-                self._hooks.append(self._optimizer.register_step_pre_hook(self._pin_gradients))
+                self._hooks.append(self._optimizer.register_step_pre_hook(self._before_step))
                 self._hooks.append(self._optimizer.register_step_post_hook(self._after_step))
             except AttributeError:  # a wrapper that skips Optimizer.__init__ (opacus' DPOptimizer): its inner
                 # optimizer's step runs the hooks registered for every optimizer
-                self._hooks.append(register_optimizer_step_pre_hook(self._pin_gradients))
+                self._hooks.append(register_optimizer_step_pre_hook(self._before_step))
                 self._hooks.append(register_optimizer_step_post_hook(self._after_step))
         self._pin_state()
         self._arena = bool(torch.ops.remat.is_enabled())
@@ -182,29 +246,56 @@ class RequiredBytes(TorchDispatchMode):
         # the most the op held at once beyond what existed before it: outputs and the kernel's own buffers
         held = torch.ops.remat.stats()["peak_allocated_bytes"] - allocated_before if self._arena else 0
         self.ops += 1
-        pinned = self._pinned.live_bytes()
+        pinned = self._pinned.live_sizes()
         seen = set()
-        own_in, extra_in = self._bytes_of((args, kwargs), seen)
-        own_out, extra_out = self._bytes_of(out, seen)
+        inputs = self._own_storages((args, kwargs), seen)
+        outputs = self._own_storages(out, seen)  # the new ones: an output that is an input was seen there
+        own_in, own_out = sum(inputs.values()), sum(outputs.values())
+        extra_in = sum(nbytes for ptr, nbytes in inputs.items() if ptr not in pinned)
+        extra_out = sum(nbytes for ptr, nbytes in outputs.items() if ptr not in pinned)
         self.op_bytes = max(self.op_bytes, own_in + max(own_out, held))
-        required = pinned + extra_in + max(extra_out, held)
+        required = sum(pinned.values()) + extra_in + max(extra_out, held)
         if required > self.required_bytes:
             self.required_bytes = required
             self.at_op = str(func)
-            self.pinned_at_max = pinned
+            self.pinned_at_max = sum(pinned.values())
             self.kernel_bytes_at_max = max(0, held - extra_out)
+        self._note_writer(func, args, kwargs, out, _Writer(str(func), inputs, outputs, held))
         return out
 
-    def _bytes_of(self, tree, seen):
-        """(bytes of the storages of tree's tensors not yet seen and not outside, of those the ones not pinned)."""
-        own = extra = 0
+    def _own_storages(self, tree, seen) -> Dict[int, int]:
+        """{address: bytes} of the storages of tree's tensors not yet seen and not outside; adds them to seen."""
+        storages = {}
         for t in tree_flatten(tree)[0]:
             if isinstance(t, torch.Tensor) and t.device.type != "meta":
                 for ptr, nbytes in _storage_keys(t):
-                    if ptr in seen or ptr in self._outside:
-                        continue
-                    seen.add(ptr)
-                    own += nbytes
-                    if ptr not in self._pinned:
-                        extra += nbytes
-        return own, extra
+                    if ptr not in seen and ptr not in self._outside:
+                        seen.add(ptr)
+                        storages[ptr] = nbytes
+        return storages
+
+    def _note_writer(self, func, args, kwargs, out, writer: "_Writer") -> None:
+        """Records the op as the last writer of its new outputs and of the arguments its schema says it writes (an
+        output that is a view of an input, detach's, writes nothing)."""
+        written = {}
+        for t in tree_flatten(out)[0]:
+            if isinstance(t, torch.Tensor) and t.device.type != "meta":
+                written.update((s.data_ptr(), s) for s in _storages(t) if s.data_ptr() in writer.outputs)
+        schema = getattr(func, "_schema", None)
+        for k, argument in enumerate(schema.arguments if schema is not None else ()):
+            if argument.alias_info is not None and argument.alias_info.is_write:
+                value = args[k] if k < len(args) else kwargs.get(argument.name)
+                for t in tree_flatten(value)[0]:
+                    if isinstance(t, torch.Tensor) and t.device.type != "meta":
+                        written.update((s.data_ptr(), s) for s in _storages(t) if s.data_ptr() in writer.inputs)
+        for ptr, storage in written.items():
+            self._last_writer[ptr] = (StorageWeakRef(storage), writer)
+
+
+class _Writer(NamedTuple):
+    """An op as the last writer of storages: what it read and made (outside storages left out), and the most its
+    kernel held at once beyond what existed before it (0 when not measured under remat)."""
+    op: str
+    inputs: Dict[int, int]   # {address: bytes}
+    outputs: Dict[int, int]  # the new ones
+    held: int
