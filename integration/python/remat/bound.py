@@ -192,7 +192,7 @@ class RequiredBytes(TorchDispatchMode):
             same = entry is not None and not entry[0].expired() and entry[0].cdata == StorageWeakRef(storage).cdata
             writer = entry[1] if same else None
             if writer is None:  # made where we did not look: it costs its own bytes
-                makers[-ptr] = [storage.nbytes(), storage.nbytes(), "?"]
+                makers[-ptr] = [storage.nbytes(), storage.nbytes(), "an op made outside the measurement"]
                 continue
             if id(writer) not in makers:
                 reads = sum(nbytes for address, nbytes in writer.inputs.items()
