@@ -79,11 +79,6 @@ def _storages(t: torch.Tensor):
     return [storage_identity(t)]  # not an export: its address is an identity here, its bytes are never read
 
 
-def _storage_keys(t: torch.Tensor):
-    """(data pointer, bytes) of each storage holding t's values (_storages)."""
-    return [(storage.data_ptr(), storage.nbytes()) for storage in _storages(t)]
-
-
 class _LiveStorages:
     """A set of storages by address, held weakly: one that dies leaves the set, and a later storage the allocator
     places at its address is not taken for it (vector_to_parameters frees the old parameters, zero_grad the
@@ -147,11 +142,16 @@ class RequiredBytes(TorchDispatchMode):
         self.ops = 0
         self._arena = False       # remat was enabled at __enter__: each op's kernel buffers are measured
 
-    def _pin(self, t: Optional[torch.Tensor]) -> None:
+    def _counted(self, t: Optional[torch.Tensor]):
+        """The storages of t that hold memory and are not outside."""
         if isinstance(t, torch.Tensor):
             for storage in _storages(t):
                 if storage.nbytes() > 0 and storage.data_ptr() not in self._outside:
-                    self._pinned.add(storage)
+                    yield storage
+
+    def _pin(self, t: Optional[torch.Tensor]) -> None:
+        for storage in self._counted(t):
+            self._pinned.add(storage)
 
     def _pin_state(self, *_) -> None:
         self._pinned.clear()
@@ -174,12 +174,7 @@ class RequiredBytes(TorchDispatchMode):
 
     def _bound_gradient_order(self) -> None:
         """The gradients' constraint of the module docstring, at the start of a step."""
-        gradients = {}
-        for p in self._model.parameters():
-            if isinstance(p.grad, torch.Tensor):
-                for storage in _storages(p.grad):
-                    if storage.nbytes() > 0 and storage.data_ptr() not in self._outside:
-                        gradients[storage.data_ptr()] = storage
+        gradients = {storage.data_ptr(): storage for p in self._model.parameters() for storage in self._counted(p.grad)}
         if not gradients:
             return
         pinned = self._pinned.live_sizes()  # the state, the stepped parameters and the gradients
@@ -250,9 +245,11 @@ class RequiredBytes(TorchDispatchMode):
         seen = set()
         inputs = self._own_storages((args, kwargs), seen)
         outputs = self._own_storages(out, seen)  # the new ones: an output that is an input was seen there
-        own_in, own_out = sum(inputs.values()), sum(outputs.values())
-        extra_in = sum(nbytes for ptr, nbytes in inputs.items() if ptr not in pinned)
-        extra_out = sum(nbytes for ptr, nbytes in outputs.items() if ptr not in pinned)
+        in_sizes = {ptr: storage.nbytes() for ptr, storage in inputs.items()}
+        out_sizes = {ptr: storage.nbytes() for ptr, storage in outputs.items()}
+        own_in, own_out = sum(in_sizes.values()), sum(out_sizes.values())
+        extra_in = sum(nbytes for ptr, nbytes in in_sizes.items() if ptr not in pinned)
+        extra_out = sum(nbytes for ptr, nbytes in out_sizes.items() if ptr not in pinned)
         self.op_bytes = max(self.op_bytes, own_in + max(own_out, held))
         required = sum(pinned.values()) + extra_in + max(extra_out, held)
         if required > self.required_bytes:
@@ -260,34 +257,33 @@ class RequiredBytes(TorchDispatchMode):
             self.at_op = str(func)
             self.pinned_at_max = sum(pinned.values())
             self.kernel_bytes_at_max = max(0, held - extra_out)
-        self._note_writer(func, args, kwargs, out, _Writer(str(func), inputs, outputs, held))
+        self._note_writer(func, args, kwargs, inputs, outputs, _Writer(str(func), in_sizes, out_sizes, held))
         return out
 
-    def _own_storages(self, tree, seen) -> Dict[int, int]:
-        """{address: bytes} of the storages of tree's tensors not yet seen and not outside; adds them to seen."""
+    def _own_storages(self, tree, seen) -> Dict[int, torch.UntypedStorage]:
+        """{address: storage} of tree's tensors' storages not yet seen and not outside; adds them to seen."""
         storages = {}
         for t in tree_flatten(tree)[0]:
             if isinstance(t, torch.Tensor) and t.device.type != "meta":
-                for ptr, nbytes in _storage_keys(t):
+                for storage in _storages(t):
+                    ptr = storage.data_ptr()
                     if ptr not in seen and ptr not in self._outside:
                         seen.add(ptr)
-                        storages[ptr] = nbytes
+                        storages[ptr] = storage
         return storages
 
-    def _note_writer(self, func, args, kwargs, out, writer: "_Writer") -> None:
-        """Records the op as the last writer of its new outputs and of the arguments its schema says it writes (an
+    def _note_writer(self, func, args, kwargs, inputs, outputs, writer: "_Writer") -> None:
+        """Records the op as the last writer of its new outputs and of the inputs its schema says it writes (an
         output that is a view of an input, detach's, writes nothing)."""
-        written = {}
-        for t in tree_flatten(out)[0]:
-            if isinstance(t, torch.Tensor) and t.device.type != "meta":
-                written.update((s.data_ptr(), s) for s in _storages(t) if s.data_ptr() in writer.outputs)
+        written = dict(outputs)
         schema = getattr(func, "_schema", None)
         for k, argument in enumerate(schema.arguments if schema is not None else ()):
             if argument.alias_info is not None and argument.alias_info.is_write:
                 value = args[k] if k < len(args) else kwargs.get(argument.name)
                 for t in tree_flatten(value)[0]:
                     if isinstance(t, torch.Tensor) and t.device.type != "meta":
-                        written.update((s.data_ptr(), s) for s in _storages(t) if s.data_ptr() in writer.inputs)
+                        written.update((s.data_ptr(), inputs[s.data_ptr()]) for s in _storages(t)
+                                       if s.data_ptr() in inputs)
         for ptr, storage in written.items():
             self._last_writer[ptr] = (StorageWeakRef(storage), writer)
 
