@@ -1,4 +1,5 @@
-"""Every torch.optim optimizer, zero_grad(set_to_none=False) with accumulation, float64, Hessian-vector products."""
+"""Every torch.optim optimizer, zero_grad(set_to_none=False) with accumulation, float64, Hessian-vector products, a
+learning rate held in a tensor that a schedule writes in place."""
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -18,6 +19,7 @@ OPTS = {
     "adam_fused": lambda p: torch.optim.Adam(p, 1e-3, fused=True),
     "adafactor": lambda p: torch.optim.Adafactor(p, 1e-2),
     "rmsprop_centered_momentum": lambda p: torch.optim.RMSprop(p, 1e-3, centered=True, momentum=0.9),
+    "sgd_fused": lambda p: torch.optim.SGD(p, 0.01, momentum=0.9, fused=True),
 }
 
 
@@ -58,4 +60,14 @@ PROGRAMS = {f"opt_{k}": (opt_case(v), std_step(lambda m, d: m(d[0]).pow(2).mean(
 PROGRAMS["keep_grads_accumulate"] = (opt_case(OPTS["nadam"]), keep_grads_step)
 PROGRAMS["float64_adam"] = (opt_case(lambda p: torch.optim.Adam(p, 1e-3), torch.float64),
                          std_step(lambda m, d: m(d[0]).pow(2).mean()))
+def tensor_lr_step(model, opt, data, i):
+    """Adam with its learning rate in a tensor (for-loop implementation: the foreach one takes a tensor lr only when
+    capturable, which the CPU is not), decayed in place after each step as a schedule does with a tensor lr."""
+    loss = std_step(lambda m, d: m(d[0]).pow(2).mean())(model, opt, data, i)
+    opt.param_groups[0]["lr"].mul_(0.5)
+    return loss
+
+
+PROGRAMS["adam_tensor_lr"] = (opt_case(lambda p: torch.optim.Adam(p, torch.tensor(1e-3), foreach=False)),
+                              tensor_lr_step)
 PROGRAMS["hvp"] = (opt_case(lambda p: torch.optim.SGD(p, 0.01)), hvp_step)

@@ -1,6 +1,7 @@
 """Training loops outside the matrix: double backward, torch.func, custom autograd Functions, LBFGS, accumulation with
 clipping and fused optimizers, hooks, sparse embeddings, complex FFT layers, random ops, in-place writes on views, a
-packed LSTM, linalg, channels_last with bf16 autocast, the nested-tensor eval fast path."""
+packed LSTM, an LSTM with dropout between its layers, linalg, channels_last with bf16 autocast, the nested-tensor eval
+fast path."""
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -269,6 +270,17 @@ def lstm_loss(model, data):
     return padded.pow(2).mean()
 
 
+# 11b. LSTM with dropout between its layers (random draws inside the op), both directions and a projection
+def lstm_dropout_build():
+    m = nn.LSTM(32, 96, num_layers=3, dropout=0.3, bidirectional=True, proj_size=48, batch_first=True)
+    return m, torch.optim.Adam(m.parameters(), 1e-3), (torch.randn(32, 40, 32),)
+
+
+def lstm_dropout_loss(model, data):
+    out, (h, c) = model(data[0])
+    return out.pow(2).mean() + h.pow(2).mean() + c.abs().mean()
+
+
 # 12. linalg backward
 def linalg_build():
     m = nn.ModuleList(nn.Linear(64, 64) for _ in range(3))
@@ -336,6 +348,7 @@ PROGRAMS = {
     "random_ops": (random_build, std_step(lambda m, d: m(d[0]).pow(2).mean())),
     "inplace_views": (views_build, std_step(views_loss)),
     "lstm_packed": (lstm_build, std_step(lstm_loss)),
+    "lstm_dropout_bidirectional_proj": (lstm_dropout_build, std_step(lstm_dropout_loss)),
     "linalg": (linalg_build, std_step(linalg_loss)),
     "channels_last_bf16": (cl_build, std_step(cl_loss)),
     "nested_eval": (nested_build, nested_step),
