@@ -60,6 +60,8 @@ PROGRAMS = {f"opt_{k}": (opt_case(v), std_step(lambda m, d: m(d[0]).pow(2).mean(
 PROGRAMS["keep_grads_accumulate"] = (opt_case(OPTS["nadam"]), keep_grads_step)
 PROGRAMS["float64_adam"] = (opt_case(lambda p: torch.optim.Adam(p, 1e-3), torch.float64),
                          std_step(lambda m, d: m(d[0]).pow(2).mean()))
+
+
 def tensor_lr_step(model, opt, data, i):
     """Adam with its learning rate in a tensor (for-loop implementation: the foreach one takes a tensor lr only when
     capturable, which the CPU is not), decayed in place after each step as a schedule does with a tensor lr."""

@@ -270,7 +270,7 @@ def lstm_loss(model, data):
     return padded.pow(2).mean()
 
 
-# 11b. LSTM with dropout between its layers (random draws inside the op), both directions and a projection
+# 11b. LSTM with dropout between its layers (random draws between them), both directions and a projection
 def lstm_dropout_build():
     m = nn.LSTM(32, 96, num_layers=3, dropout=0.3, bidirectional=True, proj_size=48, batch_first=True)
     return m, torch.optim.Adam(m.parameters(), 1e-3), (torch.randn(32, 40, 32),)
