@@ -3,8 +3,8 @@ buffers: a model re-materialized in the middle of a run (to_empty, then every mo
 meta-device initialization does), parameters converted with torch.utils.swap_tensors (channels_last under
 torch.__future__'s swap, load_state_dict(assign=True) under it), a VQ-VAE whose forward updates its codebook's
 moving averages with index_add_, bucketize/searchsorted/histc choosing the embeddings a forward reads, a backward
-limited to some parameters (backward(inputs=...)), and boolean-mask writes (x[mask] = y, masked_scatter_) inside a
-differentiated forward."""
+limited to some parameters (backward(inputs=...)), and boolean-mask writes (x[mask] = y, masked_scatter, index_put
+with accumulate) inside a differentiated forward."""
 import contextlib
 
 import torch
