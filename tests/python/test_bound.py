@@ -134,3 +134,23 @@ def test_the_gradient_made_last_was_made_beside_the_others():
     KiB = 1024
     assert bound.required_bytes == 1024 * KiB + 32 * KiB + 512 * KiB, (bound.required_bytes, bound.at_op)
     assert bound.at_op.startswith("aten.mm.default (making a gradient"), bound.at_op
+
+
+def test_the_input_made_last_was_made_beside_the_others():
+    # add(a * b, c * d) with four 1 MiB activations: when the add runs, one product was made last, and its multiply
+    # read two 1 MiB factors and wrote 1 MiB while the other product (1 MiB) was resident: 4 MiB, where the add
+    # itself holds only 3 MiB (its two inputs and its output).
+    MiB = 1 << 20
+    model = nn.Linear(256, 256)
+    x = torch.randn(MiB // 1024, 256)
+    with RequiredBytes(model, outside=[x]) as bound:
+        with torch.no_grad():
+            a, b, c, d = (torch.sin(x + k) for k in range(4))
+            left = a * b
+            del a, b
+            right = c * d
+            del c, d
+            total = left + right
+    assert total.untyped_storage().nbytes() == MiB
+    assert bound.required_bytes == 4 * MiB, (bound.required_bytes, bound.at_op)
+    assert bound.at_op.startswith("aten.add.Tensor (its input made last, by aten.mul.Tensor"), bound.at_op

@@ -28,6 +28,18 @@ several gradients (an RNN layer's backward) makes them together; a gradient whos
 as its own bytes. Dependencies between the ops (a gradient's op reads the backward pass before it) are ignored,
 which can only lower it.
 
+An op's inputs add a third. Of the storages an op reads, one was made last (by its last writer, or a replay of it),
+and the others, made before, stay resident from then until the op. So whichever it was, its writer ran beside
+them: the op needs at least
+
+    min over its inputs x of (what x's last writer required when it ran + the op's other inputs that writer
+    neither read nor wrote, and that are not undroppable)
+
+(two activations added together, each the product of two others: one of them is held while the other's product is
+made). Only inputs whose writer ran since the model's forward started (or the last step ended) are looked at, and
+an undroppable input made before then is never the last one; an input the measurement did not see made gives no
+constraint.
+
 The largest such sum over the program is a lower bound on every budget that can run it without a second tier,
 for every eviction policy (fragmentation only adds to it). Storages
 that existed before the measurement started (the model's parameters and buffers, the tensors passed as `outside`)
@@ -183,9 +195,7 @@ class RequiredBytes(TorchDispatchMode):
         # other gradients, its name]
         makers: Dict[int, list] = {}
         for ptr, storage in gradients.items():
-            entry = self._last_writer.get(ptr)
-            same = entry is not None and not entry[0].expired() and entry[0].cdata == StorageWeakRef(storage).cdata
-            writer = entry[1] if same else None
+            writer = self._writer_of(ptr, storage)
             if writer is None:  # made where we did not look: it costs its own bytes
                 makers[-ptr] = [storage.nbytes(), storage.nbytes(), "an op made outside the measurement"]
                 continue
@@ -257,8 +267,42 @@ class RequiredBytes(TorchDispatchMode):
             self.at_op = str(func)
             self.pinned_at_max = sum(pinned.values())
             self.kernel_bytes_at_max = max(0, held - extra_out)
-        self._note_writer(func, args, kwargs, inputs, outputs, _Writer(str(func), in_sizes, out_sizes, held))
+        self._bound_last_input(func, inputs, in_sizes, pinned)
+        touched = {ptr: StorageWeakRef(storage) for ptr, storage in (*inputs.items(), *outputs.items())}
+        writer = _Writer(str(func), in_sizes, out_sizes, held, required, sum(pinned.values()), touched)
+        self._note_writer(func, args, kwargs, inputs, outputs, writer)
         return out
+
+    def _bound_last_input(self, func, inputs: Dict[int, torch.UntypedStorage], in_sizes: Dict[int, int],
+                          pinned: Dict[int, int]) -> None:
+        """The inputs' constraint of the module docstring, before the op runs: of its inputs, the one made
+        last was made beside the others."""
+        if len(in_sizes) < 2:
+            return
+        least = None
+        for ptr, storage in inputs.items():
+            writer = self._writer_of(ptr, storage)
+            if writer is None:
+                if ptr in pinned:  # made before the forward and never dropped since: not the last one made
+                    continue
+                return  # droppable and made where we did not look: it may be the last, at no cost we know
+            others = sum(nbytes for address, nbytes in in_sizes.items()
+                         if address != ptr and address not in pinned and not writer.touched(address))
+            if least is None or writer.required + others < least[0]:
+                least = (writer.required + others, writer)
+        if least is not None and least[0] > self.required_bytes:
+            self.required_bytes = least[0]
+            self.at_op = f"{func} (its input made last, by {least[1].op}, made beside its other inputs)"
+            self.pinned_at_max = least[1].pinned
+            self.kernel_bytes_at_max = 0
+
+    def _writer_of(self, ptr: int, storage: torch.UntypedStorage) -> Optional["_Writer"]:
+        """The op that last wrote this storage since the window began (the model's forward, or the end of a step),
+        or None."""
+        entry = self._last_writer.get(ptr)
+        if entry is None or entry[0].expired() or entry[0].cdata != StorageWeakRef(storage).cdata:
+            return None
+        return entry[1]
 
     def _own_storages(self, tree, seen) -> Dict[int, torch.UntypedStorage]:
         """{address: storage} of tree's tensors' storages not yet seen and not outside; adds them to seen."""
@@ -289,9 +333,18 @@ class RequiredBytes(TorchDispatchMode):
 
 
 class _Writer(NamedTuple):
-    """An op as the last writer of storages: what it read and made (outside storages left out), and the most its
-    kernel held at once beyond what existed before it (0 when not measured under remat)."""
+    """An op as the last writer of storages: what it read and made (outside storages left out), the most its kernel
+    held at once beyond what existed before it (0 when not measured under remat), and what it required when it ran
+    (the undroppable bytes then, its other inputs and its outputs or kernel buffers)."""
     op: str
     inputs: Dict[int, int]   # {address: bytes}
     outputs: Dict[int, int]  # the new ones
     held: int
+    required: int
+    pinned: int  # of required, the undroppable bytes
+    storages: Dict[int, StorageWeakRef]  # what it read and made, by address
+
+    def touched(self, ptr: int) -> bool:
+        """The live storage at this address is one the op read or made (not a later one placed where it died)."""
+        ref = self.storages.get(ptr)
+        return ref is not None and not ref.expired()
