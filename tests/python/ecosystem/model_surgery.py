@@ -3,8 +3,8 @@ buffers: a model re-materialized in the middle of a run (to_empty, then every mo
 meta-device initialization does), parameters converted with torch.utils.swap_tensors (channels_last under
 torch.__future__'s swap, load_state_dict(assign=True) under it), a VQ-VAE whose forward updates its codebook's
 moving averages with index_add_, bucketize/searchsorted/histc choosing the embeddings a forward reads, a backward
-limited to some parameters (backward(inputs=...)), and boolean-mask writes (x[mask] = y, masked_scatter, index_put
-with accumulate) inside a differentiated forward."""
+limited to some parameters (backward(inputs=...)), boolean-mask writes (x[mask] = y, masked_scatter, index_put
+with accumulate) inside a differentiated forward, and parameters moved to shared memory mid-run (share_memory())."""
 import contextlib
 
 import torch
@@ -198,6 +198,26 @@ def masked_build():
     return m, torch.optim.Adam(m.parameters(), 1e-3), (torch.randn(2048, 128), torch.randint(0, 10, (2048,)))
 
 
+# 8. moved to shared memory mid-run, as a Hogwild trainer does before it starts its workers: share_memory() gives every
+#    parameter and buffer a shared-memory storage (the same StorageImpl, its bytes moved out of remat's arena, where
+#    the first step's clone put them)
+def share_memory_step(model, opt, data, i):
+    if i == 0:
+        with torch.no_grad():
+            for p in model.parameters():
+                p.data = p.data.clone()
+    if i == 1:
+        model.share_memory()
+        assert all(p.is_shared() for p in model.parameters())
+    return std_step(ce_loss)(model, opt, data, i)
+
+
+def share_memory_build():
+    m = nn.Sequential(nn.Linear(128, 512), nn.Tanh(), nn.Linear(512, 512), nn.BatchNorm1d(512), nn.Tanh(),
+                      nn.Linear(512, 10))
+    return m, torch.optim.SGD(m.parameters(), 0.05, momentum=0.9), (torch.randn(2048, 128), torch.randint(0, 10, (2048,)))
+
+
 PROGRAMS = {
     "reinit_to_empty": (reinit_build, reinit_step),
     "swap_channels_last": (channels_last_build, channels_last_step),
@@ -206,4 +226,5 @@ PROGRAMS = {
     "binned_lookup": (binned_build, std_step(ce_loss)),
     "partial_backward_inputs": (partial_build, partial_step),
     "boolean_mask_writes": (masked_build, std_step(ce_loss)),
+    "share_memory_mid_run": (share_memory_build, share_memory_step),
 }
