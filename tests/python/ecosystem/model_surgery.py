@@ -171,7 +171,8 @@ def partial_step(model, opt, data, i):
 def partial_build():
     body = nn.Sequential(nn.Linear(128, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 256))
     m = nn.ModuleDict({"body": body, "head": nn.Linear(256, 10)})
-    return m, torch.optim.SGD(m.parameters(), 0.05, momentum=0.9), (torch.randn(2048, 128), torch.randint(0, 10, (2048,)))
+    data = torch.randn(2048, 128), torch.randint(0, 10, (2048,))
+    return m, torch.optim.SGD(m.parameters(), 0.05, momentum=0.9), data
 
 
 # 7. boolean-mask writes in a differentiated forward: x[mask] = y, masked_scatter_, index_put_ with accumulate
@@ -215,7 +216,8 @@ def share_memory_step(model, opt, data, i):
 def share_memory_build():
     m = nn.Sequential(nn.Linear(128, 512), nn.Tanh(), nn.Linear(512, 512), nn.BatchNorm1d(512), nn.Tanh(),
                       nn.Linear(512, 10))
-    return m, torch.optim.SGD(m.parameters(), 0.05, momentum=0.9), (torch.randn(2048, 128), torch.randint(0, 10, (2048,)))
+    data = torch.randn(2048, 128), torch.randint(0, 10, (2048,))
+    return m, torch.optim.SGD(m.parameters(), 0.05, momentum=0.9), data
 
 
 PROGRAMS = {
