@@ -283,7 +283,7 @@ class RequiredBytes(TorchDispatchMode):
         for ptr, storage in inputs.items():
             writer = self._writer_of(ptr, storage)
             if writer is None:
-                if ptr in pinned:  # made before the forward and never dropped since: not the last one made
+                if ptr in pinned:  # undroppable, made before the window began: not the last one made
                     continue
                 return  # droppable and made where we did not look: it may be the last, at no cost we know
             others = sum(nbytes for address, nbytes in in_sizes.items()
