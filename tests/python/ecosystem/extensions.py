@@ -1,6 +1,8 @@
 """Extension points: retain_graph with grad hooks, torch.library custom ops (one mutating a buffer), functional batch
 norm over views of one buffer with LazyLinear, in-place autograd Functions, nn.Transformer with masks, model ensembles
-under vmap, embedding max_norm, two intra-op threads."""
+under vmap, embedding max_norm, two intra-op threads; a forward that writes saved tensors in place under
+allow_mutation_on_saved_tensors, a multi-grad hook whose gradients' norms steer the next step, and Jacobian rows
+from one batched autograd.grad call (is_grads_batched)."""
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -233,6 +235,94 @@ def threads_build():
     return m, torch.optim.SGD(m.parameters(), 0.05, momentum=0.9), (torch.randn(16, 3, 32, 32),)
 
 
+# 9. in-place writes to tensors autograd saved, allowed by allow_mutation_on_saved_tensors (it clones a saved tensor
+#    before its first write, so backward reads the value the forward saved)
+class MutatesSaved(nn.Module):
+    def __init__(self, d=128, h=512):
+        super().__init__()
+        self.a = nn.Linear(d, h)
+        self.b = nn.Linear(h, h)
+        self.out = nn.Linear(h, 10)
+
+    def forward(self, x):
+        h = self.a(x)
+        y = torch.sin(h)  # saves h
+        h.mul_(0.5)       # writes it afterwards
+        z = self.b(torch.tanh(y) + h)
+        w = z * z         # saves z
+        z.add_(1.0)
+        return self.out(torch.relu(w + z))
+
+
+def mutation_step(model, opt, data, i):
+    opt.zero_grad()
+    with torch.autograd.graph.allow_mutation_on_saved_tensors():
+        loss = F.cross_entropy(model(data[0]), data[1])
+        loss.backward()
+    opt.step()
+    return loss
+
+
+def mutation_build():
+    m = MutatesSaved()
+    return m, torch.optim.Adam(m.parameters(), 1e-3), (torch.randn(2048, 128), torch.randint(0, 10, (2048,)))
+
+
+# 10. register_multi_grad_hook over two hidden activations: once both gradients exist, their norms go into a buffer
+#     that scales the next step's loss (a gradient statistic that crosses steps)
+class GradStatistics(nn.Module):
+    def __init__(self, d=128, h=512):
+        super().__init__()
+        self.a = nn.Linear(d, h)
+        self.b = nn.Linear(h, h)
+        self.out = nn.Linear(h, 10)
+        self.register_buffer("grad_ratio", torch.ones(()))
+
+    def forward(self, x):
+        h1 = torch.tanh(self.a(x))
+        h2 = torch.tanh(self.b(h1))
+        if h1.requires_grad:
+            def note(grads):
+                with torch.no_grad():
+                    self.grad_ratio.copy_((grads[0].norm() / (grads[1].norm() + 1e-6)).clamp(0.5, 2.0))
+            torch.autograd.graph.register_multi_grad_hook((h1, h2), note)
+        return self.out(h2)
+
+
+def multi_hook_step(model, opt, data, i):
+    opt.zero_grad()
+    loss = F.cross_entropy(model(data[0]), data[1]) * model.grad_ratio.detach()
+    loss.backward()
+    opt.step()
+    return loss
+
+
+def multi_hook_build():
+    m = GradStatistics()
+    data = torch.randn(2048, 128), torch.randint(0, 10, (2048,))
+    return m, torch.optim.SGD(m.parameters(), 0.05, momentum=0.9), data
+
+
+# 11. the Jacobian of the logits with respect to a hidden layer, one row per class, from one autograd.grad call over
+#     a batch of grad_outputs (is_grads_batched: vmap over the backward); its rows' norms weight the samples' losses
+def batched_grad_step(model, opt, data, i):
+    opt.zero_grad()
+    hidden = model[:2](data[0])
+    logits = model[2:](hidden)
+    basis = torch.eye(10).unsqueeze(1).expand(10, *logits.shape)
+    (rows,) = torch.autograd.grad(logits, hidden, basis, retain_graph=True, is_grads_batched=True)
+    weight = rows.pow(2).sum((0, 2)).rsqrt().detach()
+    loss = (F.cross_entropy(logits, data[1], reduction="none") * weight / weight.mean()).mean()
+    loss.backward()
+    opt.step()
+    return loss
+
+
+def batched_grad_build():
+    m = nn.Sequential(nn.Linear(128, 256), nn.Tanh(), nn.Linear(256, 256), nn.Tanh(), nn.Linear(256, 10))
+    return m, torch.optim.Adam(m.parameters(), 1e-3), (torch.randn(512, 128), torch.randint(0, 10, (512,)))
+
+
 PROGRAMS = {
     "retain_graph_hooks": (retain_build, retain_step),
     "custom_ops_library": (custom_build, std_step(lambda m, d: m(d[0]).pow(2).mean())),
@@ -242,4 +332,7 @@ PROGRAMS = {
     "ensemble_vmap": (ens_build, ens_step),
     "embedding_max_norm_big": (maxnorm2_build, std_step(lambda m, d: m(d[0]).pow(2).mean())),
     "two_threads_conv": (threads_build, std_step(lambda m, d: F.cross_entropy(m(d[0]), torch.arange(16) % 10))),
+    "allow_mutation_on_saved": (mutation_build, mutation_step),
+    "multi_grad_hook_statistics": (multi_hook_build, multi_hook_step),
+    "batched_grad_jacobian_rows": (batched_grad_build, batched_grad_step),
 }
