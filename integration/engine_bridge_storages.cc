@@ -186,7 +186,9 @@ void EngineBridge::ReleaseIfDead(Entry& entry) {
   entry.released = true;
   ++stats_.released;
   if (!entry.pinned) {
-    engine_->Release(entry.root);  // evicts it now; it stays recomputable
+    // Evicts it now; it stays recomputable. Records still hold it (its bytes are still there): kept resident while
+    // an evicted storage's replay reads it, until the next pressure event.
+    engine_->Release(entry.root, /*keep_if_replays_read=*/entry.record_refs > 0);
     return;
   }
   const StorageIndex s = engine_->StorageOf(entry.root);

@@ -296,17 +296,23 @@ void Engine::AbortOp(OpId op_id) {
 
 void Engine::Retain(TensorId t) {
   impl_->tensors[t].ext_refs += 1;
-  impl_->storages[impl_->tensors[t].storage].ext_refs += 1;
+  Impl::Storage& st = impl_->storages[impl_->tensors[t].storage];
+  st.ext_refs += 1;
+  st.released_resident = false;  // referenced again: an ordinary resident storage (its list entry is skipped)
 }
 
-void Engine::Release(TensorId t) {
+void Engine::Release(TensorId t, bool keep_if_replays_read) {
   Impl& m = *impl_;
   StorageIndex s = m.tensors[t].storage;
   Impl::Storage& st = m.storages[s];
   if (m.tensors[t].ext_refs <= 0) return;  // already released: a second release is a no-op
   m.tensors[t].ext_refs -= 1;
   st.ext_refs -= 1;
-  if (st.ext_refs == 0 && st.material && !st.pinned && st.locks == 0) {
+  if (keep_if_replays_read && st.ext_refs == 0 && st.material && !st.pinned && st.locks == 0 &&
+      ReadByPendingReplay(s)) {
+    st.released_resident = true;
+    m.released_list.push_back(s);
+  } else if (st.ext_refs == 0 && st.material && !st.pinned && st.locks == 0) {
     (void)Evict(s);
     stats_.evictions -= 1;
     stats_.release_evictions += 1;
@@ -322,6 +328,38 @@ void Engine::Release(TensorId t) {
     DropPinnedBytes(s);
   }
   if (options_.free_dead && st.ext_refs == 0) FreeDead(s);
+}
+
+// Whether a storage computed from s directly was evicted while the program still refers to it: its replay would
+// read s. (Storages evicted at their release do not count: they may never be needed, and an unconstrained run, which
+// evicts nothing under pressure, must hold what eager eviction holds.)
+bool Engine::ReadByPendingReplay(StorageIndex s) const {
+  const Impl& m = *impl_;
+  for (const StorageIndex c : m.nb.Children(s)) {
+    const Impl::Storage& cs = m.storages[c];
+    if (c != s && cs.ext_refs > 0 && !cs.dead && !cs.pinned && !cs.material && !cs.paged) return true;
+  }
+  return false;
+}
+
+std::int64_t Engine::DropReleased() {
+  Impl& m = *impl_;
+  std::int64_t dropped = 0;
+  std::vector<StorageIndex> still_locked;
+  for (const StorageIndex s : m.released_list) {
+    Impl::Storage& st = m.storages[s];
+    if (!st.released_resident) continue;  // evicted, freed or referenced again since
+    if (st.locks > 0) {  // read by the running op or replay: dropped at a later event
+      still_locked.push_back(s);
+      continue;
+    }
+    dropped += st.size;
+    (void)Evict(s);
+    stats_.evictions -= 1;
+    stats_.release_evictions += 1;
+  }
+  m.released_list.swap(still_locked);
+  return dropped;
 }
 
 // A storage is dead when it has no external reference and every storage computed from it is dead or pinned (a
@@ -466,6 +504,7 @@ void Engine::MarkEvicted(StorageIndex s, bool held_memory) {
   Impl& m = *impl_;
   Impl::Storage& st = m.storages[s];
   m.SetMaterial(s, false);
+  st.released_resident = false;
   if (held_memory) stats_.used_bytes -= st.size;
   m.PoolRemove(s);
   for (TensorId t : st.tensors) m.tensors[t].defined = false;

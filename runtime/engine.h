@@ -279,9 +279,12 @@ class Engine final : public PressureHandler, private StorageView {
   absl::StatusOr<OpId> BeginOp(std::span<const TensorId> inputs, std::string_view name);
   absl::StatusOr<std::span<const TensorId>> EndOp(OpId op, std::span<const OutputSpec> outputs, std::int64_t cost);
   void AbortOp(OpId op);
-  // One more / one fewer external reference to a tensor. Releasing the last reference of a storage evicts it.
+  // One more / one fewer external reference to a tensor. Releasing the last reference of a storage evicts it (DTR's
+  // eager eviction), unless `keep_if_replays_read` and a storage the program still refers to but that was evicted is
+  // computed from it directly: then it stays resident, recomputable, until the next pressure event drops it first
+  // (PressureResolver, DropReleased), so that the replay that brings that storage back finds it if memory allows.
   void Retain(TensorId t);
-  void Release(TensorId t);
+  void Release(TensorId t, bool keep_if_replays_read = false);
   // Makes `t` resident (replaying what it needs); counts as replay cost.
   absl::Status Rematerialize(TensorId t);
   // Locks t's storage for good (outputs at the end of a replay).
@@ -447,6 +450,10 @@ class Engine final : public PressureHandler, private StorageView {
   absl::Status AddOutputs(OpId op, std::span<const OutputSpec> outputs);
   void AfterCompute();
   void FreeDead(StorageIndex s);
+  // Release's test for keeping a released storage resident, and the pressure step that drops every such storage
+  // not in use (returns the bytes dropped).
+  bool ReadByPendingReplay(StorageIndex s) const;
+  std::int64_t DropReleased();
   // Recycling (engine_recycle.cc).
   void FreeOp(OpId op, RecycledIds& out);
   void FreeStorage(StorageIndex s, RecycledIds& out);

@@ -51,6 +51,9 @@ struct Engine::Impl : GraphRecords {
   std::optional<Pager> pager;           // runtime/pager.h: the second tier, the link, prefetch
   std::optional<PressureResolver> pressure;  // runtime/pressure_resolver.h: making room, the deferred reserve
   std::vector<StorageIndex> deferred_list;  // deferred storages that would be in the pool
+  // Storages released with their memory kept (Storage::released_resident; stale entries are skipped): the first
+  // victims of the next pressure event.
+  std::vector<StorageIndex> released_list;
   // Per interned op name (GraphRecords::names): IsCostlyOp's answer, 0 not asked yet, 1 cheap, 2 costly. Asked once
   // per name rather than matched again on every op.
   std::vector<std::uint8_t> costly_by_name;

@@ -84,6 +84,11 @@ RecycledIds Engine::Recycle(absl::FunctionRef<bool(OpId)> held) {
       return !st.deferred || m.InPool(s) || !st.material;
     });
   }
+  // Released storages kept resident leave the list when evicted, freed or referenced again; without pressure their
+  // entries would pile up.
+  if (m.released_list.size() > kCompactFloor && m.released_list.size() > 2 * live_storages) {
+    std::erase_if(m.released_list, [&](StorageIndex s) { return !m.storages[s].released_resident; });
+  }
   stats_.recycled_ops += static_cast<std::int64_t>(out.ops.size());
   stats_.recycled_storages += static_cast<std::int64_t>(out.storages.size());
   return out;

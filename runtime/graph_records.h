@@ -60,6 +60,8 @@ struct GraphRecords {
     bool constant = false;  // no producer (Constant, AdoptConstant, in-place write of a constant)
     bool deferred = false;  // Defer, or small (last_resort_bytes): out of the pool (in deferred_list) until it runs dry
     bool fixed = false;     // Fix: its address is known outside the engine; never moved, paged out or evicted
+    // Released with its memory kept for a replay that reads it (Engine::Release): in released_list, dropped first.
+    bool released_resident = false;
     bool free = false;      // recycled (also dead): the slot waits for reuse
     std::int64_t ready_at = 0;  // paged in: when the copy ends
     std::uintptr_t address = 0;

@@ -46,6 +46,12 @@ absl::StatusOr<bool> PressureResolver::MakeRoomOnce(Arena& arena, std::size_t by
     }
   }
   std::int64_t start = NowNs();
+  // Storages released while a replay could read them were kept resident for as long as memory allowed: they go
+  // first, as eager eviction would have dropped them at release.
+  if (engine_.DropReleased() > 0) {
+    stats.search_ns += NowNs() - start;
+    return true;
+  }
   absl::Cleanup redefer = [this] { RedeferUnchosen(); };  // after the choice's victims are evicted
   // When the policy has nothing left: page a constant, or move memory; deferred storages (gradients) go last. Each
   // step answers whether it made room, or why it failed (a page-out that could not write, a failed move).
@@ -104,6 +110,7 @@ absl::Status PressureResolver::MakeRoomCounter(std::int64_t bytes, std::string_v
   EngineStats& stats = engine_.stats_;
   const EngineOptions& options = engine_.options_;
   while (stats.used_bytes + bytes > options.budget) {
+    if (engine_.DropReleased() > 0) continue;  // as in MakeRoomOnce: storages released but kept go first
     if (m.pool.empty()) {
       absl::StatusOr<bool> paged = m.pager->PageLruConstant();
       if (!paged.ok()) return paged.status();

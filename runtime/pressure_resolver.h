@@ -1,14 +1,16 @@
 // PressureResolver: makes room when an allocation does not fit (engine.h, "Semantics"; runtime/README.md, "One
 // allocation under pressure"). In the arena (MakeRoom, the arena's pressure handler), in order:
+//   0. drop the storages released while an evicted storage's replay reads them (Engine::Release kept them
+//      resident for as long as memory allowed; eager eviction would have dropped them at release);
 //   1. compact first, when the free bytes hold the request but no hole does and a run joins by moving at most
 //      EngineOptions::compact_first_limit times the request (not for window policies, not in a stitching arena);
 //   2. the policy's victim from the pool (a window of blocks for window policies), dropped or paged (Pager::Reclaim);
 //   3. when the pool has nothing: page the least recently used constant, relocate idle pinned blocks, compact a run
 //      (runtime/defragmenter.h);
 //   4. last, the deferred reserve (gradients, prefetched storages): released into the pool for one choice only.
-// Against the budget in counter mode (MakeRoomCounter): victims until the bytes fit, or ResourceExhausted naming
-// what is locked and constant. Each step answers whether it made room, or why it failed (a page-out that could not
-// write, a failed move): that error is returned as is, never kept aside.
+// Against the budget in counter mode (MakeRoomCounter): step 0, then victims until the bytes fit, or
+// ResourceExhausted naming what is locked and constant. Each step answers whether it made room, or why it failed
+// (a page-out that could not write, a failed move): that error is returned as is, never kept aside.
 //
 // It owns the request it last gave up on (HoleForRetry), whether this allocation's pressure was sampled for the
 // fragmentation figure, and the deferred storages released for one choice. Victim choice, the records, the pager

@@ -522,6 +522,37 @@ def test_records_nothing_can_need_are_pruned_and_results_stay_identical():
     assert stats["pruned_records"] > 0 and stats["pruned_entries"] > 0, stats
 
 
+def test_a_released_value_a_replay_reads_stays_while_memory_allows():
+    """A three-layer MLP with SGD momentum at 0.8 of its peak (RequiredBytes 0.64): a gradient the backward had to
+    evict is brought back by replaying one op from the value it was computed from, which autograd has let go of by
+    then. That value stays resident until memory is needed (the engine drops such values first under pressure);
+    dropped at its release, as before, the replay went back through the whole backward to the loss and ran out."""
+    def build():
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.GELU(), torch.nn.Linear(256, 256),
+                                    torch.nn.Tanh(), torch.nn.Linear(256, 8))
+        return model, torch.optim.SGD(model.parameters(), 0.01, momentum=0.9, nesterov=True), torch.randn(512, 64)
+
+    def run(budget=None):
+        model, opt, x = build()
+        losses = []
+        with remat.enable(budget, costs="estimated") if budget else contextlib.nullcontext():
+            for _ in range(3):
+                opt.zero_grad()
+                loss = model(x).pow(2).mean()
+                loss.backward()
+                opt.step()
+                losses.append(loss.detach().clone())
+        return oracle.capture(model, opt, losses), remat.stats() if budget else None
+
+    reference, _ = run()
+    peak = run(HUGE)[1]["peak_allocated_bytes"]
+    for fraction in (0.8, 0.7):
+        got, stats = run(int(peak * fraction))
+        oracle.assert_identical(reference, got, f"MLP with SGD momentum at {fraction}")
+        assert stats["evictions"] > 0, stats
+
+
 def test_a_long_run_keeps_a_bounded_number_of_records():
     """Records and storages the bridge keeps do not grow with the number of steps: gradients the optimizer pinned
     die once set to None (zero_grad), and with them the records that produced them (one per gradient and step

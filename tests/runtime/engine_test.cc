@@ -273,6 +273,43 @@ TEST(EngineTest, ReleasedStorageIsEvictedAtOnceButStaysRecomputable) {
   EXPECT_TRUE(f.engine->Resident(f.engine->StorageOf(a)));
 }
 
+// A released storage that the replay of an evicted, still referenced storage reads stays resident (the replay
+// finds it) until the next pressure event, which drops it before the policy chooses; one nothing evicted reads is
+// dropped at once, as before (so a run that never evicts under pressure holds what eager eviction holds).
+TEST(EngineTest, AReleasedStorageAnEvictedOnesReplayReadsStaysUntilPressure) {
+  Fixture f("lru", 1000);
+  TensorId a = f.Const("a", 10);
+  TensorId b = f.Op("b", {a}, 100, 5);
+  TensorId c = f.Op("c", {b}, 100, 5);
+  TensorId d = f.Op("d", {a}, 100, 5);
+  TensorId e = f.Op("e", {d}, 100, 5);
+  ASSERT_TRUE(f.engine->Evict(f.engine->StorageOf(c)).ok());  // c is still referenced: its replay reads b
+  f.engine->Release(b, /*keep_if_replays_read=*/true);
+  f.engine->Release(d, /*keep_if_replays_read=*/true);  // e is resident: nothing evicted reads d
+  EXPECT_TRUE(f.engine->Resident(f.engine->StorageOf(b)));
+  EXPECT_FALSE(f.engine->Resident(f.engine->StorageOf(d)));
+  EXPECT_EQ(f.engine->stats().release_evictions, 1);
+  f.executor.events.clear();
+  ASSERT_TRUE(f.engine->Rematerialize(c).ok());
+  EXPECT_THAT(f.executor.events, ElementsAre("replay c"));  // b was there
+  // 410 bytes in use (a, b, c, e); 700 more do not fit: b goes first, then the policy's victims.
+  f.executor.events.clear();
+  f.Op("big", {a}, 700, 5);
+  ASSERT_FALSE(f.executor.events.empty());
+  EXPECT_EQ(f.executor.events[0], "evict b");
+  EXPECT_EQ(f.engine->stats().release_evictions, 2);
+  EXPECT_FALSE(f.engine->Resident(f.engine->StorageOf(b)));
+  // Still recomputable (the policy makes room for the replay as it needs).
+  if (f.engine->Resident(f.engine->StorageOf(c))) {
+    ASSERT_TRUE(f.engine->Evict(f.engine->StorageOf(c)).ok());
+  }
+  f.executor.events.clear();
+  ASSERT_TRUE(f.engine->Rematerialize(c).ok());
+  std::erase_if(f.executor.events, [](const std::string& event) { return event.starts_with("evict"); });
+  EXPECT_THAT(f.executor.events, ElementsAre("replay b", "replay c"));
+  (void)e;
+}
+
 // The report's constant bytes are those of the constants alive: a result pinned for good and then written in place
 // (a gradient the optimizer updates) adds its new value only, and a released constant whose bytes go leaves them.
 TEST(EngineTest, TheReportCountsTheConstantsAliveOnly) {
