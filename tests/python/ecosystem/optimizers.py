@@ -1,5 +1,7 @@
-"""Every torch.optim optimizer, zero_grad(set_to_none=False) with accumulation, float64, Hessian-vector products, a
-learning rate held in a tensor that a schedule writes in place."""
+"""Every torch.optim optimizer (the for-loop, fused and foreach implementations: foreach updates every parameter
+in one op, which CPU tensors take only when asked), zero_grad(set_to_none=False) with accumulation, float64,
+Hessian-vector products, a learning rate held in a tensor that a schedule writes in place, foreach gradient clipping
+under a one-cycle schedule."""
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -20,6 +22,14 @@ OPTS = {
     "adafactor": lambda p: torch.optim.Adafactor(p, 1e-2),
     "rmsprop_centered_momentum": lambda p: torch.optim.RMSprop(p, 1e-3, centered=True, momentum=0.9),
     "sgd_fused": lambda p: torch.optim.SGD(p, 0.01, momentum=0.9, fused=True),
+    "sgd_foreach": lambda p: torch.optim.SGD(p, 0.01, momentum=0.9, dampening=0.1, foreach=True),
+    "adam_foreach": lambda p: torch.optim.Adam(p, 1e-3, foreach=True),
+    "adamw_foreach_amsgrad_maximize": lambda p: torch.optim.AdamW(p, 1e-3, amsgrad=True, maximize=True, foreach=True),
+    "nadam_foreach_decoupled": lambda p: torch.optim.NAdam(p, 1e-3, weight_decay=0.01, decoupled_weight_decay=True,
+                                                           foreach=True),
+    "rmsprop_foreach": lambda p: torch.optim.RMSprop(p, 1e-3, momentum=0.5, foreach=True),
+    "adagrad_foreach": lambda p: torch.optim.Adagrad(p, 0.01, lr_decay=1e-3, foreach=True),
+    "sgd_differentiable": lambda p: torch.optim.SGD(p, 0.01, momentum=0.9, differentiable=True),
 }
 
 
@@ -73,3 +83,26 @@ def tensor_lr_step(model, opt, data, i):
 PROGRAMS["adam_tensor_lr"] = (opt_case(lambda p: torch.optim.Adam(p, torch.tensor(1e-3), foreach=False)),
                               tensor_lr_step)
 PROGRAMS["hvp"] = (opt_case(lambda p: torch.optim.SGD(p, 0.01)), hvp_step)
+
+
+def clip_schedule_build():
+    m = mlp()
+    opt = torch.optim.AdamW(m.parameters(), 1e-3, foreach=True)
+    schedule = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=1e-2, total_steps=10)
+    return m, opt, (torch.randn(512, 64), schedule)
+
+
+def clip_schedule_step(model, opt, data, i):
+    """foreach gradient-norm clipping (one op reads every gradient, one scales them all in place), then a one-cycle
+    schedule (data[1]) that changes the learning rate and the betas between steps."""
+    schedule = data[1]
+    opt.zero_grad()
+    loss = model(data[0]).pow(2).mean()
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 0.05, foreach=True)
+    opt.step()
+    schedule.step()
+    return loss
+
+
+PROGRAMS["clip_foreach_one_cycle"] = (clip_schedule_build, clip_schedule_step)
