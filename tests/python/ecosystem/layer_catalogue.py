@@ -74,7 +74,7 @@ class WeightedBags(nn.Module):
         super().__init__()
         self.bag = nn.EmbeddingBag(vocab, d, mode="sum")
         self.gate = nn.Linear(d, d)
-        self.head = nn.Sequential(nn.Linear(2 * d, 256), nn.ReLU(), nn.Linear(256, 10))
+        self.head = nn.Sequential(nn.Linear(2 * d, 512), nn.ReLU(), nn.Linear(512, 512), nn.ReLU(), nn.Linear(512, 10))
 
     def forward(self, ids, offsets, weights):
         h = self.bag(ids, offsets, per_sample_weights=weights)
@@ -85,11 +85,11 @@ class WeightedBags(nn.Module):
 
 def bags_build():
     m = WeightedBags()
-    lengths = torch.randint(1, 20, (256,))
+    lengths = torch.randint(1, 20, (2048,))
     offsets = torch.cat([torch.zeros(1, dtype=torch.long), lengths.cumsum(0)[:-1]])
     ids = torch.randint(0, 5000, (int(lengths.sum()),))
     weights = torch.rand(ids.shape[0])
-    return m, torch.optim.Adam(m.parameters(), 1e-3), (ids, offsets, weights, torch.randint(0, 10, (256,)))
+    return m, torch.optim.Adam(m.parameters(), 1e-3), (ids, offsets, weights, torch.randint(0, 10, (2048,)))
 
 
 # 4. attention written by hand with einsum, baddbmm (a learned bias added to the scores) and bmm, behind a forward

@@ -29,7 +29,6 @@ OPTS = {
                                                            foreach=True),
     "rmsprop_foreach": lambda p: torch.optim.RMSprop(p, 1e-3, momentum=0.5, foreach=True),
     "adagrad_foreach": lambda p: torch.optim.Adagrad(p, 0.01, lr_decay=1e-3, foreach=True),
-    "sgd_differentiable": lambda p: torch.optim.SGD(p, 0.01, momentum=0.9, differentiable=True),
 }
 
 
