@@ -261,7 +261,10 @@ absl::Status Drive(const Trace& trace, Engine& engine, const DriveOptions& drive
         break;
       }
       case TraceOpKind::kRelease: {
-        if (bound[op.args[0]] >= 0) engine.Release(static_cast<TensorId>(bound[op.args[0]]));
+        // As the PyTorch path releases a storage its records hold (EngineBridge::ReleaseIfDead).
+        if (bound[op.args[0]] >= 0) {
+          engine.Release(static_cast<TensorId>(bound[op.args[0]]), /*keep_if_replays_read=*/drive.product);
+        }
         break;
       }
       case TraceOpKind::kCall: {
