@@ -28,7 +28,8 @@
 // hold", not counting its Python object's while torch alone keeps that object alive (HeldBeyond). BeforeOp checks
 // every live storage records hold (O(such storages) per op), the others before the engine chooses victims
 // (EngineBridge::Sweep), and Releases the dead in the engine: an evictable storage is evicted at once (still
-// recomputable); a constant's memory is freed.
+// recomputable), unless an evicted storage the program still refers to is computed from it: then its bytes stay
+// until the next pressure event drops them first (Engine::Release); a constant's memory is freed.
 //
 // Writes to constants (optimizer steps, zero_ of a gradient, fills of an aten::empty result): a replay after the
 // write would read the new value. So before such a write every live storage whose replay could read the old value
