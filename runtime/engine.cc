@@ -348,13 +348,14 @@ std::int64_t Engine::DropReleased() {
   std::vector<StorageIndex> still_locked;
   for (const StorageIndex s : m.released_list) {
     Impl::Storage& st = m.storages[s];
-    if (!st.released_resident) continue;  // evicted, freed or referenced again since
+    // Evicted, freed, paged out, pinned or referenced again since: no longer this list's.
+    if (!st.released_resident || !st.material || st.pinned) continue;
     if (st.locks > 0) {  // read by the running op or replay: dropped at a later event
       still_locked.push_back(s);
       continue;
     }
+    if (!Evict(s).ok()) continue;
     dropped += st.size;
-    (void)Evict(s);
     stats_.evictions -= 1;
     stats_.release_evictions += 1;
   }
@@ -452,6 +453,7 @@ void Engine::Pin(TensorId t) {
   if (m.storages[s].pinned) return;
   m.Lock(s);
   m.storages[s].pinned = true;
+  m.storages[s].released_resident = false;  // never dropped now (its list entry is skipped)
   m.settled.push_back(s);
   if (options_.free_dead) newly_pinned_.push_back(s);
 }
