@@ -231,6 +231,13 @@ bool DeviceRouter::RetryAfterOutOfMemory(OpRecord& record) {
   return engines_[static_cast<std::size_t>(op.route.destination)].bridge->RetryAfterOutOfMemory(record);
 }
 
+bool DeviceRouter::RetryCompositeAfterOutOfMemory() {
+  for (const DeviceEngine& engine : engines_) {
+    if (engine.bridge->RetryCompositeAfterOutOfMemory()) return true;
+  }
+  return next_ != nullptr && next_->RetryCompositeAfterOutOfMemory();
+}
+
 void DeviceRouter::BeginComposite(std::span<c10::StorageImpl* const> read_raw,
                                   std::span<c10::StorageImpl* const> passed_on, CompositeHold& hold) {
   try {

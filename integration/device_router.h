@@ -80,6 +80,8 @@ class DeviceRouter final : public OpObserver, public HeldReferenceCounter {
   void AfterOp(OpRecord&& record) override;
   void OpFailed(OpRecord& record) noexcept override;
   bool RetryAfterOutOfMemory(OpRecord& record) override;
+  // Asks each engine: only the one whose allocation failed has a request to make a hole for.
+  bool RetryCompositeAfterOutOfMemory() override;
   // Each engine holds the storages on its device (EngineOf), in ascending device order; the others are no engine's.
   void BeginComposite(std::span<c10::StorageImpl* const> read_raw, std::span<c10::StorageImpl* const> passed_on,
                       CompositeHold& hold) override;

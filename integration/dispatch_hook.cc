@@ -37,6 +37,7 @@
 #include "absl/strings/str_join.h"
 #include "integration/device_generator.h"
 #include "integration/hidden_copies.h"
+#include "integration/composite_attempt.h"
 #include "integration/memory_events.h"
 #include "integration/op_capture.h"
 #include "integration/op_effects.h"
@@ -336,33 +337,55 @@ void WatchNestedCall(OpRecord& record, const c10::OperatorHandle& op, c10::Dispa
 
 // A composite op (DecomposesAt): its nested ops are recorded; the arguments its kernel may read through raw pointers
 // are brought back, and its resident arguments stay resident and in place while it runs (dispatch_hook.h, "What the
-// fallback does").
+// fallback does"). When one of its ops runs out of memory, its held arguments may be what splits the free memory: a
+// composite that can run again (composite_attempt.h) does so, after the observer moved them out of the way.
 void RunComposite(const c10::OperatorHandle& op, const OpTraits& traits, c10::DispatchKeySet below,
                   torch::jit::Stack* stack) {
   if (c10::autocast_dispatch_keyset.has(below.highestPriorityTypeId())) {  // casts and calls again: reads nothing
     PassThrough(op, below, stack);
     return;
   }
-  const CompositeArgumentStorages storages = CompositeArguments(*stack, op.schema().arguments().size());
+  const std::size_t num_arguments = op.schema().arguments().size();
+  const CompositeArgumentStorages storages = CompositeArguments(*stack, num_arguments);
   ObserverCall call;
   OpObserver* observer = storages.empty() ? nullptr : g_observer.load(std::memory_order_seq_cst);
   if (observer == nullptr) {
     PassThrough(op, below, stack);
     return;
   }
-  CompositeHold hold;
-  {
-    // What bringing the arguments back replays is the composite's doing, on remat.trace's timeline.
-    const MemoryEventScope history(traits.name, /*op=*/true);
-    observer->BeginComposite(storages.read_raw, storages.passed_on, hold);
-  }
-  try {
-    PassThrough(op, below, stack);
-  } catch (...) {
+  const bool repeatable =
+      traits.written_arguments.empty() && !traits.random && traits.replayable && !storages.python_arguments;
+  const std::size_t base = stack->size() - num_arguments;
+  absl::InlinedVector<c10::IValue, 8> retry_arguments;
+  if (repeatable) retry_arguments.assign(stack->begin() + base, stack->end());
+  for (int retries = 0;; ++retries) {
+    CompositeHold hold;
+    {
+      // What bringing the arguments back replays is the composite's doing, on remat.trace's timeline.
+      const MemoryEventScope history(traits.name, /*op=*/true);
+      observer->BeginComposite(storages.read_raw, storages.passed_on, hold);
+    }
+    CompositeAttempt attempt(storages, repeatable);
+    try {
+      PassThrough(op, below, stack);
+    } catch (const std::exception& error) {
+      observer->EndComposite(hold);
+      // Out of memory in whatever type it arrives (a composite kernel written in Python raises torch's Python
+      // error). An exception making the hole throws (a failed move) propagates instead of the out-of-memory error.
+      if (!IsOutOfMemory(error) || !attempt.repeatable() || retries >= kMaxOutOfMemoryRetries ||
+          !observer->RetryCompositeAfterOutOfMemory()) {
+        throw;
+      }
+      stack->resize(base);
+      stack->insert(stack->end(), retry_arguments.begin(), retry_arguments.end());
+      continue;
+    } catch (...) {
+      observer->EndComposite(hold);
+      throw;
+    }
     observer->EndComposite(hold);
-    throw;
+    return;
   }
-  observer->EndComposite(hold);
 }
 
 void Fallback(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch::jit::Stack* stack) {
@@ -416,6 +439,7 @@ void RecordOp(const c10::OperatorHandle& op, const OpTraits& traits, c10::Dispat
   }
   CaptureAutocast(record);
   record.in_backward = torch::autograd::get_current_graph_task_id() != -1;
+  if (CompositeAttempt::Active()) CompositeAttempt::NoteRecordedOp(record, recording == Recording::kUnderPythonMode);
   observer->BeforeOp(record);
   // An op that writes none of its arguments, draws no random numbers and has no other side effect can run again
   // after running out of memory, with the same result: keep its arguments.

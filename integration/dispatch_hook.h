@@ -280,6 +280,11 @@ class OpObserver {
   virtual void BeginComposite(std::span<c10::StorageImpl* const> read_raw,
                               std::span<c10::StorageImpl* const> passed_on, CompositeHold& hold) {}
   virtual void EndComposite(CompositeHold& hold) noexcept {}
+  // A composite op ran out of memory and can run again from the start (composite_attempt.h): its kernel has
+  // unwound and EndComposite released its arguments. Return true to have it run again (the observer has made room
+  // that was not there: the hole the last failed allocation asked for), false to let the error propagate. Asked at
+  // most kMaxOutOfMemoryRetries times per call; an exception it throws propagates instead of the error.
+  virtual bool RetryCompositeAfterOutOfMemory() { return false; }
 };
 
 inline constexpr int kMaxOutOfMemoryRetries = 4;

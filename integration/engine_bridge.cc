@@ -13,6 +13,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "integration/composite_attempt.h"
 #include "integration/engine_bridge_internal.h"
 #include "integration/op_cost.h"
 #include "integration/op_effects.h"
@@ -245,6 +246,7 @@ void EngineBridge::AfterOp(OpRecord&& record) {
   out_tensors.assign(outs->begin(), outs->end());
   if (plan_ != nullptr) NotePlannedOp(traits.name, specs, out_tensors);
   const bool replayable = Replayable(record);
+  if (current_.GeneratorMoved()) CompositeAttempt::NoteGeneratorMoved();  // a composite around it cannot run again
   // What the kept record will say (ReplayOp), gathered in vectors kept between ops: the ReplayOp is made only for
   // a record that is kept, with the record moved into it once.
   current_.plan.output_storage.assign(record.outputs.size(), kNoIndex);
@@ -401,6 +403,16 @@ bool EngineBridge::RetryAfterOutOfMemory(OpRecord& record) {
   lock_.BeginLend();
   if (!retry.ok()) Throw(retry.status());  // a failed move, not the out-of-memory it was for (the hook cleans up)
   if (*retry) ++stats_.retried_ops;
+  return *retry;
+}
+
+bool EngineBridge::RetryCompositeAfterOutOfMemory() {
+  std::lock_guard<EngineLock> lock(lock_);
+  const EngineLock::LendPause pause(lock_);  // a composite run from a Python mode's handler inside an op's kernel
+  if (retired_.load(std::memory_order_acquire)) return false;
+  const absl::StatusOr<bool> retry = engine_->MakeHoleForRetry();
+  if (!retry.ok()) Throw(retry.status());  // a failed move, not the out-of-memory it was for
+  if (*retry) ++stats_.retried_composites;
   return *retry;
 }
 

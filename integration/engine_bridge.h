@@ -80,7 +80,9 @@
 // Out of memory inside an op's kernel: the hook asks RetryAfterOutOfMemory (ops that write none of their arguments).
 // The arena is compacted with the op's inputs movable, since no kernel uses them until the retry: the inputs of a
 // running kernel cannot move, so where they happen to sit can leave free bytes but no hole, and only a retry gets
-// them out of the way.
+// them out of the way. The arguments a composite op around that kernel holds in place are barriers too: when they
+// block the hole, the composite runs again from the start once it has unwound (RetryCompositeAfterOutOfMemory; the
+// hook decides whether it may, composite_attempt.h).
 //
 // Compiled graphs (opaque_call.h; remat/_compile.py): a call of a torch.compile'd graph is one op,
 // remat::compiled_graph, whose inputs are locked for the call and whose inner ops are not seen. What the engine can
@@ -174,6 +176,7 @@ struct BridgeStats {
   std::int64_t kept_records = 0;         // records kept now (as of the last prune, plus the ops since)
   std::int64_t tracked_storages = 0;     // storages the bridge knows now
   std::int64_t retried_ops = 0;          // kernels run again after running out of memory (RetryAfterOutOfMemory)
+  std::int64_t retried_composites = 0;   // composite ops run again after running out (RetryCompositeAfterOutOfMemory)
   std::int64_t borrowed_room = 0;        // MakeRoom calls of other threads while an op's kernel ran (intra-op workers, other threads)
   std::int64_t deferred_outputs = 0;     // outputs of backward-pass ops, deferred (Engine::Defer)
   std::int64_t pinned_state = 0;         // storages pinned by PinState (optimizer state)
@@ -199,6 +202,8 @@ class EngineBridge final : public OpObserver, public PressureHandler, public Hel
   // Compacts the arena with the op's inputs movable (Engine::MakeHoleForRetry); true when the request that failed
   // fits now.
   bool RetryAfterOutOfMemory(OpRecord& record) override;
+  // The same for a composite op whose kernel unwound (its arguments released by EndComposite, so they may move).
+  bool RetryCompositeAfterOutOfMemory() override;
   // A composite op's arguments (dispatch_hook.h): each becomes an entry if it was not one (a constant); one of
   // `read_raw` is brought back if evicted or paged, one of `passed_on` only if resident, and either is then held
   // (Engine::Hold: resident and in place) until EndComposite. Storages of released entries are left alone (nothing

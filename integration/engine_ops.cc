@@ -124,6 +124,7 @@ void PutEngineStats(const BridgeStats* s, Put&& put) {
   put("compactions", s->engine.compactions);
   put("compacted_bytes", s->engine.compacted_bytes);
   put("retried_ops", s->retried_ops);
+  put("retried_composites", s->retried_composites);
   put("borrowed_room", s->borrowed_room);
   put("retried_replays", s->executor.retried_replays);
   put("deferred_outputs", s->deferred_outputs);

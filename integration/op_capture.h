@@ -61,6 +61,7 @@ void ForEachStorageRead(const at::Tensor& tensor, absl::FunctionRef<void(c10::St
 struct CompositeArgumentStorages {
   absl::InlinedVector<c10::StorageImpl*, 4> read_raw;
   absl::InlinedVector<c10::StorageImpl*, 4> passed_on;
+  bool python_arguments = false;  // a tensor argument of a Python subclass: its storages are not listed
   bool empty() const { return read_raw.empty() && passed_on.empty(); }
 };
 CompositeArgumentStorages CompositeArguments(const torch::jit::Stack& stack, std::size_t num_arguments);

@@ -45,7 +45,11 @@ CompositeArgumentStorages CompositeArguments(const torch::jit::Stack& stack, std
     return std::find(list.begin(), list.end(), impl) != list.end();
   };
   auto add = [&](const at::Tensor& tensor) {
-    if (!tensor.defined() || tensor.key_set().has(c10::DispatchKey::Python)) return;
+    if (!tensor.defined()) return;
+    if (tensor.key_set().has(c10::DispatchKey::Python)) {
+      storages.python_arguments = true;
+      return;
+    }
     const bool values_only = tensor.layout() == c10::kStrided &&
                              (c10::isFloatingType(tensor.scalar_type()) || c10::isComplexType(tensor.scalar_type()));
     ForEachStorageRead(tensor, [&](c10::StorageImpl* impl) {

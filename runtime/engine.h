@@ -324,7 +324,9 @@ class Engine final : public PressureHandler, private StorageView {
   // again: compacts the arena as MakeRoom's last resort does, but with the failed kernel's inputs movable too
   // (nothing uses them until the retry): all free bytes into one hole when no barrier splits them (the kernel may
   // need more than the request it failed on), else enough for that request. Returns whether the request MakeRoom
-  // gave up on fits in one hole now (and false when there is nothing to retry for).
+  // gave up on fits in one hole now (and false when there is nothing to retry for). When it does not, the request
+  // stays for one more call: a composite op around the kernel, whose held arguments were barriers, asks again once
+  // its kernel has unwound too (dispatch_hook.h, RetryCompositeAfterOutOfMemory).
   absl::StatusOr<bool> MakeHoleForRetry();
 
   // Introspection (tests, executors, integration).

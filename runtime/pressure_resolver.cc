@@ -24,10 +24,11 @@ absl::StatusOr<bool> PressureResolver::MakeRoom(Arena& arena, std::size_t bytes)
 absl::StatusOr<bool> PressureResolver::MakeHoleForRetry() {
   Arena* arena = engine_.options_.arena;
   if (arena == nullptr || failed_request_ == 0) return false;
-  const std::size_t bytes = failed_request_;
-  failed_request_ = 0;
-  // The kernel runs again from the start: its inputs may move.
-  return engine_.impl_->defrag->HoleForRetry(*engine_.executor_, *arena, bytes);
+  // The kernel runs again from the start: its inputs may move. When no hole can be made (a barrier: an argument
+  // of a composite op around the kernel), the request stays for the composite's own retry, which frees it.
+  absl::StatusOr<bool> made = engine_.impl_->defrag->HoleForRetry(*engine_.executor_, *arena, failed_request_);
+  if (!made.ok() || *made) failed_request_ = 0;
+  return made;
 }
 
 absl::StatusOr<bool> PressureResolver::MakeRoomOnce(Arena& arena, std::size_t bytes) {

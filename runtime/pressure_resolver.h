@@ -39,7 +39,9 @@ class PressureResolver {
   // Counter mode: reclaims until `bytes` more fit in the budget; `what` names the op for the error.
   absl::Status MakeRoomCounter(std::int64_t bytes, std::string_view what);
   // After a kernel ran out: compacts with the op's inputs movable (Defragmenter::HoleForRetry) for the request
-  // MakeRoom last gave up on; false when there is none.
+  // MakeRoom last gave up on; false when there is none. The request is forgotten once a hole is made (or the
+  // compaction failed), or at the next MakeRoom; a caller further out (a composite op around the kernel) may ask
+  // again after releasing what blocked it.
   absl::StatusOr<bool> MakeHoleForRetry();
   // A new allocation starts: the next pressure event samples the arena's free bytes (fragmentation).
   void NoteAllocation() { pressure_sampled_ = false; }

@@ -212,8 +212,8 @@ def stats() -> Dict[str, Union[int, float]]:
     random_ops_recorded, op_time_ns (hook); evictions, rematerializations, replayed_time_ns (first-run time of the
     replayed ops), replay_wall_ns, search_ns (the engine's victim search, replacing the arena's), fragmentation
     (mean free/budget at allocations that needed eviction), relocations, relocated_bytes, compactions,
-    compacted_bytes (memory moved to make holes), retried_ops and retried_replays (kernels run again after running
-    out of memory; failed_allocations counts those failures too), deferred_outputs (outputs of backward-pass ops,
+    compacted_bytes (memory moved to make holes), retried_ops, retried_composites and retried_replays (kernels,
+    composite ops and replays run again after running out of memory; failed_allocations counts those failures too), deferred_outputs (outputs of backward-pass ops,
     kept out of the eviction pool), deferred_releases (victims chosen among them because the pool ran dry),
     pinned_state (optimizer state pinned after a step), adopted_copies and constant_copies (the copies autograd saves
     of values in-place ops overwrite, taken over as those old values, evictable, or as constants when a copy does
