@@ -226,6 +226,35 @@ TEST(RelocateTest, AFailedKernelsInputsMoveForItsRetry) {
   EXPECT_FALSE(*e.engine->MakeHoleForRetry());  // the request it was for is served
 }
 
+// The same kernel inside a composite op that holds x (Engine::Hold): x cannot move for the kernel's retry either,
+// so MakeHoleForRetry makes no hole and keeps the request; once the composite has unwound and let x go, asking again
+// makes the hole the failed allocation needed (the composite runs again: dispatch_hook.h,
+// RetryCompositeAfterOutOfMemory).
+TEST(RelocateTest, AHeldInputKeepsTheRequestForTheRetryOfWhatHoldsIt) {
+  Empty e;
+  const TensorId c0 = *e.engine->Constant(64);
+  const std::vector<TensorId> from_c0 = {c0};
+  const std::vector<OutputSpec> spec64 = {{64, -1}}, spec832 = {{832, -1}};
+  const TensorId a = (*e.engine->Call(from_c0, spec64, 10, "a"))[0];
+  const TensorId x = (*e.engine->Call(from_c0, spec64, 10, "x"))[0];
+  const TensorId b = (*e.engine->Call(from_c0, spec832, 10, "b"))[0];
+  e.engine->Release(a);
+  e.engine->Release(b);
+  ASSERT_TRUE(e.engine->Hold(x).ok());
+  const std::vector<TensorId> from_x = {x};
+  absl::StatusOr<OpId> op = e.engine->BeginOp(from_x, "kernel");
+  ASSERT_TRUE(op.ok()) << op.status();
+  ASSERT_FALSE(e.arena->Allocate(896, OwnerId{0}).ok());
+  e.engine->AbortOp(*op);
+  EXPECT_FALSE(*e.engine->MakeHoleForRetry());  // x is held: no hole
+  EXPECT_EQ(e.AddressOf(x), e.base + 128);
+  e.engine->Unhold(x);
+  ASSERT_TRUE(*e.engine->MakeHoleForRetry());  // the same request, asked again
+  EXPECT_EQ(e.AddressOf(x), e.base + 64);
+  EXPECT_TRUE(e.arena->Allocate(896, OwnerId{0}).ok());
+  EXPECT_FALSE(*e.engine->MakeHoleForRetry());  // served
+}
+
 // Held storages (Engine::Hold: a composite kernel reads them through raw pointers) stay where they are: with c1, c2
 // and c3 held, no window of Fragmented's layout holds 384 bytes without moving one, and compaction may not slide
 // them either. Once let go, the same request moves one.
