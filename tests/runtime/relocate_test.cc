@@ -195,20 +195,28 @@ TEST(RelocateTest, CompactionSlidesWhatNoHoleCanTake) {
   EXPECT_EQ(e.AddressOf(c2), e.base + 576);  // outside the run: not moved
 }
 
+// A 64-byte constant, then x (64 bytes) with free holes of 64 and 832 bytes on either side.
+struct InputBetweenHoles : Empty {
+  InputBetweenHoles() {
+    const TensorId c0 = *engine->Constant(64);
+    const std::vector<TensorId> from_c0 = {c0};
+    const std::vector<OutputSpec> spec64 = {{64, -1}}, spec832 = {{832, -1}};
+    const TensorId a = (*engine->Call(from_c0, spec64, 10, "a"))[0];
+    x = (*engine->Call(from_c0, spec64, 10, "x"))[0];
+    const TensorId b = (*engine->Call(from_c0, spec832, 10, "b"))[0];
+    engine->Release(a);
+    engine->Release(b);
+    EXPECT_EQ(AddressOf(x), base + 128);
+  }
+  TensorId x = 0;
+};
+
 // The caller's own kernel (between BeginOp and EndOp) needs 128 bytes while its input splits the free bytes: no
 // storage may move while the kernel uses the input, so MakeRoom gives up; once the kernel has failed, the input
 // may move and MakeHoleForRetry makes the hole.
 TEST(RelocateTest, AFailedKernelsInputsMoveForItsRetry) {
-  Empty e;
-  const TensorId c0 = *e.engine->Constant(64);
-  const std::vector<TensorId> from_c0 = {c0};
-  const std::vector<OutputSpec> spec64 = {{64, -1}}, spec832 = {{832, -1}};
-  const TensorId a = (*e.engine->Call(from_c0, spec64, 10, "a"))[0];
-  const TensorId x = (*e.engine->Call(from_c0, spec64, 10, "x"))[0];
-  const TensorId b = (*e.engine->Call(from_c0, spec832, 10, "b"))[0];
-  e.engine->Release(a);
-  e.engine->Release(b);
-  ASSERT_EQ(e.AddressOf(x), e.base + 128);  // holes of 64 and 832 bytes on either side
+  InputBetweenHoles e;
+  const TensorId x = e.x;
   EXPECT_FALSE(*e.engine->MakeHoleForRetry());  // nothing has failed yet
   const std::vector<TensorId> from_x = {x};
   absl::StatusOr<OpId> op = e.engine->BeginOp(from_x, "kernel");
@@ -231,15 +239,8 @@ TEST(RelocateTest, AFailedKernelsInputsMoveForItsRetry) {
 // makes the hole the failed allocation needed (the composite runs again: dispatch_hook.h,
 // RetryCompositeAfterOutOfMemory).
 TEST(RelocateTest, AHeldInputKeepsTheRequestForTheRetryOfWhatHoldsIt) {
-  Empty e;
-  const TensorId c0 = *e.engine->Constant(64);
-  const std::vector<TensorId> from_c0 = {c0};
-  const std::vector<OutputSpec> spec64 = {{64, -1}}, spec832 = {{832, -1}};
-  const TensorId a = (*e.engine->Call(from_c0, spec64, 10, "a"))[0];
-  const TensorId x = (*e.engine->Call(from_c0, spec64, 10, "x"))[0];
-  const TensorId b = (*e.engine->Call(from_c0, spec832, 10, "b"))[0];
-  e.engine->Release(a);
-  e.engine->Release(b);
+  InputBetweenHoles e;
+  const TensorId x = e.x;
   ASSERT_TRUE(e.engine->Hold(x).ok());
   const std::vector<TensorId> from_x = {x};
   absl::StatusOr<OpId> op = e.engine->BeginOp(from_x, "kernel");
