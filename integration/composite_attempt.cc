@@ -20,8 +20,6 @@ CompositeAttempt::~CompositeAttempt() {
   if (!repeatable_ && enclosing_ != nullptr) enclosing_->repeatable_ = false;
 }
 
-bool CompositeAttempt::Active() { return t_attempt != nullptr; }
-
 bool CompositeAttempt::Owns(const c10::StorageImpl* storage) const {
   auto in = [storage](const auto& list) { return std::find(list.begin(), list.end(), storage) != list.end(); };
   return in(arguments_.read_raw) || in(arguments_.passed_on);

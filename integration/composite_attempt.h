@@ -13,8 +13,7 @@
 //
 // Contract: one CompositeAttempt per composite call, on the thread that runs it, constructed after its arguments
 // are held and destroyed after EndComposite; attempts nest (the innermost is the thread's current). RecordOp calls
-// NoteRecordedOp for every op it records while an attempt is current. Not thread safe across threads: each thread
-// has its own chain.
+// NoteRecordedOp for every op it records. Each thread has its own chain of attempts.
 #pragma once
 
 #include "integration/dispatch_hook.h"
@@ -35,9 +34,8 @@ class CompositeAttempt {
 
   bool repeatable() const { return repeatable_; }
 
-  // Whether an attempt is current on this thread (the check on every recorded op: a thread-local read).
-  static bool Active();
-  // An op recorded on this thread while an attempt is current, before its kernel runs.
+  // Every op recorded on this thread, before its kernel runs: nothing unless an attempt is current (on every
+  // recorded op: one thread-local read).
   static void NoteRecordedOp(const OpRecord& record, bool under_python_mode);
   // The op the observer is finishing on this thread moved the default generator although not known to be random.
   static void NoteGeneratorMoved();

@@ -439,7 +439,7 @@ void RecordOp(const c10::OperatorHandle& op, const OpTraits& traits, c10::Dispat
   }
   CaptureAutocast(record);
   record.in_backward = torch::autograd::get_current_graph_task_id() != -1;
-  if (CompositeAttempt::Active()) CompositeAttempt::NoteRecordedOp(record, recording == Recording::kUnderPythonMode);
+  CompositeAttempt::NoteRecordedOp(record, recording == Recording::kUnderPythonMode);
   observer->BeforeOp(record);
   // An op that writes none of its arguments, draws no random numbers and has no other side effect can run again
   // after running out of memory, with the same result: keep its arguments.

@@ -203,8 +203,9 @@ void EngineBridge::ReleaseSideHolds() noexcept {
   current_.side_held.clear();
 }
 
-// Whether a replay of the op would give its outputs back (after its kernel ran: the generator check needs it).
-bool EngineBridge::Replayable(const OpRecord& record) {
+// Whether a replay of the op would give its outputs back (after its kernel ran: `generator_moved` is
+// OpInFlight::GeneratorMoved, which reads the generator's state, asked once per op by AfterOp).
+bool EngineBridge::Replayable(const OpRecord& record, bool generator_moved) {
   const std::size_t n = record.input_storages.size();
   // An op that read an exported storage (MakeResident, writable) may have read bytes written behind remat's back,
   // which a replay would not see again.
@@ -216,7 +217,7 @@ bool EngineBridge::Replayable(const OpRecord& record) {
   const bool compiled_graph_paged =
       options_.paging.mode != OffloadMode::kOff && record.traits->name == kOpaqueCallOperator;
   return record.replayable && !reads_export && !record.traits->uninitialized &&
-         !compiled_graph_paged && !current_.GeneratorMoved();
+         !compiled_graph_paged && !generator_moved;
 }
 
 void EngineBridge::AfterOp(OpRecord&& record) {
@@ -245,8 +246,9 @@ void EngineBridge::AfterOp(OpRecord&& record) {
   std::vector<TensorId>& out_tensors = current_.plan.out_tensors;
   out_tensors.assign(outs->begin(), outs->end());
   if (plan_ != nullptr) NotePlannedOp(traits.name, specs, out_tensors);
-  const bool replayable = Replayable(record);
-  if (current_.GeneratorMoved()) CompositeAttempt::NoteGeneratorMoved();  // a composite around it cannot run again
+  const bool generator_moved = current_.GeneratorMoved();
+  if (generator_moved) CompositeAttempt::NoteGeneratorMoved();  // a composite around it cannot run again
+  const bool replayable = Replayable(record, generator_moved);
   // What the kept record will say (ReplayOp), gathered in vectors kept between ops: the ReplayOp is made only for
   // a record that is kept, with the record moved into it once.
   current_.plan.output_storage.assign(record.outputs.size(), kNoIndex);

@@ -354,7 +354,7 @@ class EngineBridge final : public OpObserver, public PressureHandler, public Hel
   // no walk of its arguments and fewer lookups when it is dropped). `entries`: those of its input storages.
   void HoldRecordRefs(ReplayOp& replay, std::span<Entry* const> entries);
   void ReleaseRecordRefs(const ReplayOp& replay);
-  bool Replayable(const OpRecord& record);
+  bool Replayable(const OpRecord& record, bool generator_moved);
   // AfterOp's steps (engine_bridge.cc), for spec j of current_.plan once EndOp named its tensor. A fresh storage
   // gets an entry and a home, and is evictable with the record kept for replays when the op is replayable, else
   // pinned; an in-place write of input k makes the entry's new version (the old one released, unless a hidden copy
