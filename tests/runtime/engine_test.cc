@@ -731,3 +731,56 @@ TEST(EngineInPlaceTest, ACopyOfTheOldValueMakesItResidentEvictableAndRecomputabl
 
 }  // namespace
 }  // namespace remat
+
+namespace remat {
+namespace {
+
+// KeepOverwrittenConstant: the caller copied a constant's bytes before writing it in place; the old value stays a
+// constant at the copy's address, readable by what was computed from it, beside the new value.
+TEST(EngineInPlaceTest, AConstantsKeptCopyStaysReadableAfterTheWrite) {
+  Fixture f("dtr-eq", 1000);
+  TensorId w = f.Const("w", 100);
+  TensorId g = f.Op("g", {w}, 100, 4);
+  const StorageIndex old = f.engine->StorageOf(w);
+  f.engine->SetAddress(old, 0x1000);
+  absl::StatusOr<OpId> op = f.engine->BeginOp(std::vector<TensorId>{w, g}, "sub_");
+  ASSERT_TRUE(op.ok()) << op.status();
+  EXPECT_TRUE(absl::IsFailedPrecondition(f.engine->KeepOverwrittenConstant(g, 0x2000)));  // not a constant
+  ASSERT_TRUE(f.engine->KeepOverwrittenConstant(w, 0x2000).ok());
+  EXPECT_TRUE(absl::IsFailedPrecondition(f.engine->KeepOverwrittenConstant(w, 0x3000)));  // once
+  EXPECT_EQ(f.engine->stats().used_bytes, 300);  // the copy counts from now
+  OutputSpec out;
+  out.in_place_of = 0;
+  absl::StatusOr<std::span<const TensorId>> r = f.engine->EndOp(*op, {&out, 1}, 3);
+  ASSERT_TRUE(r.ok()) << r.status();
+  const StorageIndex now = f.engine->StorageOf((*r)[0]);
+  EXPECT_NE(now, old);
+  EXPECT_EQ(f.engine->StorageAddress(now), 0x1000u);  // the new value where the storage was
+  EXPECT_EQ(f.engine->StorageAddress(old), 0x2000u);  // the old value in its copy
+  EXPECT_TRUE(f.engine->Resident(old) && f.engine->Defined(w));
+  EXPECT_FALSE(f.engine->Evict(old).ok());  // still a constant
+  EXPECT_EQ(f.engine->stats().used_bytes, 300);
+  // g, evicted, comes back from the old value.
+  ASSERT_TRUE(f.engine->Evict(f.engine->StorageOf(g)).ok());
+  f.executor.events.clear();
+  ASSERT_TRUE(f.engine->Rematerialize(g).ok());
+  EXPECT_THAT(f.executor.events, ElementsAre("replay g"));
+}
+
+TEST(EngineInPlaceTest, AFailedWriteLeavesTheOldValueInItsKeptCopy) {
+  Fixture f("dtr-eq", 1000);
+  TensorId w = f.Const("w", 100);
+  const StorageIndex old = f.engine->StorageOf(w);
+  f.engine->SetAddress(old, 0x1000);
+  absl::StatusOr<OpId> op = f.engine->BeginOp(std::vector<TensorId>{w}, "scatter_");
+  ASSERT_TRUE(op.ok()) << op.status();
+  ASSERT_TRUE(f.engine->KeepOverwrittenConstant(w, 0x2000).ok());
+  f.engine->AbortOp(*op);
+  // What the kernel left at 0x1000 is the caller's to adopt; the old value is whole in its copy.
+  EXPECT_EQ(f.engine->StorageAddress(old), 0x2000u);
+  EXPECT_TRUE(f.engine->Resident(old) && f.engine->Defined(w));
+  EXPECT_EQ(f.engine->stats().used_bytes, 100);
+}
+
+}  // namespace
+}  // namespace remat
