@@ -110,10 +110,6 @@ void EngineBridge::BeforeOp(OpRecord& record) {
     current_.WatchGenerator(record);
     absl::StatusOr<OpId> op = engine_->BeginOp(engine_inputs, traits.name);
     if (!op.ok()) Throw(op.status());
-    for (const auto& [k, copy] : current_.kept_copies) {  // resident pinned inputs of the op: cannot fail
-      const absl::Status kept = engine_->KeepOverwrittenConstant(current_.inputs[k], AddressOf(*copy));
-      TORCH_INTERNAL_ASSERT(kept.ok(), "remat: ", std::string(kept.message()));
-    }
     // From here the kernel may read its inputs: their memory must not move (until now, while BeginOp replayed
     // what they need, it could).
     executor_.SetRunningOp(&record);
@@ -126,7 +122,6 @@ void EngineBridge::BeforeOp(OpRecord& record) {
     lock_.BeginLend();  // the kernel runs now: allocations on any thread may borrow the lock to make room
   } catch (...) {
     current_.active = false;
-    current_.kept_copies.clear();  // never handed to the engine: their memory goes
     ReleaseSideHolds();
     Unlock();
     throw;
@@ -181,9 +176,7 @@ void EngineBridge::GatherEngineInputs(const OpRecord& record) {
     // Written on the side (running stats): a constant, replayed on a copy. Like any constant written, whatever
     // a replay could compute from its old value is pinned first (an eval-mode batch norm read the running stats).
     if (!current_.written_returned[k]) PinEntry(entry);
-    if (!entry.pinned) continue;
-    if (current_.written_returned[k] && CopyOldValue(record, k, entry)) continue;  // replays read the copy
-    overwritten.push_back(engine_->StorageOf(entry.root));
+    if (entry.pinned) overwritten.push_back(engine_->StorageOf(entry.root));
   }
   for (const StorageIndex s : overwritten) PinDependents(s, {.writer = record.traits->name, .event = {}});
   for (std::size_t k = 0; k < n; ++k) {
@@ -283,7 +276,6 @@ bool EngineBridge::RegisterFreshOutput(const OpRecord& record, std::size_t j, bo
   const c10::intrusive_ptr<c10::StorageImpl>& impl = current_.plan.spec_impl[j];
   Entry& entry = entries_.Add(impl);
   entry.root = t;
-  entry.from_backward = record.in_backward;
   links_.SetOwner(s, impl.get());
   executor_.SetHome(s, impl);
   if (replayable && EvictableMemory(*memory_, *impl)) {
@@ -312,10 +304,9 @@ bool EngineBridge::RegisterInPlaceOutput(OpRecord& record, std::size_t j, bool r
     const TensorId old = entry.root;
     executor_.ClearHome(engine_->StorageOf(old));
     links_.ClearOwner(engine_->StorageOf(old));
-    if (!KeepOldValue(k, old)) engine_->Release(old);
+    engine_->Release(old);
   }
   entry.root = t;
-  entry.from_backward = record.in_backward;
   links_.SetOwner(s, impl.get());
   executor_.SetHome(s, impl);
   if (entry.pinned) {  // a constant written in place stays a constant (the engine pinned it)
@@ -380,14 +371,11 @@ void EngineBridge::OpFailed(OpRecord& record) noexcept {
       // (scatter_ or index_put_ with an out-of-range index write the elements before it), or other memory of another
       // size (an out= argument that index_select resized before it checked its indices). A replay could reproduce
       // neither: the old value loses its home and what the storage holds now is a constant.
-      const bool copied = std::any_of(current_.kept_copies.begin(), current_.kept_copies.end(),
-                                      [&](const auto& kept) { return kept.first == static_cast<int>(k); });
-      // A constant of the same size, as the engine has it (what it fed was pinned) unless its old value was copied.
-      if (entry.pinned && !current_.Resized(record, k) && !copied) continue;
+      if (entry.pinned && !current_.Resized(record, k)) continue;  // a constant of the same size: as the engine has it
       const StorageIndex old = engine_->StorageOf(entry.root);
       executor_.ClearHome(old);
       links_.ClearOwner(old);
-      if (!KeepOldValue(static_cast<int>(k), entry.root)) engine_->Release(entry.root);
+      engine_->Release(entry.root);
       AdoptAsConstant(entry, impl);
       executor_.SetOwner(AddressOf(*impl), engine_->StorageOf(entry.root), /*evictable=*/false);
     }
@@ -473,7 +461,6 @@ BridgeStats EngineBridge::Stats() {
   if (tier_ != nullptr) stats.host_tier = tier_->stats();
   stats.kept_records = static_cast<std::int64_t>(records_.kept());
   stats.tracked_storages = static_cast<std::int64_t>(entries_.size());
-  stats.kept_old_values_now = static_cast<std::int64_t>(kept_old_values_.size());
   if (plan_ != nullptr) stats.plan = plan_->Stats();
   return stats;
 }

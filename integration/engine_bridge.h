@@ -184,10 +184,6 @@ struct BridgeStats {
   // (evictable, recomputable), or as constants when they cannot stand for it.
   std::int64_t adopted_copies = 0;
   std::int64_t constant_copies = 0;
-  // Old values of constants written in place (an optimizer step) kept in a copy for the replays that read them,
-  // where pinning what they feed would have cost more (EngineBridge::CopyOldValue); and how many are kept now.
-  std::int64_t kept_old_values = 0;
-  std::int64_t kept_old_values_now = 0;
   // Arena blocks no engine storage holds, at the time of Stats() (Engine::UnknownArenaBytes).
   std::int64_t unknown_arena_bytes = 0;
   HostTierStats host_tier;               // zeros without paging
@@ -310,21 +306,6 @@ class EngineBridge final : public OpObserver, public PressureHandler, public Hel
   // Pins every live storage whose replay could read constant `start` (bringing back the evicted ones): `start` is
   // about to change or go away, for `reason`.
   void PinDependents(StorageIndex start, PinReason reason);
-  // GatherEngineInputs, for input storage k, a constant (`entry`) the op writes in place and returns: when pinning
-  // what its old value feeds would bring back more bytes than it has (BringingBackCostsMoreThan: results the
-  // program keeps across an optimizer step, evicted, each with the replays it needs), copies its bytes into
-  // current_.kept_copies instead and returns true. False (the caller pins) when it is not resident in this memory,
-  // exported, the copies kept would pass their share of the budget, or the copy does not fit.
-  bool CopyOldValue(const OpRecord& record, std::size_t k, Entry& entry);
-  // AfterOp or OpFailed: if input storage k's old value `old` was copied (CopyOldValue; the engine moved it there
-  // when the op ended), the copy becomes its holder and the bridge keeps its reference (kept_old_values_) until no
-  // live storage's replay needs it, or all that needs it is resident and gets pinned (ReleaseUnneededKeptConstants,
-  // Prune). False when it was not copied.
-  bool KeepOldValue(int k, TensorId old);
-  // Lets go of kept old value i (its reference and its copy's memory): LetOldValueGoIfUnneeded when nothing live
-  // needs it, or what does is resident (pinned then); false when it stays. The last one moves to the slot freed.
-  bool LetOldValueGoIfUnneeded(std::size_t i);
-  void LetOldValueGo(std::size_t i);
   // Marks a dying constant kept (ReleaseIfDead) and counts its bytes, `small` or not; ForgetKeptConstant undoes it.
   void KeepConstant(Entry& entry, std::int64_t bytes, bool small);
   void ForgetKeptConstant(Entry& entry);
@@ -346,13 +327,6 @@ class EngineBridge final : public OpObserver, public PressureHandler, public Hel
   // Whether PinDependents(start) would newly pin more than `bytes` (what letting constant `start` go costs while
   // records read it); the walk stops once it knows.
   bool PinningCostsMoreThan(StorageIndex start, std::int64_t bytes);
-  // Whether PinDependents(start) would bring back more than `bytes` now (its evicted or paged dependents: pinning a
-  // resident one costs no memory now), not counting gradients (Entry::from_backward: the optimizer step brings each
-  // back anyway, and copies of every parameter cost as much as every gradient); the walk stops once it knows.
-  bool BringingBackCostsMoreThan(StorageIndex start, std::int64_t bytes);
-  // Whether every live storage that could need a replay reading `start` is pinned or resident (pinning them would
-  // cost no memory now), found within kNeededWalkLimit storages.
-  bool DependentsAllResident(StorageIndex start);
   // Whether a live storage that is not pinned could need a replay that reads `start` (the walk stops at the first),
   // or the walk met more than `max_storages` storages without knowing.
   bool NeededForReplays(StorageIndex start, std::size_t max_storages);
@@ -424,12 +398,6 @@ class EngineBridge final : public OpObserver, public PressureHandler, public Hel
   // them go sooner moved placements: a sampling loop with a key/value cache ran out at 0.7, test_in_place_chains).
   std::vector<Entry*> large_kept_constants_;  // exactly the kept entries that are not kept_small
   std::size_t kept_constants_next_ = 0;  // where ReleaseUnneededKeptConstants looks next
-  std::vector<TensorId> kept_old_values_;  // KeepOldValue: the references it holds
-  std::int64_t kept_old_value_bytes_ = 0;  // their copies' bytes, at most budget / kKeptOldValuesBudgetShare
-  // A parameter built before enable() lives outside the budget, its copy inside: copies of a whole model's
-  // parameters would crowd out what they were made to spare (resnet18 at 0.8 ran out with 89 MB of them).
-  static constexpr std::size_t kKeptOldValuesBudgetShare = 8;
-  std::size_t kept_old_values_next_ = 0;   // where ReleaseUnneededKeptConstants looks next
   std::int64_t small_kept_constant_bytes_ = 0;  // the small ones' share of stats_.kept_constant_bytes
   std::unique_ptr<PlanDriver> plan_;  // policy "plan" only (plan_driver.h)
   std::vector<StorageIndex> plan_made_;  // NotePlannedOp's scratch

@@ -11,7 +11,6 @@
 #include "integration/engine_bridge.h"
 #include "integration/engine_bridge_internal.h"
 #include "integration/memory_events.h"
-#include "integration/out_of_memory.h"
 #include "integration/pin_listener.h"
 #include "integration/storage_eviction.h"
 
@@ -80,70 +79,6 @@ void EngineBridge::PinDependents(StorageIndex start, PinReason reason) {
   });
 }
 
-bool EngineBridge::CopyOldValue(const OpRecord& record, std::size_t k, Entry& entry) {
-  const StorageIndex s = engine_->StorageOf(entry.root);
-  c10::StorageImpl& impl = *record.input_storages[k];
-  const std::int64_t bytes = engine_->StorageBytes(s);
-  if (entry.exported || !engine_->Defined(entry.root) || engine_->Paged(s) || IsEvicted(impl) || bytes <= 0 ||
-      impl.device_type() != memory_->device_type() || impl.sym_nbytes().is_heap_allocated() ||
-      static_cast<std::int64_t>(impl.nbytes()) != bytes ||
-      kept_old_value_bytes_ + bytes > static_cast<std::int64_t>(options_.budget / kKeptOldValuesBudgetShare)) {
-    return false;
-  }
-  if (!BringingBackCostsMoreThan(s, bytes)) return false;  // without pressure nothing is copied: the same peak
-  c10::intrusive_ptr<c10::StorageImpl> copy;
-  try {
-    copy = memory_->NewStorage(static_cast<std::size_t>(bytes));  // may make room: read the source after it
-  } catch (const std::exception& error) {
-    if (!IsOutOfMemory(error)) throw;
-    return false;  // pinning may still fit (what it brings back may be small)
-  }
-  if (!memory_->Copy(copy->_mutable_data_ptr_no_checks().get(), impl._mutable_data_ptr_no_checks().get(),
-                     static_cast<std::size_t>(bytes))
-           .ok()) {
-    return false;
-  }
-  current_.kept_copies.emplace_back(static_cast<int>(k), std::move(copy));
-  return true;
-}
-
-bool EngineBridge::KeepOldValue(int k, TensorId old) {
-  for (auto& [input, copy] : current_.kept_copies) {
-    if (input != k || copy == nullptr) continue;
-    const StorageIndex s = engine_->StorageOf(old);
-    const std::uintptr_t address = AddressOf(*copy);
-    executor_.SetShadow(s, std::move(copy));
-    executor_.SetOwner(address, s, /*evictable=*/false);
-    kept_old_values_.push_back(old);
-    kept_old_value_bytes_ += engine_->StorageBytes(s);
-    ++stats_.kept_old_values;
-    return true;
-  }
-  return false;
-}
-
-bool EngineBridge::LetOldValueGoIfUnneeded(std::size_t i) {
-  const StorageIndex s = engine_->StorageOf(kept_old_values_[i]);
-  if (NeededForReplays(s, kNeededWalkLimit)) {
-    // Once all that needs it is resident (a loss the program keeps, the gradients back), pinning that costs no
-    // memory and the copy's bytes come back: copies must not pile up step after step behind a kept loss.
-    if (!DependentsAllResident(s)) return false;
-    PinDependents(s, {.writer = {}, .event = "went away"});
-  }
-  LetOldValueGo(i);
-  return true;
-}
-
-void EngineBridge::LetOldValueGo(std::size_t i) {
-  const TensorId old = kept_old_values_[i];
-  kept_old_values_[i] = kept_old_values_.back();
-  kept_old_values_.pop_back();
-  const StorageIndex s = engine_->StorageOf(old);
-  kept_old_value_bytes_ -= engine_->StorageBytes(s);
-  engine_->Release(old);  // a released constant: its bytes leave the engine's books
-  executor_.DropShadow(s);
-}
-
 bool EngineBridge::ForEachDependent(StorageIndex start, absl::FunctionRef<bool(Entry&)> visit_live,
                                     std::size_t max_storages) {
   std::vector<StorageIndex> work = {start};
@@ -182,28 +117,6 @@ bool EngineBridge::PinningCostsMoreThan(StorageIndex start, std::int64_t bytes) 
     return unpinned <= bytes;  // the answer is known once the sum passes `bytes`
   });
   return unpinned > bytes;
-}
-
-bool EngineBridge::BringingBackCostsMoreThan(StorageIndex start, std::int64_t bytes) {
-  std::int64_t evicted = 0;
-  ForEachDependent(start, [&](Entry& entry) {
-    const StorageIndex s = engine_->StorageOf(entry.root);
-    if (!entry.pinned && !entry.from_backward && !engine_->Resident(s)) evicted += engine_->StorageBytes(s);
-    return evicted <= bytes;  // the answer is known once the sum passes `bytes`
-  });
-  return evicted > bytes;
-}
-
-bool EngineBridge::DependentsAllResident(StorageIndex start) {
-  bool resident = true;
-  const bool walked_all = ForEachDependent(
-      start,
-      [&](Entry& entry) {
-        resident = entry.pinned || engine_->Resident(engine_->StorageOf(entry.root));
-        return resident;  // the first evicted one answers
-      },
-      kNeededWalkLimit);
-  return resident && walked_all;
 }
 
 bool EngineBridge::NeededForReplays(StorageIndex start, std::size_t max_storages) {
@@ -258,9 +171,7 @@ void EngineBridge::Sweep() {
     SweepUnheld();
   }
   // A death may be what a kept constant's replays were for (a kept constant holds its memory, as a live one would).
-  if ((!large_kept_constants_.empty() || !kept_old_values_.empty()) && stats_.released != released) {
-    ReleaseUnneededKeptConstants();
-  }
+  if (!large_kept_constants_.empty() && stats_.released != released) ReleaseUnneededKeptConstants();
 }
 
 void EngineBridge::SweepUnheld() {
@@ -286,17 +197,14 @@ void EngineBridge::ReleaseIfDead(Entry& entry) {
   // from it: a small one (a wrapped scalar such as the 1/sqrt(d) of attention), or one whose Python object made
   // it outlive the program's last use until now (held_references.h) and whose bytes are under half of what it would
   // pin (a compiled block's input, whose Python storage AOTAutograd made, read by the block's saved tensors'
-  // replays; half, because kept constants add up step after step while a pinned gradient serves every later step),
-  // or one whose dependents would bring back more bytes than it has (a pinned result the program kept across an
-  // optimizer step, whose gradients were evicted: keeping it costs no memory now, bringing them back does).
+  // replays; half, because kept constants add up step after step while a pinned gradient serves every later step).
   // A kept constant goes once nothing live needs it (ReleaseUnneededKeptConstants), at the latest when no record
   // reads it (Prune).
   if (entry.record_refs > 0) {
     const bool small = bytes <= kKeptConstantMaxBytes &&
                        small_kept_constant_bytes_ + bytes <= static_cast<std::int64_t>(options_.budget / 64);
     const bool held_by_its_python_object = uses > entry.record_refs;
-    if (small || (held_by_its_python_object && PinningCostsMoreThan(s, 2 * bytes)) ||
-        BringingBackCostsMoreThan(s, bytes)) {
+    if (small || (held_by_its_python_object && PinningCostsMoreThan(s, 2 * bytes))) {
       KeepConstant(entry, bytes, small);
       return;
     }
@@ -336,10 +244,6 @@ void EngineBridge::LetConstantGo(Entry& entry) {
 }
 
 void EngineBridge::ReleaseUnneededKeptConstants() {
-  for (std::size_t looked = 0; looked < kKeptConstantsPerSweep && !kept_old_values_.empty(); ++looked) {
-    if (kept_old_values_next_ >= kept_old_values_.size()) kept_old_values_next_ = 0;
-    if (!LetOldValueGoIfUnneeded(kept_old_values_next_)) ++kept_old_values_next_;  // else the last one moved there
-  }
   for (std::size_t looked = 0; looked < kKeptConstantsPerSweep && !large_kept_constants_.empty(); ++looked) {
     if (kept_constants_next_ >= large_kept_constants_.size()) kept_constants_next_ = 0;
     Entry& entry = *large_kept_constants_[kept_constants_next_];
@@ -436,10 +340,6 @@ void EngineBridge::Prune() {
     ++stats_.pruned_entries;
     return true;
   });
-  // Kept old values no record reads any more (their walk ends at once), or whose readers are resident.
-  for (std::size_t i = 0; i < kept_old_values_.size();) {
-    if (!LetOldValueGoIfUnneeded(i)) ++i;
-  }
   DropInertRecords();  // releasing kept constants above may have made more ops inert
   Recycle();
 }

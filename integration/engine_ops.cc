@@ -130,8 +130,6 @@ void PutEngineStats(const BridgeStats* s, Put&& put) {
   put("deferred_outputs", s->deferred_outputs);
   put("adopted_copies", s->adopted_copies);
   put("constant_copies", s->constant_copies);
-  put("kept_old_values", s->kept_old_values);
-  put("kept_old_values_now", s->kept_old_values_now);
   put("unknown_arena_bytes", s->unknown_arena_bytes);
   put("pinned_state", s->pinned_state);
   put("deferred_releases", s->engine.deferred_releases);

@@ -61,7 +61,6 @@ void OpInFlight::NoteWrites(const OpRecord& record) {
   covered.assign(n, false);
   written_bytes.assign(n, 0);
   exports_inside.clear();
-  kept_copies.clear();
   // The schema's written arguments, then the writes it does not declare (never returned: written on the side).
   const std::size_t annotated = traits.written_arguments.size();
   for (std::size_t w = 0; w < annotated + record.unannotated_writes.size(); ++w) {

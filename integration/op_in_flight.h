@@ -72,9 +72,6 @@ struct OpInFlight {
   std::vector<StorageEntries::Entry*> input_entries;  // per record.input_storages: its entry (stable addresses)
   std::vector<StorageIndex> written_constants;  // GatherEngineInputs: constants this op writes
   std::vector<TensorId> side_held;  // constants written on the side, held while the kernel runs (not engine inputs)
-  // Constants this op writes in place whose old value is kept in a copy (EngineBridge::CopyOldValue): (input
-  // storage k, the copy). AfterOp or OpFailed hands each copy over (EngineBridge::KeepOldValue).
-  std::vector<std::pair<int, c10::intrusive_ptr<c10::StorageImpl>>> kept_copies;
   // Ops not known to be random: the default CPU generator's state before the op (WatchGenerator). If the op
   // moved it (a composite such as aten::lstm with dropout), a replay would not reproduce it: its outputs become
   // constants.

@@ -84,16 +84,6 @@ void TorchExecutor::ClearHome(StorageIndex s) {
   homes_[s] = c10::weak_intrusive_ptr<c10::StorageImpl>(c10::intrusive_ptr<c10::StorageImpl>());
 }
 
-void TorchExecutor::SetShadow(StorageIndex s, c10::intrusive_ptr<c10::StorageImpl> copy) {
-  Grow(s);
-  homes_[s] = c10::weak_intrusive_ptr<c10::StorageImpl>(c10::intrusive_ptr<c10::StorageImpl>());
-  shadows_[s] = std::move(copy);
-}
-
-void TorchExecutor::DropShadow(StorageIndex s) {
-  if (s < shadows_.size()) shadows_[s].reset();
-}
-
 c10::intrusive_ptr<c10::StorageImpl> TorchExecutor::Holder(StorageIndex s) const {
   if (s >= homes_.size()) return {};
   if (shadows_[s]) return shadows_[s];
@@ -474,7 +464,8 @@ bool TorchExecutor::InUse(const c10::StorageImpl* impl) const {
 
 absl::StatusOr<bool> TorchExecutor::Relocate(Engine& engine, std::uint32_t s, AddressRange avoid) {
   if (absl::Status settled = SettlePageIn(s); !settled.ok()) return settled;  // the move reads the copied bytes
-  c10::intrusive_ptr<c10::StorageImpl> home = Holder(s);  // a pinned shadow too (a kept old value)
+  if (s >= homes_.size() || shadows_[s]) return false;
+  c10::intrusive_ptr<c10::StorageImpl> home = homes_[s].lock();
   if (!home || IsEvicted(*home) || !EvictableMemory(*memory_, *home) || InUse(home.get())) return false;
   const std::size_t nbytes = home->nbytes();
   const std::size_t alignment = memory_->alignment();

@@ -143,10 +143,6 @@ class TorchExecutor final : public Executor {
   // `s` now lives in `home` (weak reference) / no longer in any user StorageImpl.
   void SetHome(StorageIndex s, const c10::intrusive_ptr<c10::StorageImpl>& home);
   void ClearHome(StorageIndex s);
-  // s's bytes live in `copy`, held strongly as its shadow (the old value of a constant written in place, which the
-  // bridge keeps for the replays that read it: EngineBridge::KeepOldValue); DropShadow frees them.
-  void SetShadow(StorageIndex s, c10::intrusive_ptr<c10::StorageImpl> copy);
-  void DropShadow(StorageIndex s);
   // The StorageImpl holding s's bytes, or null if none (evicted with a dead home, never computed).
   c10::intrusive_ptr<c10::StorageImpl> Holder(StorageIndex s) const;
   // Sets the arena block owner of s's memory (s + 1), or clears it (pinned storages are barriers).
@@ -167,7 +163,7 @@ class TorchExecutor final : public Executor {
   bool InUse(const c10::StorageImpl* impl) const;
   // Moves a pinned storage's bytes out of `avoid` (Executor::Relocate): a fresh block of the arena (highest hole
   // first, never asking the pressure handler: DeviceMemory::TryAllocate), a copy, and a DataPtr swap in its
-  // holder (home or shadow).
+  // StorageImpl.
   absl::StatusOr<bool> Relocate(Engine& engine, std::uint32_t storage, AddressRange avoid) override;
   // Slides a storage's block into the hole next to it (Executor::Slide) with DeviceMemory::Slide.
   absl::StatusOr<bool> Slide(Engine& engine, std::uint32_t storage, std::uintptr_t to) override;

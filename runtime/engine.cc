@@ -245,7 +245,6 @@ absl::StatusOr<std::span<const TensorId>> Engine::EndOp(OpId op_id, std::span<co
     if (m.storages[old].pinned) {
       new_constants.push_back(outs[i]);
       Impl::Storage& st = m.storages[old];
-      if (st.kept_copy_address != 0) continue;  // KeepOverwrittenConstant: the old value stays (SettleKeptCopies)
       m.SetMaterial(old, false);
       stats_.used_bytes -= st.size;
       st.has_address = false;
@@ -256,7 +255,6 @@ absl::StatusOr<std::span<const TensorId>> Engine::EndOp(OpId op_id, std::span<co
       MarkEvicted(old);
     }
   }
-  SettleKeptCopies(op_id);
   stats_.clock += cost;
   stats_.model_compute += cost;
   m.remat_storages.clear();
@@ -292,39 +290,8 @@ void Engine::AbortOp(OpId op_id) {
   Impl& m = *impl_;
   m.remat->set_running_kernel(kNoKernel);
   if (m.open_op == op_id) m.open_op = kNone;
-  SettleKeptCopies(op_id);  // what the failed kernel left at the old address is the caller's to adopt
   for (TensorId p : m.Inputs(m.ops[op_id])) m.Unlock(m.tensors[p].storage);
   m.recycle_ops.push_back(op_id);  // produced nothing
-}
-
-absl::Status Engine::KeepOverwrittenConstant(TensorId t, std::uintptr_t copy_address) {
-  Impl& m = *impl_;
-  if (m.open_op == kNone || t >= m.tensors.size() || copy_address == 0) {
-    return absl::FailedPreconditionError("KeepOverwrittenConstant needs an open op, a tensor and an address");
-  }
-  std::span<const TensorId> ins = m.Inputs(m.ops[m.open_op]);
-  Impl::Storage& st = m.storages[m.tensors[t].storage];
-  if (std::find(ins.begin(), ins.end(), t) == ins.end() || !st.pinned || !st.material || st.kept_copy_address != 0) {
-    return absl::FailedPreconditionError("KeepOverwrittenConstant: not a resident pinned input of the open op");
-  }
-  st.kept_copy_address = copy_address;
-  stats_.used_bytes += st.size;  // the copy exists from now on
-  NotePeak();
-  return absl::OkStatus();
-}
-
-void Engine::SettleKeptCopies(OpId op_id) {
-  Impl& m = *impl_;
-  for (TensorId p : m.Inputs(m.ops[op_id])) {
-    Impl::Storage& st = m.storages[m.tensors[p].storage];
-    if (st.kept_copy_address == 0) continue;
-    // Resident, pinned and a constant as before, in its copy; its old address holds the new value (counted as an
-    // output) or what a failed or resizing kernel left there (the caller's).
-    stats_.used_bytes -= st.size;
-    st.address = st.kept_copy_address;
-    st.has_address = true;
-    st.kept_copy_address = 0;
-  }
 }
 
 void Engine::Retain(TensorId t) {

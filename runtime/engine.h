@@ -279,14 +279,6 @@ class Engine final : public PressureHandler, private StorageView {
   absl::StatusOr<OpId> BeginOp(std::span<const TensorId> inputs, std::string_view name);
   absl::StatusOr<std::span<const TensorId>> EndOp(OpId op, std::span<const OutputSpec> outputs, std::int64_t cost);
   void AbortOp(OpId op);
-  // Between BeginOp and EndOp/AbortOp: the open op is about to write constant input `t` in place, and the caller
-  // copied t's bytes to `copy_address` (a block outside the engine's storages, counted from now): when the op ends,
-  // the old value stays a constant at that address, readable by the records that read it, instead of leaving the
-  // graph (OutputSpec::in_place_of); the new value takes the storage's old address as usual. After AbortOp it moves
-  // there too (a failed kernel may have written part of the storage: the caller adopts what it holds now). Worth
-  // it when pinning what the old value feeds would cost more. FailedPrecondition unless t is a resident pinned
-  // input of the open op, kept once.
-  absl::Status KeepOverwrittenConstant(TensorId t, std::uintptr_t copy_address);
   // One more / one fewer external reference to a tensor. Releasing the last reference of a storage evicts it (DTR's
   // eager eviction), unless `keep_if_replays_read` and a storage the program still refers to but that was evicted is
   // computed from it directly: then it stays resident, recomputable, until the next pressure event drops it first
@@ -472,8 +464,6 @@ class Engine final : public PressureHandler, private StorageView {
   void CompactEqClasses();
   // A pinned storage with no reference left gives up its bytes, resident or paged (it is never recomputed).
   void DropPinnedBytes(StorageIndex s);
-  // KeepOverwrittenConstant's end (EndOp, AbortOp): the old values op_id's inputs keep now live in their copies.
-  void SettleKeptCopies(OpId op_id);
   // Raises stats_.peak_bytes to what is allocated now: the arena's peak in arena mode, else the engine's count.
   void NotePeak();
   void MarkEvicted(StorageIndex s, bool held_memory = true);

@@ -65,9 +65,6 @@ struct GraphRecords {
     bool free = false;      // recycled (also dead): the slot waits for reuse
     std::int64_t ready_at = 0;  // paged in: when the copy ends
     std::uintptr_t address = 0;
-    // Engine::KeepOverwrittenConstant: the open op writes this constant in place, and its old value moves here (a
-    // copy the caller made) when the op ends, instead of leaving the graph. 0: no such copy.
-    std::uintptr_t kept_copy_address = 0;
     std::vector<TensorId> tensors;
   };
 

@@ -217,12 +217,9 @@ def stats() -> Dict[str, Union[int, float]]:
     (outputs of backward-pass ops, kept out of the eviction pool), deferred_releases (victims chosen among them
     because the pool ran dry), pinned_state (optimizer state pinned after a step), adopted_copies and constant_copies
     (the copies autograd saves of values in-place ops overwrite, taken over as those old values, evictable, or as
-    constants when a copy does not hold a whole storage), kept_old_values and kept_old_values_now (old values of
-    constants written in place, a parameter in an optimizer step, kept in a copy for the replays of evicted results
-    computed from them, where bringing those back would have cost more; in all, and kept now),
-    unknown_arena_bytes (arena blocks of no storage remat knows, now: between ops, memory made where remat cannot
-    see it, such as by a thread it does not record, which it can neither evict nor move until a recorded op reads
-    it) and the bridge's other counts (engine_stats() in
+    constants when a copy does not hold a whole storage), unknown_arena_bytes (arena blocks of no storage remat
+    knows, now: between ops, memory made where remat cannot see it, such as by a thread it does not record, which it
+    can neither evict nor move until a recorded op reads it) and the bridge's other counts (engine_stats() in
     _engine.py);
     paging: page_outs, page_ins, prefetches, paged_out_bytes, paged_in_bytes, host_used_bytes, host_peak_bytes,
     resident_and_host_peak_bytes (the peak of the engine's resident storages and the host tier together: what paging
