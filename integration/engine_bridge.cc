@@ -276,6 +276,7 @@ bool EngineBridge::RegisterFreshOutput(const OpRecord& record, std::size_t j, bo
   const c10::intrusive_ptr<c10::StorageImpl>& impl = current_.plan.spec_impl[j];
   Entry& entry = entries_.Add(impl);
   entry.root = t;
+  entry.from_backward = record.in_backward;
   links_.SetOwner(s, impl.get());
   executor_.SetHome(s, impl);
   if (replayable && EvictableMemory(*memory_, *impl)) {
@@ -307,6 +308,7 @@ bool EngineBridge::RegisterInPlaceOutput(OpRecord& record, std::size_t j, bool r
     engine_->Release(old);
   }
   entry.root = t;
+  entry.from_backward = record.in_backward;
   links_.SetOwner(s, impl.get());
   executor_.SetHome(s, impl);
   if (entry.pinned) {  // a constant written in place stays a constant (the engine pinned it)

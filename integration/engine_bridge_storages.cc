@@ -119,6 +119,16 @@ bool EngineBridge::PinningCostsMoreThan(StorageIndex start, std::int64_t bytes) 
   return unpinned > bytes;
 }
 
+bool EngineBridge::BringingBackCostsMoreThan(StorageIndex start, std::int64_t bytes) {
+  std::int64_t evicted = 0;
+  ForEachDependent(start, [&](Entry& entry) {
+    const StorageIndex s = engine_->StorageOf(entry.root);
+    if (!entry.pinned && !entry.from_backward && !engine_->Resident(s)) evicted += engine_->StorageBytes(s);
+    return evicted <= bytes;  // the answer is known once the sum passes `bytes`
+  });
+  return evicted > bytes;
+}
+
 bool EngineBridge::NeededForReplays(StorageIndex start, std::size_t max_storages) {
   bool needed = false;
   const bool walked_all = ForEachDependent(
@@ -197,14 +207,17 @@ void EngineBridge::ReleaseIfDead(Entry& entry) {
   // from it: a small one (a wrapped scalar such as the 1/sqrt(d) of attention), or one whose Python object made
   // it outlive the program's last use until now (held_references.h) and whose bytes are under half of what it would
   // pin (a compiled block's input, whose Python storage AOTAutograd made, read by the block's saved tensors'
-  // replays; half, because kept constants add up step after step while a pinned gradient serves every later step).
+  // replays; half, because kept constants add up step after step while a pinned gradient serves every later step),
+  // or one whose evicted dependents would bring back more bytes than it has (results computed from a constant the
+  // program let go of: keeping it costs no memory now, bringing them back does).
   // A kept constant goes once nothing live needs it (ReleaseUnneededKeptConstants), at the latest when no record
   // reads it (Prune).
   if (entry.record_refs > 0) {
     const bool small = bytes <= kKeptConstantMaxBytes &&
                        small_kept_constant_bytes_ + bytes <= static_cast<std::int64_t>(options_.budget / 64);
     const bool held_by_its_python_object = uses > entry.record_refs;
-    if (small || (held_by_its_python_object && PinningCostsMoreThan(s, 2 * bytes))) {
+    if (small || (held_by_its_python_object && PinningCostsMoreThan(s, 2 * bytes)) ||
+        BringingBackCostsMoreThan(s, bytes)) {
       KeepConstant(entry, bytes, small);
       return;
     }

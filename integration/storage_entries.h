@@ -53,6 +53,8 @@ class StorageEntries {
     bool kept_small = false;
     // Exported writable (MakeResident): its bytes may change behind remat's back; ops reading it are not replayed.
     bool exported = false;
+    // Its current version was made by a backward-pass op (a gradient): the optimizer step reads it anyway.
+    bool from_backward = false;
     // In-place writes of it since it was made (EngineBridge::AfterOp): each version's replay starts from the one
     // before, so a long chain is state (a key/value cache filled token by token), kept as a constant.
     std::uint32_t in_place_writes = 0;
