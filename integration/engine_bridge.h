@@ -324,13 +324,12 @@ class EngineBridge final : public OpObserver, public PressureHandler, public Hel
   // because it had met more than `max_storages` storages.
   bool ForEachDependent(StorageIndex start, absl::FunctionRef<bool(Entry&)> visit,
                         std::size_t max_storages = SIZE_MAX);
-  // Whether PinDependents(start) would newly pin more than `bytes` (what letting constant `start` go costs while
-  // records read it); the walk stops once it knows.
-  bool PinningCostsMoreThan(StorageIndex start, std::int64_t bytes);
-  // Whether PinDependents(start) would bring back more than `bytes` now (its evicted or paged dependents: pinning a
-  // resident one costs no memory now), not counting gradients (Entry::from_backward: the optimizer step brings each
-  // back anyway); the walk stops once it knows.
-  bool BringingBackCostsMoreThan(StorageIndex start, std::int64_t bytes);
+  // What PinDependents(start) costs (letting constant `start` go while records read it): the bytes it newly pins,
+  // or those it brings back now (its evicted or paged dependents: pinning a resident one costs no memory now), not
+  // counting gradients (Entry::from_backward: the optimizer step brings each back anyway).
+  enum class PinCost { kNewlyPinned, kBroughtBack };
+  // Whether that cost is more than `bytes`; the walk stops once it knows.
+  bool PinningCostsMoreThan(StorageIndex start, std::int64_t bytes, PinCost cost);
   // Whether a live storage that is not pinned could need a replay that reads `start` (the walk stops at the first),
   // or the walk met more than `max_storages` storages without knowing.
   bool NeededForReplays(StorageIndex start, std::size_t max_storages);

@@ -110,23 +110,16 @@ bool EngineBridge::ForEachDependent(StorageIndex start, absl::FunctionRef<bool(E
   return true;
 }
 
-bool EngineBridge::PinningCostsMoreThan(StorageIndex start, std::int64_t bytes) {
-  std::int64_t unpinned = 0;
-  ForEachDependent(start, [&](Entry& entry) {
-    if (!entry.pinned) unpinned += engine_->StorageBytes(engine_->StorageOf(entry.root));
-    return unpinned <= bytes;  // the answer is known once the sum passes `bytes`
-  });
-  return unpinned > bytes;
-}
-
-bool EngineBridge::BringingBackCostsMoreThan(StorageIndex start, std::int64_t bytes) {
-  std::int64_t evicted = 0;
+bool EngineBridge::PinningCostsMoreThan(StorageIndex start, std::int64_t bytes, PinCost cost) {
+  std::int64_t counted = 0;
   ForEachDependent(start, [&](Entry& entry) {
     const StorageIndex s = engine_->StorageOf(entry.root);
-    if (!entry.pinned && !entry.from_backward && !engine_->Resident(s)) evicted += engine_->StorageBytes(s);
-    return evicted <= bytes;  // the answer is known once the sum passes `bytes`
+    const bool counts = !entry.pinned && (cost == PinCost::kNewlyPinned ||
+                                          (!entry.from_backward && !engine_->Resident(s)));
+    if (counts) counted += engine_->StorageBytes(s);
+    return counted <= bytes;  // the answer is known once the sum passes `bytes`
   });
-  return evicted > bytes;
+  return counted > bytes;
 }
 
 bool EngineBridge::NeededForReplays(StorageIndex start, std::size_t max_storages) {
@@ -216,8 +209,8 @@ void EngineBridge::ReleaseIfDead(Entry& entry) {
     const bool small = bytes <= kKeptConstantMaxBytes &&
                        small_kept_constant_bytes_ + bytes <= static_cast<std::int64_t>(options_.budget / 64);
     const bool held_by_its_python_object = uses > entry.record_refs;
-    if (small || (held_by_its_python_object && PinningCostsMoreThan(s, 2 * bytes)) ||
-        BringingBackCostsMoreThan(s, bytes)) {
+    if (small || (held_by_its_python_object && PinningCostsMoreThan(s, 2 * bytes, PinCost::kNewlyPinned)) ||
+        PinningCostsMoreThan(s, bytes, PinCost::kBroughtBack)) {
       KeepConstant(entry, bytes, small);
       return;
     }

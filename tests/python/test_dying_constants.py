@@ -1,5 +1,5 @@
 """A constant the program lets go of while evicted results were computed from it (integration/engine_bridge.h,
-ReleaseIfDead, BringingBackCostsMoreThan).
+ReleaseIfDead, PinningCostsMoreThan).
 
 A replay recomputes a result from the values its op read. A constant (a tensor made outside remat, a result remat
 cannot recompute) that dies while records still read it would take those values with it, so remat brought back and
