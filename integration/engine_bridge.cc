@@ -71,6 +71,7 @@ EngineBridge::EngineBridge(const BridgeOptions& options, std::unique_ptr<Policy>
   engine_options.caller_guards_released_constants = true;  // PinDependents before a constant read by records goes
   engine_options.free_dead = true;
   engine_options.last_resort_bytes = kProductLastResortBytes;  // small results go last
+  engine_options.retry_gathering_late = true;
   engine_options.paging = options.paging;
   executor_.SetMemory(memory_);
   executor_.SetHostTier(tier_.get());

@@ -133,6 +133,7 @@ void PutEngineStats(const BridgeStats* s, Put&& put) {
   put("unknown_arena_bytes", s->unknown_arena_bytes);
   put("pinned_state", s->pinned_state);
   put("deferred_releases", s->engine.deferred_releases);
+  put("late_gathers", s->engine.late_gathers);
   // Paging (zeros with offload off). paged_* and page_* are the engine's counts; stall_ns is its link model's
   // clock time ops waited for page-ins (modelled); page_*_wall_ns the executor's measured copy time.
   put("page_outs", s->engine.page_outs);

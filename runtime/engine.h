@@ -153,6 +153,12 @@ struct EngineOptions {
   // paper's configuration): every storage is an ordinary candidate; the product's configuration (the PyTorch path,
   // remat-sim's default) uses kProductLastResortBytes.
   std::int64_t last_resort_bytes = 0;
+  // When running an op (a replay, or gathering the caller's op's inputs) runs out of memory, run it once more
+  // gathering late: each frame replays its evicted inputs before it locks the resident ones, so a deep replay holds
+  // only what it has replayed, not every resident input of every frame below it (an input evicted meanwhile is
+  // replayed in turn). It can replay more; it is tried only where the first order failed, so runs that fit are
+  // unchanged. Off (the DTR paper's configuration): lock what is resident, then replay the rest, and fail there.
+  bool retry_gathering_late = false;
 };
 
 // The product's EngineOptions::last_resort_bytes: a loss, a scalar, a few statistics; one block of the CPU arena
@@ -179,6 +185,7 @@ struct EngineStats {
   std::int64_t release_evictions = 0;  // because the last external reference died
   std::int64_t freed_storages = 0;     // free_dead: storages out of the graph for good
   std::int64_t rematerializations = 0; // ops replayed
+  std::int64_t late_gathers = 0;       // runs out of memory that then fit gathering late (retry_gathering_late)
   std::int64_t heuristic_evaluations = 0;
   std::int64_t search_ns = 0;
   std::int64_t peak_bytes = 0;         // counter: peak bytes in use (prototype's max_memory); arena: peak allocated

@@ -13,12 +13,30 @@ Rematerializer::Rematerializer(Engine& engine) : engine_(engine) {}
 
 absl::Status Rematerializer::Run(TensorId target, OpId op, bool remat) {
   stack_.push_back({target, op, remat, 0, 0, 0, 0});
-  return RunFrames();
+  return RunOutermost();
 }
 
 absl::Status Rematerializer::Gather(OpId op) {
   stack_.push_back({kNone, op, false, 0, 0, 0, 0});
-  return RunFrames();
+  return RunOutermost();
+}
+
+absl::Status Rematerializer::RunOutermost() {
+  const Frame first = stack_.back();
+  const bool outermost = stack_.size() == 1;
+  absl::Status status = RunFrames();
+  if (status.ok() || !absl::IsResourceExhausted(status) || !outermost || gather_late_ ||
+      !engine_.options_.retry_gathering_late) {
+    return status;
+  }
+  // What the first try replayed stays resident or evictable: the second starts from there.
+  gather_late_ = true;
+  stack_.push_back({first.t, first.op, first.remat, 0, 0, 0, 0});
+  absl::Status late = RunFrames();
+  gather_late_ = false;
+  if (late.ok()) ++engine_.stats_.late_gathers;
+  // Still out of memory: the first try's report, which says where the usual order ran out.
+  return late.ok() || !absl::IsResourceExhausted(late) ? late : status;
 }
 
 bool Rematerializer::GatheringCallersOp() const { return stack_.size() == 1 && stack_.back().t == kNone; }
@@ -64,15 +82,22 @@ absl::Status Rematerializer::RunFramesFrom(std::size_t base) {
     if (f.stage == 0) {
       f.lock_begin = static_cast<std::uint32_t>(lock_log_.size());
       for (TensorId p : inputs) m.SetLastAccess(m.tensors[p].storage, stats.clock);
-      for (TensorId p : inputs) {
-        if (m.tensors[p].defined) {
-          m.Lock(m.tensors[p].storage);
-          lock_log_.push_back(m.tensors[p].storage);
+      if (!gather_late_) {
+        for (TensorId p : inputs) {
+          if (m.tensors[p].defined) {
+            m.Lock(m.tensors[p].storage);
+            lock_log_.push_back(m.tensors[p].storage);
+          }
         }
       }
       f.list_begin = static_cast<std::uint32_t>(pending_.size());
       for (TensorId p : inputs) {
         if (!m.tensors[p].defined) pending_.push_back(p);
+      }
+      if (gather_late_) {  // the resident ones after: stage 1 locks each, or replays it if it was evicted meanwhile
+        for (TensorId p : inputs) {
+          if (m.tensors[p].defined) pending_.push_back(p);
+        }
       }
       f.list_end = static_cast<std::uint32_t>(pending_.size());
       f.next = f.list_begin;

@@ -4,6 +4,8 @@
 // wait for their page-ins, make room (counter mode), call Executor::Execute (the only caller), mark the outputs
 // resident, unlock the inputs. A frame with no target tensor only gathers and locks an op's inputs (BeginOp: the
 // caller runs the kernel). A failed run releases the locks its unfinished frames took and leaves the engine usable.
+// Gathering late (EngineOptions::retry_gathering_late, a second try after running out of memory): a frame replays
+// its evicted inputs first and locks its resident ones after, replaying any that were evicted meanwhile.
 //
 // It owns the frame stack, the locks its running frames hold, their scratch, and which op's kernel runs now (the
 // defragmenter must not move that op's memory). The records it reads and writes, the pool, the stats and the other
@@ -61,15 +63,20 @@ class Rematerializer {
   // Runs the frames on the stack until the one on top when it was called is done; on failure releases what they
   // locked and pops them.
   absl::Status RunFrames();
+  // RunFrames for a frame pushed on an empty stack, then, if it ran out of memory and the options say so, once more
+  // gathering late.
+  absl::Status RunOutermost();
   absl::Status RunFramesFrom(std::size_t base);
 
   Engine& engine_;
   std::vector<Frame> stack_;
-  std::vector<TensorId> pending_;           // per frame, the inputs not defined when it started
+  std::vector<TensorId> pending_;           // per frame, the inputs not defined when it started (gathering late,
+                                            // then the others)
   std::vector<StorageIndex> lock_log_;      // locks taken by running frames, released in bulk if a run fails
   std::vector<TensorId> resident_siblings_;  // outputs of the replayed op still resident (locked while it runs)
   std::vector<std::uint32_t> fresh_;        // the storages the executor fills (Executor::Execute)
   OpId running_kernel_ = Engine::kNoKernel;
+  bool gather_late_ = false;  // frames replay their evicted inputs before locking their resident ones
 };
 
 }  // namespace remat

@@ -422,6 +422,7 @@ ReplayResult Replayer::Run(const ReplayOptions& options) {
   eo.arena = arena.get();
   eo.compact_first_limit = product ? options.compact_first_limit : 0;
   eo.last_resort_bytes = product ? kProductLastResortBytes : 0;  // small results go last, as on the PyTorch path
+  eo.retry_gathering_late = product;
   eo.paging.mode = options.offload;
   eo.paging.bandwidth_bytes_per_s = options.bandwidth_bytes_per_s;
   eo.paging.latency_ns = options.link_latency_ns;

@@ -348,6 +348,44 @@ TEST(EngineTest, OutOfMemoryIsAClearError) {
   EXPECT_THAT(std::string(r.status().message()), ::testing::HasSubstr("constant 100"));
 }
 
+// z reads a (200 B) and e (100 B, computed from p, 100 B), all three evicted when z runs (lru evicts a to make e;
+// then e and p are evicted). Under 400 B, DTR's order replays a and locks it, replays p for e, and then e's replay
+// needs 10 + 200 + 100 + 100 B with a and p locked: out of memory. Gathering late (the retry, which starts from
+// there: a and p resident), e's replay comes first and may evict a; a is replayed in turn while e stays locked.
+absl::Status RunZAfterEvictingItsChain(bool retry, std::vector<std::string>* events, std::int64_t* late_gathers) {
+  Fixture f("lru", 400);
+  EngineOptions o;
+  o.policy = f.policy.get();
+  o.budget = 400;
+  o.retry_gathering_late = retry;
+  f.engine = std::make_unique<Engine>(o, &f.executor);
+  TensorId k = f.Const("k", 10);
+  TensorId a = f.Op("a", {k}, 200, 1);
+  TensorId p = f.Op("p", {k}, 100, 1);
+  TensorId e = f.Op("e", {p}, 100, 1);
+  EXPECT_TRUE(f.engine->Evict(f.engine->StorageOf(e)).ok());
+  EXPECT_TRUE(f.engine->Evict(f.engine->StorageOf(p)).ok());
+  f.executor.events.clear();
+  OutputSpec out{50, -1};
+  absl::StatusOr<std::span<const TensorId>> z = f.engine->Call(std::vector<TensorId>{a, e}, {&out, 1}, 1, "z");
+  *events = f.executor.events;
+  *late_gathers = f.engine->stats().late_gathers;
+  return z.status();
+}
+
+TEST(EngineTest, RunningOutWhileGatheringRetriesReplayingTheEvictedInputsFirst) {
+  std::vector<std::string> events;
+  std::int64_t late_gathers = 0;
+  absl::Status dtr_order = RunZAfterEvictingItsChain(/*retry=*/false, &events, &late_gathers);
+  EXPECT_TRUE(absl::IsResourceExhausted(dtr_order)) << dtr_order;
+  EXPECT_EQ(late_gathers, 0);
+  absl::Status retried = RunZAfterEvictingItsChain(/*retry=*/true, &events, &late_gathers);
+  ASSERT_TRUE(retried.ok()) << retried;
+  EXPECT_EQ(late_gathers, 1);
+  // The first try replays a and p and runs out replaying e; the second evicts a for e, then p for a's replay.
+  EXPECT_THAT(events, ElementsAre("replay a", "replay p", "evict a", "replay e", "evict p", "replay a", "run z"));
+}
+
 TEST(EngineTest, ThrashLimitAborts) {
   std::unique_ptr<Policy> policy = *MakePolicy("lru");
   RecordingExecutor ex;

@@ -215,7 +215,8 @@ def stats() -> Dict[str, Union[int, float]]:
     (memory moved to make holes), retried_ops, retried_composites and retried_replays (kernels, composite ops and
     replays run again after running out of memory; failed_allocations counts those failures too), deferred_outputs
     (outputs of backward-pass ops, kept out of the eviction pool), deferred_releases (victims chosen among them
-    because the pool ran dry), pinned_state (optimizer state pinned after a step), adopted_copies and constant_copies
+    because the pool ran dry), late_gathers (replays that ran out of memory and then fit gathering each op's evicted
+    inputs before locking its resident ones), pinned_state (optimizer state pinned after a step), adopted_copies and constant_copies
     (the copies autograd saves of values in-place ops overwrite, taken over as those old values, evictable, or as
     constants when a copy does not hold a whole storage), unknown_arena_bytes (arena blocks of no storage remat
     knows, now: between ops, memory made where remat cannot see it, such as by a thread it does not record, which it
