@@ -17,6 +17,7 @@
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <c10/core/impl/TorchDispatchModeTLS.h>
 #include <c10/util/Exception.h>
+#include <torch/csrc/autograd/forward_grad.h>
 #include <torch/csrc/autograd/graph_task.h>
 
 #include <algorithm>
@@ -24,6 +25,7 @@
 #include <chrono>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <thread>
 #include <typeinfo>
 #include <utility>
@@ -123,6 +125,23 @@ void NoteStorage(const at::Tensor& tensor, InputStorages* storages) {
     }
     storages->push_back(c10::intrusive_ptr<c10::StorageImpl>::reclaim_copy(impl));
   });
+}
+
+// Forward-mode AD: an op's autograd kernel also reads each dual argument's tangent, which is not among its
+// arguments (the ops that compute the output's tangent run inside the kernel, unrecorded). Notes those storages as
+// read too, so that they are resident while the kernel runs. A replay runs on the primal values and reads none of
+// them, but needs them no more than any other input: they are simply kept for it.
+void NoteTangents(const torch::jit::Stack& stack, std::size_t num_arguments, InputStorages* storages) {
+  std::optional<bool> dual_level;  // asked (under a mutex) only for ops with autograd arguments, once
+  for (std::size_t i = stack.size() - num_arguments; i < stack.size(); ++i) {
+    ForEachTensor(stack[i], [&](const at::Tensor& tensor) {
+      if (!tensor.defined() || tensor.unsafeGetTensorImpl()->autograd_meta() == nullptr) return;
+      if (!dual_level) dual_level = torch::autograd::ForwardADLevel::has_any_level();
+      if (!*dual_level) return;
+      const at::Tensor& tangent = tensor._fw_grad(/*level=*/0);  // Python allows one level at a time: index 0
+      if (tangent.defined()) NoteStorage(tangent, storages);
+    });
+  }
 }
 
 }  // namespace
@@ -431,6 +450,7 @@ void RecordOp(const c10::OperatorHandle& op, const OpTraits& traits, c10::Dispat
   for (std::size_t i = stack->size() - num_arguments; i < stack->size(); ++i) {
     record.arguments.push_back(AliasValue((*stack)[i], &record.input_storages, &record.replayable));
   }
+  NoteTangents(*stack, num_arguments, &record.input_storages);
   if (traits.random) CaptureRng(record, record.arguments);
   record.unannotated_writes = UnannotatedWritesOfCall(op.schema().name(), record.arguments);
   if ((traits.writes_unreturned || !record.unannotated_writes.empty()) &&
