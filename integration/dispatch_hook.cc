@@ -130,7 +130,7 @@ void NoteStorage(const at::Tensor& tensor, InputStorages* storages) {
 // Forward-mode AD: an op's autograd kernel also reads each dual argument's tangent, which is not among its
 // arguments (the ops that compute the output's tangent run inside the kernel, unrecorded). Notes those storages as
 // read too, so that they are resident while the kernel runs. A replay runs on the primal values and reads none of
-// them, but needs them no more than any other input: they are simply kept for it.
+// them; listed with the op's inputs, they are kept for it as any input is (a little more memory kept, never less).
 void NoteTangents(const torch::jit::Stack& stack, std::size_t num_arguments, InputStorages* storages) {
   std::optional<bool> dual_level;  // asked (under a mutex) only for ops with autograd arguments, once
   for (std::size_t i = stack.size() - num_arguments; i < stack.size(); ++i) {

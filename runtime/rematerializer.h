@@ -70,8 +70,8 @@ class Rematerializer {
 
   Engine& engine_;
   std::vector<Frame> stack_;
-  std::vector<TensorId> pending_;           // per frame, the inputs not defined when it started (gathering late,
-                                            // then the others)
+  // Per frame, the inputs to gather: those not defined when it started (gathering late, then the others).
+  std::vector<TensorId> pending_;
   std::vector<StorageIndex> lock_log_;      // locks taken by running frames, released in bulk if a run fails
   std::vector<TensorId> resident_siblings_;  // outputs of the replayed op still resident (locked while it runs)
   std::vector<std::uint32_t> fresh_;        // the storages the executor fills (Executor::Execute)

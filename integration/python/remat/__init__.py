@@ -216,12 +216,12 @@ def stats() -> Dict[str, Union[int, float]]:
     replays run again after running out of memory; failed_allocations counts those failures too), deferred_outputs
     (outputs of backward-pass ops, kept out of the eviction pool), deferred_releases (victims chosen among them
     because the pool ran dry), late_gathers (replays that ran out of memory and then fit gathering each op's evicted
-    inputs before locking its resident ones), pinned_state (optimizer state pinned after a step), adopted_copies and constant_copies
-    (the copies autograd saves of values in-place ops overwrite, taken over as those old values, evictable, or as
-    constants when a copy does not hold a whole storage), unknown_arena_bytes (arena blocks of no storage remat
-    knows, now: between ops, memory made where remat cannot see it, such as by a thread it does not record, which it
-    can neither evict nor move until a recorded op reads it) and the bridge's other counts (engine_stats() in
-    _engine.py);
+    inputs before locking its resident ones), pinned_state (optimizer state pinned after a step), adopted_copies and
+    constant_copies (the copies autograd saves of values in-place ops overwrite, taken over as those old values,
+    evictable, or as constants when a copy does not hold a whole storage), unknown_arena_bytes (arena blocks of no
+    storage remat knows, now: between ops, memory made where remat cannot see it, such as by a thread it does not
+    record, which it can neither evict nor move until a recorded op reads it) and the bridge's other counts
+    (engine_stats() in _engine.py);
     paging: page_outs, page_ins, prefetches, paged_out_bytes, paged_in_bytes, host_used_bytes, host_peak_bytes,
     resident_and_host_peak_bytes (the peak of the engine's resident storages and the host tier together: what paging
     really kept on the device and off it at once), stall_ns (the link model's wait for page-ins, in the engine's clock), page_out_wall_ns and page_in_wall_ns
