@@ -156,8 +156,9 @@ struct EngineOptions {
   // When running an op (a replay, or gathering the caller's op's inputs) runs out of memory, run it once more
   // gathering late: each frame replays its evicted inputs before it locks the resident ones, so a deep replay holds
   // only what it has replayed, not every resident input of every frame below it (an input evicted meanwhile is
-  // replayed in turn). It can replay more; it is tried only where the first order failed, so runs that fit are
-  // unchanged. Off (the DTR paper's configuration): lock what is resident, then replay the rest, and fail there.
+  // replayed in turn). It can replay more (it gives up past a bound: rematerializer.h); it is tried only where the
+  // first order failed, so runs that fit are unchanged. Off (the DTR paper's configuration): lock what is resident,
+  // then replay the rest, and fail there.
   bool retry_gathering_late = false;
 };
 

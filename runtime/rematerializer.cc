@@ -24,12 +24,19 @@ absl::Status Rematerializer::Gather(OpId op) {
 absl::Status Rematerializer::RunOutermost() {
   const Frame first = stack_.back();
   const bool outermost = stack_.size() == 1;
+  if (outermost) replays_before_ = engine_.stats_.rematerializations;
   absl::Status status = RunFrames();
   if (status.ok() || !absl::IsResourceExhausted(status) || !outermost || gather_late_ ||
       !engine_.options_.retry_gathering_late) {
     return status;
   }
-  // What the first try replayed stays resident or evictable: the second starts from there.
+  // What the first try replayed stays resident or evictable: the second starts from there. Gathering late can
+  // replay a resident input it did not lock again and again, deep chains inside deep chains: past a bound on its
+  // replays (kLateReplaysPerFirst times the first try's, at least kLateReplaysMin) it gives up, out of memory as the
+  // first try was, rather than thrash.
+  const std::int64_t first_replays = engine_.stats_.rematerializations - replays_before_;
+  late_replay_limit_ = engine_.stats_.rematerializations +
+                       std::max<std::int64_t>(kLateReplaysMin, kLateReplaysPerFirst * first_replays);
   gather_late_ = true;
   stack_.push_back({first.t, first.op, first.remat, 0, 0, 0, 0});
   absl::Status late = RunFrames();
@@ -144,6 +151,9 @@ absl::Status Rematerializer::RunFramesFrom(std::size_t base) {
     }
     const TensorId t = frame.t;
     const OpId op_id = frame.op;
+    if (gather_late_ && frame.remat && stats.rematerializations >= late_replay_limit_) {
+      return absl::ResourceExhaustedError("remat: gathering late gave up: too many replays");
+    }
     std::span<const TensorId> outs = m.Outputs(m.ops[op_id]);
     const std::int64_t total = m.ops[op_id].total_size;
     if (options.mode == AccountingMode::kCounter) {

@@ -77,6 +77,12 @@ class Rematerializer {
   std::vector<std::uint32_t> fresh_;        // the storages the executor fills (Executor::Execute)
   OpId running_kernel_ = Engine::kNoKernel;
   bool gather_late_ = false;  // frames replay their evicted inputs before locking their resident ones
+  // Gathering late gives up past this many replays in all (EngineStats::rematerializations): a bound that is
+  // kLateReplaysPerFirst times what the first try replayed, at least kLateReplaysMin.
+  static constexpr std::int64_t kLateReplaysPerFirst = 4;
+  static constexpr std::int64_t kLateReplaysMin = 256;
+  std::int64_t replays_before_ = 0;  // EngineStats::rematerializations when the outermost run started
+  std::int64_t late_replay_limit_ = 0;
 };
 
 }  // namespace remat
