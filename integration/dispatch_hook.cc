@@ -25,7 +25,6 @@
 #include <chrono>
 #include <memory>
 #include <mutex>
-#include <optional>
 #include <thread>
 #include <typeinfo>
 #include <utility>
@@ -132,12 +131,10 @@ void NoteStorage(const at::Tensor& tensor, InputStorages* storages) {
 // read too, so that they are resident while the kernel runs. A replay runs on the primal values and reads none of
 // them; listed with the op's inputs, they are kept for it as any input is (a little more memory kept, never less).
 void NoteTangents(const torch::jit::Stack& stack, std::size_t num_arguments, InputStorages* storages) {
-  std::optional<bool> dual_level;  // asked (under a mutex) only for ops with autograd arguments, once
+  if (!torch::autograd::ForwardADLevel::has_any_level()) return;  // a few instructions: no walk over the arguments
   for (std::size_t i = stack.size() - num_arguments; i < stack.size(); ++i) {
     ForEachTensor(stack[i], [&](const at::Tensor& tensor) {
       if (!tensor.defined() || tensor.unsafeGetTensorImpl()->autograd_meta() == nullptr) return;
-      if (!dual_level) dual_level = torch::autograd::ForwardADLevel::has_any_level();
-      if (!*dual_level) return;
       const at::Tensor& tangent = tensor._fw_grad(/*level=*/0);  // Python allows one level at a time: index 0
       if (tangent.defined()) NoteStorage(tangent, storages);
     });

@@ -24,7 +24,7 @@ absl::Status Rematerializer::Gather(OpId op) {
 absl::Status Rematerializer::RunOutermost() {
   const Frame first = stack_.back();
   const bool outermost = stack_.size() == 1;
-  if (outermost) replays_before_ = engine_.stats_.rematerializations;
+  const std::int64_t replays_before = engine_.stats_.rematerializations;
   absl::Status status = RunFrames();
   if (status.ok() || !absl::IsResourceExhausted(status) || !outermost || gather_late_ ||
       !engine_.options_.retry_gathering_late) {
@@ -34,7 +34,7 @@ absl::Status Rematerializer::RunOutermost() {
   // replay a resident input it did not lock again and again, deep chains inside deep chains: past a bound on its
   // replays (kLateReplaysPerFirst times the first try's, at least kLateReplaysMin) it gives up, out of memory as the
   // first try was, rather than thrash.
-  const std::int64_t first_replays = engine_.stats_.rematerializations - replays_before_;
+  const std::int64_t first_replays = engine_.stats_.rematerializations - replays_before;
   late_replay_limit_ = engine_.stats_.rematerializations +
                        std::max<std::int64_t>(kLateReplaysMin, kLateReplaysPerFirst * first_replays);
   gather_late_ = true;

@@ -81,7 +81,6 @@ class Rematerializer {
   // kLateReplaysPerFirst times what the first try replayed, at least kLateReplaysMin.
   static constexpr std::int64_t kLateReplaysPerFirst = 4;
   static constexpr std::int64_t kLateReplaysMin = 256;
-  std::int64_t replays_before_ = 0;  // EngineStats::rematerializations when the outermost run started
   std::int64_t late_replay_limit_ = 0;
 };
 
