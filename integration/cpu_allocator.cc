@@ -314,6 +314,13 @@ absl::Status UninstallCpuArena() {
   return absl::OkStatus();
 }
 
+std::shared_ptr<void> RetainCpuArena() {
+  std::shared_lock<std::shared_mutex> lock(g_registry_mutex);
+  if (g_active == nullptr) return nullptr;
+  g_active->refs.fetch_add(1, std::memory_order_relaxed);  // as a block's reference
+  return std::shared_ptr<void>(g_active, [](void* live) { Unref(static_cast<LiveArena*>(live)); });
+}
+
 bool CpuArenaInstalled() {
   std::shared_lock<std::shared_mutex> lock(g_registry_mutex);
   return g_active != nullptr;

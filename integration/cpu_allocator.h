@@ -28,6 +28,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -67,6 +68,10 @@ absl::Status InstallCpuArena(std::size_t budget, std::size_t stitch_granule = 0)
 // FailedPrecondition when no arena is installed.
 absl::Status UninstallCpuArena();
 bool CpuArenaInstalled();
+// A reference that keeps the installed arena alive after UninstallCpuArena until the last copy goes, without a
+// block of its memory (so it works when the arena has no free byte left): for whoever reads the arena while remat
+// retires (the engine's statistics). Null when no arena is installed.
+std::shared_ptr<void> RetainCpuArena();
 
 // Stats of the installed arena, else the last ones recorded at uninstall (installed == false), else NotFound.
 absl::StatusOr<CpuArenaStats> GetCpuArenaStats();

@@ -248,20 +248,16 @@ absl::Status DisableRematEngine() {
   auto keep = [&status](absl::Status s) {
     if (!s.ok() && status.ok()) status = std::move(s);
   };
-  c10::DataPtr keep_alive;
+  std::shared_ptr<void> arena_alive;
   if (on_cpu) {
     EngineBridge* bridge = engines.front().bridge;
     // Storages a user still holds get their bytes back once torch's own allocator serves again: together they may
-    // exceed the budget. One block of ours keeps the retired arena (which the engine reads for its statistics)
-    // alive meanwhile. If even that block does not fit, bring them back under the budget first.
-    try {
-      keep_alive = RematCpuAllocator()->allocate(kCpuAlignment);
-    } catch (const c10::Error&) {
-      keep_alive.clear();
-    }
-    if (!keep_alive) keep(bridge->Retire());
+    // exceed the budget (after an out-of-memory error, they did), and none may stay evicted once the engine is gone.
+    // A reference to the arena (not a block of it: a full arena has none to give) keeps the retired arena, which the
+    // engine reads for its statistics, alive meanwhile.
+    arena_alive = RetainCpuArena();
     keep(ReleaseCpuArena());
-    if (keep_alive) keep(bridge->Retire());
+    keep(bridge->Retire());
   } else {
     // Each device's memory is all there is: everything comes back under its budget while its bridge can still make
     // room, its replays run with its device current (as the router runs them).
@@ -288,7 +284,7 @@ absl::Status DisableRematEngine() {
   WaitForApiCalls();  // calls that found a bridge before it left g_engines have returned
   for (DeviceRouter* router : routers) delete router;
   for (const DeviceEngine& engine : engines) delete engine.bridge;
-  keep_alive.clear();
+  arena_alive.reset();
   for (const DeviceEngine& engine : engines) delete engine.memory;
   return status;
 }

@@ -124,3 +124,47 @@ def test_out_of_memory_in_a_stitching_arena_names_physical_bytes_not_address_spa
     message = str(error.value)
     assert "physical 0 of 1048576 bytes mapped in 65536-byte granules" in message, message
     assert "largest free block" not in message.split("(arena:")[0], message
+
+
+def _held_outputs_of_training(budget=None, steps=3):
+    """A 6-layer MLP trained with a hand-written SGD step, every step's output kept (as a user keeping logits for
+    metrics); with a budget, under a stitching arena. Returns (outputs, the out-of-memory error or None)."""
+    torch.manual_seed(0)
+    layers = []
+    for _ in range(6):
+        layers += [torch.nn.Linear(64, 64), torch.nn.GELU()]
+    model = torch.nn.Sequential(*layers, torch.nn.Linear(64, 10))
+    x, y = torch.randn(64, 64), torch.randint(0, 10, (64,))
+    outputs, error = [], None
+    if budget is not None:
+        remat.enable(budget, arena="stitch", costs="estimated")
+    try:
+        for _ in range(steps):
+            for p in model.parameters():
+                p.grad = None
+            out = model(x)
+            torch.nn.functional.cross_entropy(out, y).backward()
+            outputs.append(out)
+            with torch.no_grad():
+                for p in model.parameters():
+                    p.add_(p.grad, alpha=-0.1)
+    except torch.OutOfMemoryError as caught:
+        error = caught
+    finally:
+        if budget is not None:
+            remat.disable()  # must not raise: what the user holds comes back outside the budget
+    return outputs, error
+
+
+def test_disable_after_running_out_in_a_full_stitching_arena_gives_back_every_held_tensor():
+    """Running out leaves every granule mapped; remat.disable() then brings back the evicted outputs the program
+    still holds outside the budget, as after any out-of-memory error. (It used to need one free block of the full
+    arena to do so, and without it brought them back under the budget: that ran out too, disable raised a
+    RuntimeError, and the outputs stayed evicted for good.)"""
+    reference, _ = _held_outputs_of_training()
+    got, error = _held_outputs_of_training(budget=150_000)  # two 64 KiB granules
+    assert error is not None, "the budget was meant to run out"
+    assert not remat.is_enabled()
+    assert len(got) >= 1
+    for k, out in enumerate(got):
+        assert oracle.same_bytes(reference[k].detach(), out.detach()), k
