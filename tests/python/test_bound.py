@@ -154,3 +154,33 @@ def test_the_input_made_last_was_made_beside_the_others():
     assert total.untyped_storage().nbytes() == MiB
     assert bound.required_bytes == 4 * MiB, (bound.required_bytes, bound.at_op)
     assert bound.at_op.startswith("aten.add.Tensor (its input made last, by aten.mul.Tensor"), bound.at_op
+
+
+def _bound_with_kept_activations(read_after_step):
+    model = nn.Sequential(*[nn.Sequential(nn.Linear(256, 256), nn.ReLU()) for _ in range(4)])
+    opt = torch.optim.SGD(model.parameters(), 0.01)
+    x = torch.randn(128, 256)
+    kept = []
+    for block in model:
+        block.register_forward_hook(lambda module, inputs, out: kept.append(out))
+    with RequiredBytes(model, opt, outside=[x]) as bound:
+        for _ in range(2):
+            kept.clear()
+            opt.zero_grad()
+            model(x).pow(2).mean().backward()
+            opt.step()
+            if read_after_step:
+                logged = sum(k.sum() for k in kept)  # a user logging the activations after the step
+                del logged
+    return bound, nbytes(kept), nbytes(model.parameters())
+
+
+def test_results_read_after_the_step_count_beside_the_gradients():
+    # Each kept activation was computed from the first layer's weight, which the step overwrites: read after the step,
+    # it was resident from that write on, beside every gradient.
+    bound, kept, params = _bound_with_kept_activations(read_after_step=True)
+    assert bound.required_bytes >= kept + params, (bound.required_bytes, kept, params, bound.at_op)
+    assert "read after it" in bound.at_op, bound.at_op
+    # Kept but never read again, they could stay dropped: the bound does not count them.
+    unread, _, _ = _bound_with_kept_activations(read_after_step=False)
+    assert unread.required_bytes < kept + params, (unread.required_bytes, kept, params, unread.at_op)

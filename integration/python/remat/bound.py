@@ -40,6 +40,13 @@ made). Only inputs whose writer ran since the model's forward started (or the la
 an undroppable input made before then is never the last one; an input the measurement did not see made gives no
 constraint.
 
+Results the program keeps across a step add a fourth. A storage computed from a parameter's old value (through
+any chain of ops since the model's forward started) cannot be recomputed once the step has written that parameter,
+so if the program reads it after the step, it was resident from that write on. At the step's end, then, every such
+result read later is resident beside the optimizer's state, the stepped parameters and every gradient (activations a
+forward hook kept for logging, a loss read after the step). Only parameters the step's optimizer holds with a
+gradient count as written; results that die unread, or are read before the step ends, add nothing.
+
 The largest such sum over the program is a lower bound on every budget that can run it without a second tier,
 for every eviction policy (fragmentation only adds to it). Storages
 that existed before the measurement started (the model's parameters and buffers, the tensors passed as `outside`)
@@ -89,6 +96,11 @@ def _storages(t: torch.Tensor):
     if t.is_nested or t._is_zerotensor():
         return []
     return [storage_identity(t)]  # not an export: its address is an identity here, its bytes are never read
+
+
+def _still(ref: StorageWeakRef, storage: torch.UntypedStorage) -> bool:
+    """ref, taken from a storage at this address, is this live storage (not a later one placed where it died)."""
+    return not ref.expired() and ref.cdata == StorageWeakRef(storage).cdata
 
 
 class _LiveStorages:
@@ -153,6 +165,15 @@ class RequiredBytes(TorchDispatchMode):
         self.kernel_bytes_at_max = 0  # of required_bytes, what the kernel held beyond its outputs
         self.ops = 0
         self._arena = False       # remat was enabled at __enter__: each op's kernel buffers are measured
+        # The fourth constraint: which parameters (a bit each, by address) each storage written since the model's
+        # forward started was computed from; at a step's start, the live ones computed from a parameter it writes
+        # (kept: {address: (bytes, storage)}); after it, those the program reads (needed) beside what stayed pinned.
+        self._parameter_bits: Dict[int, int] = {}
+        self._computed_from: Dict[int, Tuple[StorageWeakRef, int, int]] = {}  # (storage, bits, bytes)
+        self._kept: Dict[int, Tuple[int, StorageWeakRef]] = {}
+        self._kept_needed: Dict[int, int] = {}
+        self._pinned_after_step = 0
+        self._watching_kept = False
 
     def _counted(self, t: Optional[torch.Tensor]):
         """The storages of t that hold memory and are not outside."""
@@ -168,6 +189,8 @@ class RequiredBytes(TorchDispatchMode):
     def _pin_state(self, *_) -> None:
         self._pinned.clear()
         self._last_writer.clear()  # a forward starts (or a step ended): the gradients to come are not made yet
+        self._computed_from.clear()
+        self._parameter_bits = self._bits_of_parameters()
         if self._optimizer is not None:
             for t in optimizer_state_tensors(self._optimizer):
                 self._pin(t)
@@ -176,13 +199,28 @@ class RequiredBytes(TorchDispatchMode):
                     for p in group["params"]:
                         self._pin(p)
 
+    def _bits_of_parameters(self) -> Dict[int, int]:
+        """{address: a bit of its own} of the model's parameters' storages. Inside a torch.func transform
+        (functional_call under grad or vmap) the forward's parameters are wrappers with no storage to tell: none then,
+        which only loosens the fourth constraint."""
+        bits = {}
+        for k, p in enumerate(self._model.parameters()):
+            try:
+                storages = _storages(p)
+            except NotImplementedError:  # "Cannot access storage of TensorWrapper"
+                continue
+            bits.update((storage.data_ptr(), 1 << k) for storage in storages)
+        return bits
+
     def _pin_gradients(self, *_) -> None:
         for p in self._model.parameters():
             self._pin(p.grad)
 
-    def _before_step(self, *_) -> None:
+    def _before_step(self, optimizer=None, *_) -> None:
+        self._bound_kept_results()
         self._pin_gradients()
         self._bound_gradient_order()
+        self._note_kept_results(optimizer if optimizer is not None else self._optimizer)
 
     def _bound_gradient_order(self) -> None:
         """The gradients' constraint of the module docstring, at the start of a step."""
@@ -220,6 +258,37 @@ class RequiredBytes(TorchDispatchMode):
         self._stepped = True
         self._pin_state()
         self._pin_gradients()
+        self._pinned_after_step = sum(self._pinned.live_sizes().values())
+        self._watching_kept = bool(self._kept)
+
+    def _note_kept_results(self, optimizer) -> None:
+        """At a step's start: the live storages computed from a parameter the step writes (one with a gradient in
+        the optimizer's groups), not pinned already."""
+        written = 0
+        for group in getattr(optimizer, "param_groups", []):
+            for p in group["params"]:
+                if p.grad is not None:
+                    for storage in _storages(p):
+                        written |= self._parameter_bits.get(storage.data_ptr(), 0)
+        pinned = self._pinned.live_sizes()
+        self._kept = {ptr: (nbytes, ref) for ptr, (ref, bits, nbytes) in self._computed_from.items()
+                      if bits & written and ptr not in pinned and not ref.expired()}
+        self._kept_needed.clear()
+        self._watching_kept = False
+
+    def _bound_kept_results(self) -> None:
+        """The fourth constraint, once the reads after the last step are known (at the next step or the end)."""
+        if self._kept_needed:
+            required = self._pinned_after_step + sum(self._kept_needed.values())
+            if required > self.required_bytes:
+                self.required_bytes = required
+                self.at_op = (f"the end of an optimizer step ({len(self._kept_needed)} results computed from the "
+                              f"parameters' old values and read after it, beside the gradients and the state)")
+                self.pinned_at_max = required
+                self.kernel_bytes_at_max = 0
+        self._kept.clear()
+        self._kept_needed.clear()
+        self._watching_kept = False
 
     def __enter__(self):
         if not isinstance(self._model, torch.jit.ScriptModule):  # a ScriptModule takes no hooks; the step's suffice
@@ -237,6 +306,7 @@ class RequiredBytes(TorchDispatchMode):
         return super().__enter__()
 
     def __exit__(self, *exc):
+        self._bound_kept_results()
         for h in self._hooks:
             h.remove()
         self._hooks.clear()
@@ -270,8 +340,33 @@ class RequiredBytes(TorchDispatchMode):
         self._bound_last_input(func, inputs, in_sizes, pinned)
         touched = {ptr: StorageWeakRef(storage) for ptr, storage in (*inputs.items(), *outputs.items())}
         writer = _Writer(str(func), in_sizes, out_sizes, held, required, sum(pinned.values()), touched)
-        self._note_writer(func, args, kwargs, inputs, outputs, writer)
+        written = self._note_writer(func, args, kwargs, inputs, outputs, writer)
+        self._note_computed_from(func, args, kwargs, inputs, written)
         return out
+
+    def _note_computed_from(self, func, args, kwargs, inputs: Dict[int, torch.UntypedStorage],
+                            written: Dict[int, torch.UntypedStorage]) -> None:
+        """The parameters each written storage was computed from: those the op read (directly, or through what it
+        read); and, after a step, which kept results the op reads (a view reads no bytes: detach's does not count)."""
+        bits = 0
+        for t in tree_flatten((args, kwargs))[0]:
+            if isinstance(t, torch.Tensor) and t.device.type != "meta":
+                for storage in _storages(t):
+                    ptr = storage.data_ptr()
+                    bits |= self._parameter_bits.get(ptr, 0)
+                    entry = self._computed_from.get(ptr)
+                    if entry is not None and _still(entry[0], storage):
+                        bits |= entry[1]
+        if self._watching_kept and not getattr(func, "is_view", False):
+            for ptr, storage in inputs.items():
+                kept = self._kept.get(ptr)
+                if kept is not None and _still(kept[1], storage):
+                    self._kept_needed[ptr] = kept[0]
+        if bits:
+            for ptr, storage in written.items():
+                previous = self._computed_from.get(ptr)
+                inherited = previous[1] if previous is not None and _still(previous[0], storage) else 0
+                self._computed_from[ptr] = (StorageWeakRef(storage), bits | inherited, storage.nbytes())
 
     def _bound_last_input(self, func, inputs: Dict[int, torch.UntypedStorage], in_sizes: Dict[int, int],
                           pinned: Dict[int, int]) -> None:
@@ -300,7 +395,7 @@ class RequiredBytes(TorchDispatchMode):
         """The op that last wrote this storage since the window began (the model's forward, or the end of a step),
         or None."""
         entry = self._last_writer.get(ptr)
-        if entry is None or entry[0].expired() or entry[0].cdata != StorageWeakRef(storage).cdata:
+        if entry is None or not _still(entry[0], storage):
             return None
         return entry[1]
 
@@ -316,9 +411,10 @@ class RequiredBytes(TorchDispatchMode):
                         storages[ptr] = storage
         return storages
 
-    def _note_writer(self, func, args, kwargs, inputs, outputs, writer: "_Writer") -> None:
+    def _note_writer(self, func, args, kwargs, inputs, outputs,
+                     writer: "_Writer") -> Dict[int, torch.UntypedStorage]:
         """Records the op as the last writer of its new outputs and of the inputs its schema says it writes (an
-        output that is a view of an input, detach's, writes nothing)."""
+        output that is a view of an input, detach's, writes nothing). Returns what it wrote, by address."""
         written = dict(outputs)
         schema = getattr(func, "_schema", None)
         for k, argument in enumerate(schema.arguments if schema is not None else ()):
@@ -330,6 +426,7 @@ class RequiredBytes(TorchDispatchMode):
                                        if s.data_ptr() in inputs)
         for ptr, storage in written.items():
             self._last_writer[ptr] = (StorageWeakRef(storage), writer)
+        return written
 
 
 class _Writer(NamedTuple):
