@@ -347,7 +347,8 @@ class RequiredBytes(TorchDispatchMode):
     def _note_computed_from(self, func, args, kwargs, inputs: Dict[int, torch.UntypedStorage],
                             written: Dict[int, torch.UntypedStorage]) -> None:
         """The parameters each written storage was computed from: those the op read (directly, or through what it
-        read); and, after a step, which kept results the op reads (a view reads no bytes: detach's does not count)."""
+        read); and, after a step, which kept results the op reads (a view reads no bytes, detach's; an argument the op
+        writes may not be read either, zero_'s or an out= argument's: neither counts)."""
         bits = 0
         for t in tree_flatten((args, kwargs))[0]:
             if isinstance(t, torch.Tensor) and t.device.type != "meta":
@@ -360,7 +361,7 @@ class RequiredBytes(TorchDispatchMode):
         if self._watching_kept and not getattr(func, "is_view", False):
             for ptr, storage in inputs.items():
                 kept = self._kept.get(ptr)
-                if kept is not None and _still(kept[1], storage):
+                if kept is not None and ptr not in written and _still(kept[1], storage):
                     self._kept_needed[ptr] = kept[0]
         if bits:
             for ptr, storage in written.items():
