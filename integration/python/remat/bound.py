@@ -72,6 +72,7 @@ from __future__ import annotations
 from typing import Dict, Iterable, NamedTuple, Optional, Tuple
 
 import torch
+from torch._C._functorch import is_functorch_wrapped_tensor
 from torch.multiprocessing.reductions import StorageWeakRef
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -203,14 +204,8 @@ class RequiredBytes(TorchDispatchMode):
         """{address: a bit of its own} of the model's parameters' storages. Inside a torch.func transform
         (functional_call under grad or vmap) the forward's parameters are wrappers with no storage to tell: none then,
         which only loosens the fourth constraint."""
-        bits = {}
-        for k, p in enumerate(self._model.parameters()):
-            try:
-                storages = _storages(p)
-            except NotImplementedError:  # "Cannot access storage of TensorWrapper"
-                continue
-            bits.update((storage.data_ptr(), 1 << k) for storage in storages)
-        return bits
+        return {storage.data_ptr(): 1 << k for k, p in enumerate(self._model.parameters())
+                if not is_functorch_wrapped_tensor(p) for storage in _storages(p)}
 
     def _pin_gradients(self, *_) -> None:
         for p in self._model.parameters():
