@@ -44,6 +44,7 @@
 #include "integration/op_effects.h"
 #include "integration/out_of_memory.h"
 #include "integration/storage_eviction.h"
+#include "integration/subclass_arguments.h"
 #include "integration/traced_calls.h"
 
 // From ATen/autocast_mode.h, which includes ATen/ATen.h (too slow to compile here); same declarations.
@@ -314,6 +315,34 @@ void PassThrough(const c10::OperatorHandle& op, c10::DispatchKeySet below, torch
   }
 }
 
+// An op on a Python tensor subclass: it runs on the subclass's inner tensors where the hook cannot see, so they are
+// brought back and held resident and in place while it runs, and what was computed from those it writes is pinned
+// first (subclass_arguments.h).
+void RunSubclassOp(const c10::OperatorHandle& op, const OpTraits& traits, c10::DispatchKeySet below,
+                   torch::jit::Stack* stack) {
+  const std::vector<c10::intrusive_ptr<c10::StorageImpl>> reads = AskAboutSubclassArguments(op, traits, below, *stack);
+  ObserverCall call;
+  OpObserver* observer = reads.empty() ? nullptr : g_observer.load(std::memory_order_seq_cst);
+  if (observer == nullptr) {
+    PassThrough(op, below, stack);
+    return;
+  }
+  absl::InlinedVector<c10::StorageImpl*, 4> read_raw;
+  for (const auto& storage : reads) read_raw.push_back(storage.get());
+  CompositeHold hold;
+  {
+    const MemoryEventScope history(traits.name, /*op=*/true);
+    observer->BeginComposite(read_raw, {}, hold);
+  }
+  try {
+    PassThrough(op, below, stack);
+  } catch (...) {
+    observer->EndComposite(hold);
+    throw;
+  }
+  observer->EndComposite(hold);
+}
+
 }  // namespace
 
 bool IsPlain(const at::Tensor& tensor) {
@@ -418,8 +447,16 @@ void Fallback(const c10::OperatorHandle& op, c10::DispatchKeySet keys, torch::ji
   }
   const OpTraits& traits = TraitsOf(op);
   const bool under_python_mode = OnRealTensorsUnderPythonMode(below, *stack, op.schema().arguments().size());
-  if (!traits.tracked || (!under_python_mode && (Tracing(below) ||
-      TracedArguments(*stack, op.schema().arguments().size())))) {  // remat's own ops: not counted
+  if (!traits.tracked) {  // remat's own ops: not counted
+    PassThrough(op, below, stack);
+    return;
+  }
+  if (!under_python_mode && (Tracing(below) || TracedArguments(*stack, op.schema().arguments().size()))) {
+    // A subclass over real tensors runs the op on them where remat cannot see: subclass_arguments.h.
+    if (below.has(c10::DispatchKey::Python)) [[unlikely]] {
+      RunSubclassOp(op, traits, below, stack);
+      return;
+    }
     PassThrough(op, below, stack);
     return;
   }

@@ -22,10 +22,12 @@
 //     (autograd's saved original) is kept in OpRecord::hidden_copies;
 //   - an op traced or transformed rather than run on real memory (a Python dispatch mode such as FakeTensor, a
 //     tensor subclass, functionalization, functorch, meta tensors: their keys below the hook): it passes through,
-//     so torch.compile's tracing is untouched, and the ops it then runs on real tensors are recorded. Except an op
-//     on real tensors under a Python dispatch mode (FlopCounterMode, selective checkpointing): the mode's handler
-//     runs its kernels with this key excluded, so it is recorded here, the handler being part of its kernel, and
-//     is not replayable (the mode may change what it returns);
+//     so torch.compile's tracing is untouched, and the ops it then runs on real tensors are recorded. A subclass over
+//     real tensors (DTensor, a quantized weight) runs the op on its inner tensors where the hook cannot see: they are
+//     held resident for the call, and what was computed from those it writes is pinned first (subclass_arguments.h,
+//     RunSubclassOp). Except an op on real tensors under a Python dispatch mode (FlopCounterMode, selective
+//     checkpointing): the mode's handler runs its kernels with this key excluded, so it is recorded here, the
+//     handler being part of its kernel, and is not replayable (the mode may change what it returns);
 //   - an op whose kernel for the key set below the hook is its CompositeImplicitAutograd kernel (or an autocast
 //     wrapper): it passes through and the ops it calls, which the hook sees, are recorded. Decided per op and per
 //     dispatch key from the dispatcher's own rules (DecomposesAt), not from the mere existence of a composite

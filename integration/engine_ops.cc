@@ -16,6 +16,7 @@
 #include "integration/engine_session.h"
 #include "integration/host_tier.h"
 #include "integration/session.h"
+#include "integration/subclass_arguments.h"
 #include "runtime/config.h"
 #include "policies/registry.h"
 
@@ -87,6 +88,13 @@ void StorageWillChangeOp(const c10::Storage& storage) {
   if (absl::IsResourceExhausted(status)) TORCH_CHECK_WITH(OutOfMemoryError, false, std::string(status.message()));
   ThrowIfError(status);
 }
+
+// The Python package's callback for ops on tensor subclasses (subclass_arguments.h), as an address (ctypes); 0: none.
+void SetSubclassCallback(int64_t address) {
+  SetSubclassArgumentCallback(reinterpret_cast<SubclassArgumentCallback>(static_cast<std::uintptr_t>(address)));
+}
+
+void HoldInnerReads(const std::vector<at::Tensor>& tensors) { NoteInnerReads(tensors); }
 
 c10::List<std::string> Policies() {
   c10::List<std::string> out;
@@ -241,6 +249,8 @@ TORCH_LIBRARY_FRAGMENT(remat, m) {
   m.def("make_resident(Tensor tensor, bool writable) -> ()", &MakeResidentOp);
   m.def("storage_will_change(Storage storage) -> ()", &StorageWillChangeOp);
   m.def("policies() -> str[]", &Policies);
+  m.def("set_subclass_callback(int address) -> ()", &SetSubclassCallback);
+  m.def("hold_inner_reads(Tensor[] tensors) -> ()", &HoldInnerReads);
   m.def("engine_stats() -> Dict(str, float)", &EngineStatsDict);
   m.def("mark_step() -> ()", &MarkStep);
   m.def("plan_status() -> str", &PlanStatus);

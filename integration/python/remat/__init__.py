@@ -99,6 +99,7 @@ _library_path = _load()
 from . import _engine  # noqa: E402  (needs the library loaded)
 from . import _exports  # noqa: E402  (numpy(), data_ptr(), DLPack, torch.save: exports bring evicted bytes back)
 from ._exports import make_resident  # noqa: E402
+from . import _subclasses  # noqa: E402  (ops on tensor subclasses run where the hook cannot see)
 from . import _compile  # noqa: E402  (a call of a torch.compile'd graph is one op to remat)
 from . import _higher_order_ops  # noqa: E402  (torch.cond and the like fall through remat's key)
 from . import _threads  # noqa: E402  (threads started while remat is on are tracked)

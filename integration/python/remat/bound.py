@@ -80,6 +80,7 @@ from torch.utils._pytree import tree_flatten
 
 from ._engine import optimizer_state_tensors
 from ._exports import storage_identity
+from ._subclasses import inner_tensors
 
 __all__ = ["RequiredBytes"]
 
@@ -87,7 +88,8 @@ __all__ = ["RequiredBytes"]
 def _storages(t: torch.Tensor):
     """Each storage holding t's values: its own, or a sparse tensor's parts (it has no storage: its indices and values
     are dense tensors), or none for a nested tensor or a zero tensor (forward AD's tangent of a tensor that has none:
-    no memory)."""
+    no memory), or a Python subclass's inner tensors' (a wrapper has no memory of its own; one over its own storage
+    whose attributes hold no tensor counts nothing, which only loosens the bound)."""
     if t.layout == torch.sparse_coo:
         return [*_storages(t._indices()), *_storages(t._values())]
     if t.layout in (torch.sparse_csr, torch.sparse_csc, torch.sparse_bsr, torch.sparse_bsc):
@@ -96,6 +98,8 @@ def _storages(t: torch.Tensor):
         return [*_storages(compressed), *_storages(plain), *_storages(t.values())]
     if t.is_nested or t._is_zerotensor():
         return []
+    if torch._C._dispatch_keys(t).has(torch._C.DispatchKey.Python):  # a subclass: the memory is its inner tensors'
+        return [storage for inner in inner_tensors(t) for storage in _storages(inner)]
     return [storage_identity(t)]  # not an export: its address is an identity here, its bytes are never read
 
 

@@ -1,0 +1,89 @@
+"""Python tensor subclasses that hold real tensors (DTensor, quantized or scaled weights, logging wrappers): their
+inner tensors, and the callback the dispatch hook calls before an op on one runs (integration/subclass_arguments.h).
+
+Such an op passes through remat's hook, and the subclass's ``__torch_dispatch__`` runs the work on its inner tensors
+where remat cannot see it. So before it runs, the inner tensors it reads are named to the hook
+(``torch.ops.remat.hold_inner_reads``), which brings them back and holds them resident and in place while it runs,
+and the storages of an argument it writes (an optimizer's ``add_`` on a DTensor parameter) are announced as about to
+change (``torch.ops.remat.storage_will_change``): what recorded ops computed from their bytes is pinned first, as for
+any write to a parameter, so no replay reads the new bytes. What the subclass computes inside is made where remat
+cannot see it either: it is memory remat cannot evict.
+
+The inner tensors are those ``__tensor_flatten__`` names (a traceable wrapper subclass), else the tensors among the
+object's attributes (directly, or in a list, tuple or dict), recursively through nested subclasses."""
+from __future__ import annotations
+
+import ctypes
+from typing import Iterator, List
+
+import torch
+from torch.utils._python_dispatch import is_traceable_wrapper_subclass
+
+from ._exports import storage_identity
+
+_TRACED_KEYS = (torch._C.DispatchKey.Python, torch._C.DispatchKey.Functionalize)
+
+
+def _plain(t: torch.Tensor) -> bool:
+    """A tensor over real memory that remat may track: strided, not meta, neither a subclass nor a functional or
+    functorch wrapper."""
+    if type(t) is not torch.Tensor and not isinstance(t, torch.nn.Parameter):
+        return False
+    keys = torch._C._dispatch_keys(t)
+    return (t.layout == torch.strided and t.device.type != "meta" and not any(keys.has(k) for k in _TRACED_KEYS)
+            and not torch._C._functorch.is_functorch_wrapped_tensor(t))
+
+
+def _attribute_tensors(t: torch.Tensor) -> List[torch.Tensor]:
+    if is_traceable_wrapper_subclass(t):
+        names, _ = t.__tensor_flatten__()  # may name opaque objects too (DTensor's device_mesh)
+        return [inner for inner in (getattr(t, name) for name in names) if isinstance(inner, torch.Tensor)]
+    found = []
+    for value in vars(t).values():
+        items = value.values() if isinstance(value, dict) else value if isinstance(value, (list, tuple)) else [value]
+        found.extend(item for item in items if isinstance(item, torch.Tensor))
+    return found
+
+
+def inner_tensors(t: torch.Tensor, depth: int = 8) -> Iterator[torch.Tensor]:
+    """The plain tensors a subclass tensor holds (nothing for a plain tensor or one without real memory)."""
+    if depth == 0:
+        return
+    for inner in _attribute_tensors(t):
+        if _plain(inner):
+            yield inner
+        elif inner is not t and torch._C._dispatch_keys(inner).has(torch._C.DispatchKey.Python):
+            yield from inner_tensors(inner, depth - 1)
+
+
+def _before_op(tensor: torch.Tensor, written: bool) -> None:
+    inner = list(inner_tensors(tensor))
+    if written:
+        for t in inner:
+            torch.ops.remat.storage_will_change(storage_identity(t))
+    elif inner:
+        torch.ops.remat.hold_inner_reads(inner)  # held resident and in place while the op runs
+
+
+_CALLBACK_TYPE = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.py_object, ctypes.c_int, ctypes.c_void_p, ctypes.c_size_t)
+
+
+def _callback(tensor, written, message, size) -> int:
+    try:
+        _before_op(tensor, bool(written))
+        return 0
+    except BaseException as error:  # noqa: B036 (nothing may leave a ctypes callback: the hook raises it instead)
+        text = (f"remat: before an op on a tensor subclass ({type(tensor).__name__}) ran on its inner tensors: "
+                f"{type(error).__name__}: {error}").encode("utf-8", "replace")[:size]
+        ctypes.memmove(message, text, len(text))
+        return 2 if isinstance(error, torch.OutOfMemoryError) else 1
+
+
+_registered = _CALLBACK_TYPE(_callback)  # kept alive for as long as the library may call it
+
+
+def _install() -> None:
+    torch.ops.remat.set_subclass_callback(ctypes.cast(_registered, ctypes.c_void_p).value)
+
+
+_install()

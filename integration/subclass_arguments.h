@@ -1,0 +1,58 @@
+// Ops on Python tensor subclasses that hold real tensors (wrapper subclasses: DTensor, quantized and scaled
+// weights, logging and tracing wrappers; DESIGN.md "PyTorch integration").
+//
+// Such an op reaches the hook with the Python key below it and passes through unrecorded (traced_calls.h): the
+// subclass's __torch_dispatch__ then runs the work on its inner tensors with every key above Python excluded, the
+// hook's among them, so remat sees none of it. Two things must not happen there:
+//   - a read of an inner tensor remat evicted (a result of a recorded op that a subclass wraps, as
+//     DTensor.from_local does) or moves while the kernel runs: the inner storages the op reads are brought back and
+//     fixed first (EngineBridge::MakeResident, read-only);
+//   - a write remat does not see to a storage recorded ops read: an optimizer's add_ on a DTensor parameter writes
+//     its local tensor, whose plain alias (to_local()) the forward's recorded matmuls read; a replay after the write
+//     would read the new bytes. The inner storages of the arguments the op writes (schema `!`) are treated as a
+//     write to a constant first (EngineBridge::StorageWillChange: what was computed from them is pinned).
+// Only Python knows a subclass's inner tensors (__tensor_flatten__, or the tensors among its attributes), so the
+// Python package registers a callback (remat/_subclasses.py) that the hook calls, once per such argument, before
+// the op passes through: for an argument the op writes it announces the change itself (remat::storage_will_change,
+// which also fixes the storages), and for one it reads it names the inner tensors (remat::hold_inner_reads, which
+// calls NoteInnerReads), which the hook then holds resident and in place while the op runs (OpObserver's
+// BeginComposite and EndComposite, as for a composite op's arguments). Without a callback (C++ only, where no
+// Python subclass exists) nothing is called. Arguments that are traced rather than real (FakeTensor and other
+// meta-backed tensors, symbolic sizes) and calls under functorch's transforms or functionalization are skipped.
+#pragma once
+
+#include <cstddef>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/core/stack.h>
+#include <c10/core/DispatchKeySet.h>
+#include <c10/core/StorageImpl.h>
+#include <c10/util/intrusive_ptr.h>
+
+namespace remat::integration {
+
+struct OpTraits;
+
+// Called with the subclass tensor's PyObject (borrowed), whether the op writes it, and a buffer for an error
+// message. Returns 0 on success, 1 on an error, 2 when bringing memory back ran out of it (the message says so).
+using SubclassArgumentCallback = int (*)(void* py_tensor, int written, char* message, std::size_t message_size);
+
+// Registers the callback (nullptr: none). Any thread; the hook loads it atomically.
+void SetSubclassArgumentCallback(SubclassArgumentCallback callback);
+
+// Before an op that passes through the hook with `below` holding the Python key: calls the callback for each
+// argument that is a Python subclass tensor with real data and returns the inner storages the callbacks named as
+// read (to be held while the op runs). Throws c10::OutOfMemoryError or c10::Error with the callback's message when
+// one fails (the op must not run).
+std::vector<c10::intrusive_ptr<c10::StorageImpl>> AskAboutSubclassArguments(const c10::OperatorHandle& op,
+                                                                            const OpTraits& traits,
+                                                                            c10::DispatchKeySet below,
+                                                                            const torch::jit::Stack& stack);
+
+// A callback's answer (remat::hold_inner_reads): the op about to run reads `tensors`' storages. Ignored outside
+// AskAboutSubclassArguments on this thread.
+void NoteInnerReads(const std::vector<at::Tensor>& tensors);
+
+}  // namespace remat::integration
