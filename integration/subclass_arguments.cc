@@ -20,10 +20,11 @@ std::atomic<SubclassArgumentCallback> g_callback{nullptr};
 // The storages the callbacks of the call being asked about named as read (AskAboutSubclassArguments), or nullptr.
 thread_local std::vector<c10::intrusive_ptr<c10::StorageImpl>>* t_reads = nullptr;
 
-// A Python subclass tensor over real memory: not a FakeTensor or another meta-backed tracer, no symbolic sizes.
+// A Python subclass tensor that may hold real memory: not a FakeTensor or another meta-backed tracer. Symbolic
+// sizes do not say it is traced: a jagged nested tensor's ragged dimension is a nested int in eager mode too (the
+// callback skips inner tensors that are not real).
 bool RealSubclass(const at::Tensor& tensor) {
-  return tensor.defined() && tensor.key_set().has(c10::DispatchKey::Python) && !tensor.is_meta() &&
-         !tensor.unsafeGetTensorImpl()->has_symbolic_sizes_strides();
+  return tensor.defined() && tensor.key_set().has(c10::DispatchKey::Python) && !tensor.is_meta();
 }
 
 void Tell(SubclassArgumentCallback callback, const at::Tensor& tensor, bool written) {

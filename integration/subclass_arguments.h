@@ -18,7 +18,7 @@
 // calls NoteInnerReads), which the hook then holds resident and in place while the op runs (OpObserver's
 // BeginComposite and EndComposite, as for a composite op's arguments). Without a callback (C++ only, where no
 // Python subclass exists) nothing is called. Arguments that are traced rather than real (FakeTensor and other
-// meta-backed tensors, symbolic sizes) and calls under functorch's transforms or functionalization are skipped.
+// meta-backed tensors) and calls under functorch's transforms or functionalization are skipped.
 #pragma once
 
 #include <cstddef>
