@@ -96,6 +96,12 @@ void SetSubclassCallback(int64_t address) {
 
 void HoldInnerReads(const std::vector<at::Tensor>& tensors) { NoteInnerReads(tensors); }
 
+void InnerTensorsWillChange(const std::vector<at::Tensor>& tensors) {
+  for (const at::Tensor& tensor : tensors) {
+    if (RealInnerTensor(tensor)) StorageWillChangeOp(tensor.storage());
+  }
+}
+
 c10::List<std::string> Policies() {
   c10::List<std::string> out;
   for (const std::string& name : PolicyNames()) out.push_back(name);
@@ -251,6 +257,7 @@ TORCH_LIBRARY_FRAGMENT(remat, m) {
   m.def("policies() -> str[]", &Policies);
   m.def("set_subclass_callback(int address) -> ()", &SetSubclassCallback);
   m.def("hold_inner_reads(Tensor[] tensors) -> ()", &HoldInnerReads);
+  m.def("inner_tensors_will_change(Tensor[] tensors) -> ()", &InnerTensorsWillChange);
   m.def("engine_stats() -> Dict(str, float)", &EngineStatsDict);
   m.def("mark_step() -> ()", &MarkStep);
   m.def("plan_status() -> str", &PlanStatus);

@@ -7,8 +7,11 @@
 #include <algorithm>
 #include <array>
 #include <atomic>
+#include <optional>
 #include <string>
+#include <vector>
 
+#include "absl/container/inlined_vector.h"
 #include "integration/dispatch_hook.h"
 #include "integration/op_capture.h"
 #include "integration/traced_calls.h"
@@ -27,16 +30,41 @@ bool RealSubclass(const at::Tensor& tensor) {
   return tensor.defined() && tensor.key_set().has(c10::DispatchKey::Python) && !tensor.is_meta();
 }
 
-void Tell(SubclassArgumentCallback callback, const at::Tensor& tensor, bool written) {
-  if (!RealSubclass(tensor)) return;
-  void* py_tensor = tensor.unsafeGetTensorImpl()->pyobj_slot()->load_pyobj();
-  if (py_tensor == nullptr) return;  // never seen by Python: no subclass object to ask
-  std::array<char, 1024> message{};
-  const int result = callback(py_tensor, written ? 1 : 0, message.data(), message.size() - 1);
-  if (result == 0) return;
-  const std::string text = message.data();
-  TORCH_CHECK_WITH(OutOfMemoryError, result != 2, text);
-  TORCH_CHECK(false, text);
+// The op's arguments that are subclass tensors, as PyObjects (borrowed: the stack holds their tensors), and whether
+// the op writes each.
+struct SubclassArguments {
+  absl::InlinedVector<void*, 4> objects;
+  absl::InlinedVector<int, 4> written;
+
+  void Add(const at::Tensor& tensor, bool writes) {
+    if (!RealSubclass(tensor)) return;
+    void* object = tensor.unsafeGetTensorImpl()->pyobj_slot()->load_pyobj();
+    if (object == nullptr) return;  // never seen by Python: no subclass object to ask
+    objects.push_back(object);
+    written.push_back(writes ? 1 : 0);
+  }
+};
+
+SubclassArguments FindSubclassArguments(const c10::OperatorHandle& op, const OpTraits& traits,
+                                        const torch::jit::Stack& stack) {
+  SubclassArguments found;
+  const std::size_t num_arguments = op.schema().arguments().size();
+  const std::size_t first = stack.size() - num_arguments;
+  for (std::size_t i = 0; i < num_arguments; ++i) {
+    const bool written = std::find(traits.written_arguments.begin(), traits.written_arguments.end(),
+                                   static_cast<int>(i)) != traits.written_arguments.end();
+    const c10::IValue& value = stack[first + i];
+    if (value.isTensor()) {
+      found.Add(value.toTensor(), written);
+    } else if (value.isTensorList()) {
+      for (const at::Tensor& tensor : value.toTensorList()) found.Add(tensor, written);
+    } else if (value.isOptionalTensorList()) {
+      for (const std::optional<at::Tensor>& tensor : value.toOptionalTensorList()) {
+        if (tensor.has_value()) found.Add(*tensor, written);
+      }
+    }
+  }
+  return found;
 }
 
 }  // namespace
@@ -56,37 +84,28 @@ std::vector<c10::intrusive_ptr<c10::StorageImpl>> AskAboutSubclassArguments(cons
   if (Tracing(below - c10::DispatchKeySet({c10::DispatchKey::Python, c10::DispatchKey::PythonTLSSnapshot}))) {
     return reads;
   }
+  const SubclassArguments arguments = FindSubclassArguments(op, traits, stack);
+  if (arguments.objects.empty()) return reads;
+  std::array<char, 1024> message{};
   std::vector<c10::intrusive_ptr<c10::StorageImpl>>* const outer = t_reads;  // a callback's own ops may ask too
   t_reads = &reads;
-  try {
-    const std::size_t num_arguments = op.schema().arguments().size();
-    const std::size_t first = stack.size() - num_arguments;
-    for (std::size_t i = 0; i < num_arguments; ++i) {
-      const bool written = std::find(traits.written_arguments.begin(), traits.written_arguments.end(),
-                                     static_cast<int>(i)) != traits.written_arguments.end();
-      const c10::IValue& value = stack[first + i];
-      if (value.isTensor()) {
-        Tell(callback, value.toTensor(), written);
-      } else if (value.isTensorList()) {
-        for (const at::Tensor& tensor : value.toTensorList()) Tell(callback, tensor, written);
-      } else if (value.isOptionalTensorList()) {
-        for (const std::optional<at::Tensor>& tensor : value.toOptionalTensorList()) {
-          if (tensor.has_value()) Tell(callback, *tensor, written);
-        }
-      }
-    }
-  } catch (...) {
-    t_reads = outer;
-    throw;
-  }
+  const int result = callback(arguments.objects.data(), arguments.written.data(), arguments.objects.size(),
+                              message.data(), message.size() - 1);
   t_reads = outer;
+  const std::string text = message.data();
+  TORCH_CHECK_WITH(OutOfMemoryError, result != 2, text);
+  TORCH_CHECK(result == 0, text);
   return reads;
+}
+
+bool RealInnerTensor(const at::Tensor& tensor) {
+  return tensor.defined() && IsPlain(tensor) && !tensor.is_meta() && !Tracing(tensor.key_set());
 }
 
 void NoteInnerReads(const std::vector<at::Tensor>& tensors) {
   if (t_reads == nullptr) return;
   for (const at::Tensor& tensor : tensors) {
-    if (!IsPlain(tensor)) continue;
+    if (!RealInnerTensor(tensor)) continue;
     c10::StorageImpl* impl = tensor.storage().unsafeGetStorageImpl();
     const bool known = std::any_of(t_reads->begin(), t_reads->end(), [&](const auto& s) { return s.get() == impl; });
     if (!known) t_reads->push_back(c10::intrusive_ptr<c10::StorageImpl>::reclaim_copy(impl));

@@ -12,13 +12,14 @@
 //     would read the new bytes. The inner storages of the arguments the op writes (schema `!`) are treated as a
 //     write to a constant first (EngineBridge::StorageWillChange: what was computed from them is pinned).
 // Only Python knows a subclass's inner tensors (__tensor_flatten__, or the tensors among its attributes), so the
-// Python package registers a callback (remat/_subclasses.py) that the hook calls, once per such argument, before
-// the op passes through: for an argument the op writes it announces the change itself (remat::storage_will_change,
-// which also fixes the storages), and for one it reads it names the inner tensors (remat::hold_inner_reads, which
-// calls NoteInnerReads), which the hook then holds resident and in place while the op runs (OpObserver's
-// BeginComposite and EndComposite, as for a composite op's arguments). Without a callback (C++ only, where no
-// Python subclass exists) nothing is called. Arguments that are traced rather than real (FakeTensor and other
-// meta-backed tensors) and calls under functorch's transforms or functionalization are skipped.
+// Python package registers a callback (remat/_subclasses.py) that the hook calls once per such op, with its subclass
+// arguments, before the op passes through: for the arguments the op writes it announces the change itself
+// (remat::inner_tensors_will_change, EngineBridge::StorageWillChange per storage, which also fixes them), and for
+// those it reads it names the inner tensors (remat::hold_inner_reads, which calls NoteInnerReads), which the hook
+// then holds resident and in place while the op runs (OpObserver's BeginComposite and EndComposite, as for a
+// composite op's arguments). Without a callback (C++ only, where no Python subclass exists) nothing is called.
+// Arguments that are traced rather than real (FakeTensor and other meta-backed tensors) and calls under functorch's
+// transforms or functionalization are skipped.
 #pragma once
 
 #include <cstddef>
@@ -35,23 +36,29 @@ namespace remat::integration {
 
 struct OpTraits;
 
-// Called with the subclass tensor's PyObject (borrowed), whether the op writes it, and a buffer for an error
-// message. Returns 0 on success, 1 on an error, 2 when bringing memory back ran out of it (the message says so).
-using SubclassArgumentCallback = int (*)(void* py_tensor, int written, char* message, std::size_t message_size);
+// Called with the op's subclass arguments as PyObjects (borrowed), whether the op writes each (1) or not (0), their
+// count, and a buffer for an error message. Returns 0 on success, 1 on an error, 2 when bringing memory back ran out
+// of it (the message says so).
+using SubclassArgumentCallback = int (*)(void* const* py_tensors, const int* written, std::size_t count, char* message,
+                                         std::size_t message_size);
 
 // Registers the callback (nullptr: none). Any thread; the hook loads it atomically.
 void SetSubclassArgumentCallback(SubclassArgumentCallback callback);
 
-// Before an op that passes through the hook with `below` holding the Python key: calls the callback for each
-// argument that is a Python subclass tensor with real data and returns the inner storages the callbacks named as
+// Before an op that passes through the hook with `below` holding the Python key: calls the callback once with the
+// arguments that are Python subclass tensors with real data, if any, and returns the inner storages it named as
 // read (to be held while the op runs). Throws c10::OutOfMemoryError or c10::Error with the callback's message when
-// one fails (the op must not run).
+// it fails (the op must not run).
 std::vector<c10::intrusive_ptr<c10::StorageImpl>> AskAboutSubclassArguments(const c10::OperatorHandle& op,
                                                                             const OpTraits& traits,
                                                                             c10::DispatchKeySet below,
                                                                             const torch::jit::Stack& stack);
 
-// A callback's answer (remat::hold_inner_reads): the op about to run reads `tensors`' storages. Ignored outside
+// An inner tensor a subclass named that holds real memory remat may track: plain (strided over a storage, no Python
+// subclass), not meta, not a functional or functorch wrapper.
+bool RealInnerTensor(const at::Tensor& tensor);
+
+// The callback's answer (remat::hold_inner_reads): the op about to run reads `tensors`' storages. Ignored outside
 // AskAboutSubclassArguments on this thread.
 void NoteInnerReads(const std::vector<at::Tensor>& tensors);
 

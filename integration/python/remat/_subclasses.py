@@ -5,7 +5,7 @@ Such an op passes through remat's hook, and the subclass's ``__torch_dispatch__`
 where remat cannot see it. So before it runs, the inner tensors it reads are named to the hook
 (``torch.ops.remat.hold_inner_reads``), which brings them back and holds them resident and in place while it runs,
 and the storages of an argument it writes (an optimizer's ``add_`` on a DTensor parameter) are announced as about to
-change (``torch.ops.remat.storage_will_change``): what recorded ops computed from their bytes is pinned first, as for
+change (``torch.ops.remat.inner_tensors_will_change``): what recorded ops computed from their bytes is pinned first, as for
 any write to a parameter, so no replay reads the new bytes. What the subclass computes inside is made where remat
 cannot see it either: it is memory remat cannot evict.
 
@@ -19,19 +19,8 @@ from typing import Iterator, List
 import torch
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
-from ._exports import storage_identity
 
-_TRACED_KEYS = (torch._C.DispatchKey.Python, torch._C.DispatchKey.Functionalize)
-
-
-def _plain(t: torch.Tensor) -> bool:
-    """A tensor over real memory that remat may track: strided, not meta, neither a subclass nor a functional or
-    functorch wrapper."""
-    if type(t) is not torch.Tensor and not isinstance(t, torch.nn.Parameter):
-        return False
-    keys = torch._C._dispatch_keys(t)
-    return (t.layout == torch.strided and t.device.type != "meta" and not any(keys.has(k) for k in _TRACED_KEYS)
-            and not torch._C._functorch.is_functorch_wrapped_tensor(t))
+_PLAIN_TYPES = (torch.Tensor, torch.nn.Parameter)
 
 
 def _attribute_tensors(t: torch.Tensor) -> List[torch.Tensor]:
@@ -46,34 +35,38 @@ def _attribute_tensors(t: torch.Tensor) -> List[torch.Tensor]:
 
 
 def inner_tensors(t: torch.Tensor, depth: int = 8) -> Iterator[torch.Tensor]:
-    """The plain tensors a subclass tensor holds (nothing for a plain tensor or one without real memory)."""
-    if depth == 0:
-        return
+    """The tensors of plain type a subclass tensor holds, through nested subclasses. Which of them hold real memory
+    (not meta, functional or functorch wrappers) remat decides (subclass_arguments.h: RealInnerTensor)."""
     for inner in _attribute_tensors(t):
-        if _plain(inner):
+        if type(inner) in _PLAIN_TYPES:
             yield inner
-        elif inner is not t and torch._C._dispatch_keys(inner).has(torch._C.DispatchKey.Python):
+        elif depth > 1 and inner is not t:
             yield from inner_tensors(inner, depth - 1)
 
 
-def _before_op(tensor: torch.Tensor, written: bool) -> None:
-    inner = list(inner_tensors(tensor))
-    if written:
-        for t in inner:
-            torch.ops.remat.storage_will_change(storage_identity(t))
-    elif inner:
-        torch.ops.remat.hold_inner_reads(inner)  # held resident and in place while the op runs
+def _before_op(tensors: List[torch.Tensor], written: List[bool]) -> None:
+    reads, writes = [], []
+    for tensor, writes_it in zip(tensors, written):
+        (writes if writes_it else reads).extend(inner_tensors(tensor))
+    if writes:
+        torch.ops.remat.inner_tensors_will_change(writes)
+    if reads:
+        torch.ops.remat.hold_inner_reads(reads)  # held resident and in place while the op runs
 
 
-_CALLBACK_TYPE = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.py_object, ctypes.c_int, ctypes.c_void_p, ctypes.c_size_t)
+_CALLBACK_TYPE = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(ctypes.c_int),
+                                  ctypes.c_size_t, ctypes.c_void_p, ctypes.c_size_t)
 
 
-def _callback(tensor, written, message, size) -> int:
+def _callback(objects, written, count, message, size) -> int:
+    tensors = []
     try:
-        _before_op(tensor, bool(written))
+        tensors = [ctypes.cast(objects[i], ctypes.py_object).value for i in range(count)]
+        _before_op(tensors, [bool(written[i]) for i in range(count)])
         return 0
     except BaseException as error:  # noqa: B036 (nothing may leave a ctypes callback: the hook raises it instead)
-        text = (f"remat: before an op on a tensor subclass ({type(tensor).__name__}) ran on its inner tensors: "
+        names = sorted({type(t).__name__ for t in tensors})
+        text = (f"remat: before an op on a tensor subclass ({', '.join(names)}) ran on its inner tensors: "
                 f"{type(error).__name__}: {error}").encode("utf-8", "replace")[:size]
         ctypes.memmove(message, text, len(text))
         return 2 if isinstance(error, torch.OutOfMemoryError) else 1
