@@ -2,12 +2,12 @@
 inner tensors, and the callback the dispatch hook calls before an op on one runs (integration/subclass_arguments.h).
 
 Such an op passes through remat's hook, and the subclass's ``__torch_dispatch__`` runs the work on its inner tensors
-where remat cannot see it. So before it runs, the inner tensors it reads are named to the hook
-(``torch.ops.remat.hold_inner_reads``), which brings them back and holds them resident and in place while it runs,
-and the storages of an argument it writes (an optimizer's ``add_`` on a DTensor parameter) are announced as about to
-change (``torch.ops.remat.inner_tensors_will_change``): what recorded ops computed from their bytes is pinned first, as for
-any write to a parameter, so no replay reads the new bytes. What the subclass computes inside is made where remat
-cannot see it either: it is memory remat cannot evict.
+where remat cannot see it. So before it runs, the hook calls ``_callback`` once with the op's subclass arguments: the
+inner tensors of those it reads are named to the hook (``torch.ops.remat.hold_inner_reads``), which brings them back
+and holds them resident and in place while it runs, and those of the arguments it writes (an optimizer's ``add_`` on a
+DTensor parameter) are announced as about to change (``torch.ops.remat.inner_tensors_will_change``): what recorded ops
+computed from their bytes is pinned first, as for any write to a parameter, so no replay reads the new bytes. What the
+subclass computes inside is made where remat cannot see it either: it is memory remat cannot evict.
 
 The inner tensors are those ``__tensor_flatten__`` names (a traceable wrapper subclass), else the tensors among the
 object's attributes (directly, or in a list, tuple or dict), recursively through nested subclasses."""
