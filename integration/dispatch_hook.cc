@@ -298,8 +298,9 @@ struct DepthGuard {
   DepthGuard& operator=(const DepthGuard&) = delete;
 };
 
-// Runs the op below the hook without recording it. A kernel that reads an evicted storage throws remat's
-// evicted-access error; the innermost op the hook passed through is the one that read it: name it.
+}  // namespace
+
+// The innermost op the hook passed through is the one whose kernel read an evicted storage: name it.
 void PassThrough(const c10::OperatorHandle& op, c10::DispatchKeySet below, torch::jit::Stack* stack) {
   try {
     op.redispatchBoxed(below, stack);
@@ -314,36 +315,6 @@ void PassThrough(const c10::OperatorHandle& op, c10::DispatchKeySet below, torch
     throw;
   }
 }
-
-// An op on a Python tensor subclass: it runs on the subclass's inner tensors where the hook cannot see, so they are
-// brought back and held resident and in place while it runs, and what was computed from those it writes is pinned
-// first (subclass_arguments.h).
-void RunSubclassOp(const c10::OperatorHandle& op, const OpTraits& traits, c10::DispatchKeySet below,
-                   torch::jit::Stack* stack) {
-  const std::vector<c10::intrusive_ptr<c10::StorageImpl>> reads = AskAboutSubclassArguments(op, traits, below, *stack);
-  ObserverCall call;
-  OpObserver* observer = reads.empty() ? nullptr : g_observer.load(std::memory_order_seq_cst);
-  if (observer == nullptr) {
-    PassThrough(op, below, stack);
-    return;
-  }
-  absl::InlinedVector<c10::StorageImpl*, 4> read_raw;
-  for (const auto& storage : reads) read_raw.push_back(storage.get());
-  CompositeHold hold;
-  {
-    const MemoryEventScope history(traits.name, /*op=*/true);
-    observer->BeginComposite(read_raw, {}, hold);
-  }
-  try {
-    PassThrough(op, below, stack);
-  } catch (...) {
-    observer->EndComposite(hold);
-    throw;
-  }
-  observer->EndComposite(hold);
-}
-
-}  // namespace
 
 bool IsPlain(const at::Tensor& tensor) {
   return StridedOverStorage(tensor) && !tensor.key_set().has(c10::DispatchKey::Python);

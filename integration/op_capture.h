@@ -92,6 +92,10 @@ class ObserverCall {
   ObserverCall& operator=(const ObserverCall&) = delete;
 };
 
+// Runs the op below the hook without recording it. A kernel that reads an evicted storage throws remat's
+// evicted-access error, with the op's name added as context.
+void PassThrough(const c10::OperatorHandle& op, c10::DispatchKeySet below, torch::jit::Stack* stack);
+
 // While inside a recorded op on this thread, every op passes through unrecorded (its nested calls are part of it).
 void EnterRecordedOp();
 void LeaveRecordedOp();

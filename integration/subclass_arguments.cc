@@ -7,12 +7,12 @@
 #include <algorithm>
 #include <array>
 #include <atomic>
-#include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/container/inlined_vector.h"
 #include "integration/dispatch_hook.h"
+#include "integration/memory_events.h"
 #include "integration/op_capture.h"
 #include "integration/traced_calls.h"
 
@@ -53,33 +53,19 @@ SubclassArguments FindSubclassArguments(const c10::OperatorHandle& op, const OpT
   for (std::size_t i = 0; i < num_arguments; ++i) {
     const bool written = std::find(traits.written_arguments.begin(), traits.written_arguments.end(),
                                    static_cast<int>(i)) != traits.written_arguments.end();
-    const c10::IValue& value = stack[first + i];
-    if (value.isTensor()) {
-      found.Add(value.toTensor(), written);
-    } else if (value.isTensorList()) {
-      for (const at::Tensor& tensor : value.toTensorList()) found.Add(tensor, written);
-    } else if (value.isOptionalTensorList()) {
-      for (const std::optional<at::Tensor>& tensor : value.toOptionalTensorList()) {
-        if (tensor.has_value()) found.Add(*tensor, written);
-      }
-    }
+    ForEachTensor(stack[first + i], [&](const at::Tensor& tensor) { found.Add(tensor, written); });
   }
   return found;
 }
 
-}  // namespace
-
-void SetSubclassArgumentCallback(SubclassArgumentCallback callback) {
-  g_callback.store(callback, std::memory_order_release);
-}
-
+// Calls the callback with the op's subclass arguments, if any; returns the inner storages it named as read.
 std::vector<c10::intrusive_ptr<c10::StorageImpl>> AskAboutSubclassArguments(const c10::OperatorHandle& op,
                                                                             const OpTraits& traits,
                                                                             c10::DispatchKeySet below,
                                                                             const torch::jit::Stack& stack) {
   std::vector<c10::intrusive_ptr<c10::StorageImpl>> reads;
   const SubclassArgumentCallback callback = g_callback.load(std::memory_order_acquire);
-  if (callback == nullptr || !below.has(c10::DispatchKey::Python)) return reads;
+  if (callback == nullptr) return reads;
   // functorch's transforms and functionalization wrap their own tensors: those calls are traced, not run.
   if (Tracing(below - c10::DispatchKeySet({c10::DispatchKey::Python, c10::DispatchKey::PythonTLSSnapshot}))) {
     return reads;
@@ -96,6 +82,37 @@ std::vector<c10::intrusive_ptr<c10::StorageImpl>> AskAboutSubclassArguments(cons
   TORCH_CHECK_WITH(OutOfMemoryError, result != 2, text);
   TORCH_CHECK(result == 0, text);
   return reads;
+}
+
+}  // namespace
+
+void SetSubclassArgumentCallback(SubclassArgumentCallback callback) {
+  g_callback.store(callback, std::memory_order_release);
+}
+
+void RunSubclassOp(const c10::OperatorHandle& op, const OpTraits& traits, c10::DispatchKeySet below,
+                   torch::jit::Stack* stack) {
+  const std::vector<c10::intrusive_ptr<c10::StorageImpl>> reads = AskAboutSubclassArguments(op, traits, below, *stack);
+  ObserverCall call;
+  OpObserver* observer = reads.empty() ? nullptr : GetObserver();
+  if (observer == nullptr) {
+    PassThrough(op, below, stack);
+    return;
+  }
+  absl::InlinedVector<c10::StorageImpl*, 4> read_raw;
+  for (const auto& storage : reads) read_raw.push_back(storage.get());
+  CompositeHold hold;
+  {
+    const MemoryEventScope history(traits.name, /*op=*/true);
+    observer->BeginComposite(read_raw, {}, hold);
+  }
+  try {
+    PassThrough(op, below, stack);
+  } catch (...) {
+    observer->EndComposite(hold);
+    throw;
+  }
+  observer->EndComposite(hold);
 }
 
 bool RealInnerTensor(const at::Tensor& tensor) {

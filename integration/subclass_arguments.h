@@ -45,21 +45,19 @@ using SubclassArgumentCallback = int (*)(void* const* py_tensors, const int* wri
 // Registers the callback (nullptr: none). Any thread; the hook loads it atomically.
 void SetSubclassArgumentCallback(SubclassArgumentCallback callback);
 
-// Before an op that passes through the hook with `below` holding the Python key: calls the callback once with the
-// arguments that are Python subclass tensors with real data, if any, and returns the inner storages it named as
-// read (to be held while the op runs). Throws c10::OutOfMemoryError or c10::Error with the callback's message when
-// it fails (the op must not run).
-std::vector<c10::intrusive_ptr<c10::StorageImpl>> AskAboutSubclassArguments(const c10::OperatorHandle& op,
-                                                                            const OpTraits& traits,
-                                                                            c10::DispatchKeySet below,
-                                                                            const torch::jit::Stack& stack);
+// An op that passes through the hook with `below` holding the Python key (dispatch_hook.cc's Fallback): calls the
+// callback once with the arguments that are Python subclass tensors with real data, if any, then runs the op below
+// the hook with the inner tensors the callback named as read held resident and in place. Throws
+// c10::OutOfMemoryError or c10::Error with the callback's message when it fails (the op does not run).
+void RunSubclassOp(const c10::OperatorHandle& op, const OpTraits& traits, c10::DispatchKeySet below,
+                   torch::jit::Stack* stack);
 
 // An inner tensor a subclass named that holds real memory remat may track: plain (strided over a storage, no Python
 // subclass), not meta, not a functional or functorch wrapper.
 bool RealInnerTensor(const at::Tensor& tensor);
 
 // The callback's answer (remat::hold_inner_reads): the op about to run reads `tensors`' storages. Ignored outside
-// AskAboutSubclassArguments on this thread.
+// a callback on this thread.
 void NoteInnerReads(const std::vector<at::Tensor>& tensors);
 
 }  // namespace remat::integration
